@@ -1,0 +1,1 @@
+"""Pure rules from facts to findings: parity, topology, placement, network."""

@@ -1,0 +1,74 @@
+"""The ``provision`` command line: one module per command, loaded only when that command runs.
+
+Each module in this package defines one ``click`` command (or group) named ``command``; the table
+below maps the command-line name to its module. Keeping imports lazy keeps ``provision --help``
+and every command fast (heavy modules such as paramiko load only when needed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# command name -> module in vllm_provision.cli that defines ``command``
+COMMANDS: dict[str, str] = {
+    "up": "up",
+    "down": "down",
+    "restart": "restart",
+    "status": "status",
+    "check": "check",
+    "facts": "facts",
+    "drift": "drift",
+    "play": "play",
+    "lab": "lab",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if _module_exists(COMMANDS[name]))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module_name = COMMANDS.get(cmd_name)
+        if module_name is None or not _module_exists(module_name):
+            return None
+        module = importlib.import_module(f"vllm_provision.cli.{module_name}")
+        return module.command
+
+
+def _module_exists(module_name: str) -> bool:
+    return importlib.util.find_spec(f"vllm_provision.cli.{module_name}") is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vllm-provision")
+def cli() -> None:
+    """Provision one vLLM replica over several bare-metal GPU servers, idempotently, over SSH."""
+
+
+def main() -> None:
+    """Console entry point: run the CLI and turn every known error into a message and exit code."""
+    from vllm_provision.errors import ProvisionError
+
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(1 if exc.exit_code == 2 else exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except ProvisionError as exc:
+        from vllm_provision.report import render_error
+
+        render_error(exc)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
