@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian machine for vllm-provision: the Debian packages the lab needs, and a
+# virtual environment in .venv with the project and its test extra. Safe to run twice.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/setup.sh: run as root (the lab needs root to boot hosts with systemd-nspawn)." >&2
+    exit 1
+fi
+
+packages=(mmdebstrap systemd-container zstd iptables iproute2 openssh-client python3-venv ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "Installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+echo "Ready: .venv/bin/provision --help"
