@@ -1,0 +1,306 @@
+"""Gather facts: send the probe to every host at once (one SSH round trip each) and parse the JSON.
+
+The probe is ``probe_script.py`` fed on stdin to ``{vllm_venv}/bin/python -`` (falling back to
+``python3`` when the venv is missing, which it reports), with its settings as one JSON argument.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Any
+
+from vllm_provision import variables
+from vllm_provision.connection import Connection, UnreachableError
+from vllm_provision.errors import ProvisionError
+from vllm_provision.facts import parsers
+from vllm_provision.facts.model import (
+    HostFacts,
+    Listener,
+    ModelFile,
+    Reachability,
+    Route,
+    ServiceUser,
+)
+from vllm_provision.models import Host, Inventory, Replica
+
+PACKAGES: tuple[str, ...] = (
+    "vllm", "torch", "ray", "transformers", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
+)
+# Seconds a follower keeps trying to reach the master and the master keeps its listener open.
+DEFAULT_REACH_TIMEOUT_S = 8.0
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """What the probe gathers beyond the always-on facts.
+
+    Attributes:
+        nccl_loaded: import torch and read ``torch.cuda.nccl.version()`` (slow: seconds).
+        torch_cuda_runtime: import torch and read ``torch.version.cuda``.
+        sha256: hash every model file (slow on big models: minutes).
+        reachability: test TCP from every follower to the master's master_port (mp) or the
+            head's ray_port (Ray), with a short-lived listener on the master when the port is free.
+        reach_timeout_s: how long followers retry and the master listens, in seconds.
+        command_timeout_s: limit of the whole probe round trip, in seconds.
+    """
+
+    nccl_loaded: bool = False
+    torch_cuda_runtime: bool = False
+    sha256: bool = False
+    reachability: bool = True
+    reach_timeout_s: float = DEFAULT_REACH_TIMEOUT_S
+    command_timeout_s: float = 120.0
+
+
+def probe_source() -> str:
+    """Return the text of the remote probe script."""
+    return resources.files("vllm_provision.facts").joinpath("probe_script.py").read_text()
+
+
+def host_var(host: Host, name: str) -> Any:
+    """Return ``host``'s value of inventory variable ``name``, or the table default."""
+    if name in host.vars:
+        return host.vars[name]
+    return variables.defaults().get(name)
+
+
+def reach_port(replica: Replica) -> int:
+    """The port every follower must reach on rank 0: master_port (mp) or ray_port (Ray)."""
+    if replica.backend == "ray":
+        return int(host_var(replica.master.host, "ray_port"))
+    return replica.engine.master_port
+
+
+def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> dict[str, Any]:
+    """Build the probe's JSON settings for one host (pure).
+
+    Args:
+        host: the inventory host.
+        replica: its replica, or None for a host outside ``vllm_replicas``.
+        options: what to gather.
+
+    Returns:
+        A JSON-serialisable dict the probe reads from its first argument.
+    """
+    config: dict[str, Any] = {
+        "venv": host_var(host, "vllm_venv"),
+        "packages": list(PACKAGES),
+        "service_user": host_var(host, "vllm_service_user"),
+        "model_path": host_var(host, "vllm_model") or "",
+        "sha256": options.sha256,
+        "nccl_loaded": options.nccl_loaded,
+        "torch_cuda_runtime": options.torch_cuda_runtime,
+        "peers": [],
+    }
+    if replica is None:
+        return config
+    me = next(node for node in replica.nodes if node.name == host.name)
+    config["peers"] = [node.host_ip for node in replica.nodes if node.name != host.name]
+    config["model_path"] = replica.engine.model if replica.engine.model.startswith("/") else ""
+    if options.reachability and replica.nnodes > 1:
+        port = reach_port(replica)
+        if me.rank == 0:
+            config["listen"] = {"address": me.host_ip, "port": port,
+                                "expect": replica.nnodes - 1,
+                                "timeout_s": options.reach_timeout_s}
+        else:
+            config["connect"] = [{"address": replica.master_addr, "port": port,
+                                  "timeout_s": options.reach_timeout_s}]
+    return config
+
+
+def probe_command(venv: str, config: Mapping[str, Any]) -> str:
+    """The one shell line that runs the probe (script on stdin) with the venv's Python or python3.
+
+    The venv's interpreter is used when it exists because package versions must be read where
+    vLLM will import them; otherwise ``python3`` runs it and the result says ``venv_found: false``.
+    """
+    venv_python = shlex.quote(f"{venv.rstrip('/')}/bin/python")
+    found = shlex.quote(json.dumps({**config, "venv_found": True}, separators=(",", ":")))
+    missing = shlex.quote(json.dumps({**config, "venv_found": False}, separators=(",", ":")))
+    return (f"if [ -x {venv_python} ]; then exec {venv_python} - {found}; "
+            f"else exec python3 - {missing}; fi")
+
+
+def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
+    """Turn the probe's JSON document into :class:`HostFacts` (pure; parsers do the work).
+
+    Args:
+        host: inventory host name.
+        raw: the decoded JSON the probe printed.
+    """
+    problems = list(raw.get("errors", []))
+    cgroups = {int(pid): parsers.unit_from_cgroup(text)
+               for pid, text in (raw.get("cgroups") or {}).items()}
+
+    smi = raw.get("nvidia_smi") or {}
+    query = smi.get("query_gpu") or {}
+    gpus: list = []
+    driver: str | None = None
+    cuda: str | None = None
+    smi_error = ""
+    if query.get("rc") == 0:
+        gpus, driver = parsers.parse_gpu_csv(query.get("stdout", ""))
+        header_driver, cuda = parsers.parse_smi_header((smi.get("header") or {}).get("stdout", ""))
+        driver = driver or header_driver
+    else:
+        smi_error = (query.get("stderr") or query.get("stdout") or "nvidia-smi failed").strip()
+    apps = (smi.get("compute_apps") or {}).get("stdout", "")
+    processes = [replace(proc, unit=cgroups.get(proc.pid, ""))
+                 for proc in parsers.parse_compute_apps_csv(apps)]
+
+    interfaces = {}
+    ip_addr = raw.get("ip_addr") or {}
+    if ip_addr.get("rc") == 0:
+        try:
+            interfaces = parsers.parse_ip_addr_json(ip_addr.get("stdout", ""))
+        except ValueError as exc:
+            problems.append(f"ip -j addr: {exc}")
+    else:
+        problems.append(f"ip -j addr failed: {ip_addr.get('stderr', '').strip()}")
+    routes = {peer: parsers.parse_ip_route_get_json(peer, out.get("stdout", ""))
+              if out.get("rc") == 0 else
+              Route(peer=peer, error=out.get("stderr", "").strip() or "no route")
+              for peer, out in (raw.get("routes") or {}).items()}
+
+    probe_pid = raw.get("probe_pid")
+    ss = raw.get("ss") or {}
+    listening = [sock for sock in parsers.parse_ss_listening(ss.get("stdout", ""), cgroups)
+                 if sock.pid is None or sock.pid != probe_pid]
+    if ss.get("rc") not in (0, None):
+        problems.append(f"ss -Hltnp failed: {ss.get('stderr', '').strip()}")
+
+    meminfo = parsers.parse_meminfo(raw.get("meminfo", ""))
+    model = raw.get("model") or {}
+    model_files = (tuple(ModelFile(name, int(size), digest) for name, size, digest in
+                         model.get("files", []))
+                   if model.get("exists") and model.get("is_dir", True) else None)
+    if model.get("truncated"):
+        problems.append("model manifest truncated (too many files)")
+
+    user = raw.get("user") or {}
+    python = raw.get("python") or {}
+    packages = dict(raw.get("packages") or {})
+    torch_cuda = raw.get("torch_cuda_runtime") or parsers.torch_cuda_build(packages.get("torch"))
+    listener_raw = raw.get("listener")
+    nccl = raw.get("nccl") or {}
+    return HostFacts(
+        host=host,
+        python_path=str(python.get("executable", "")),
+        venv_found=bool(raw.get("venv_found")),
+        python_version=str(python.get("version", "")),
+        python_micro=parsers.python_micro(str(python.get("version", ""))),
+        packages=packages,
+        torch_cuda=torch_cuda,
+        nccl_loaded=raw.get("nccl_loaded"),
+        driver_version=driver,
+        cuda_driver_version=cuda,
+        gpus=tuple(gpus),
+        gpu_processes=tuple(processes),
+        nvidia_smi_error=smi_error,
+        hostname=str((raw.get("hostname") or {}).get("hostname", "")),
+        hostname_addresses=tuple((raw.get("hostname") or {}).get("addresses", [])),
+        interfaces=interfaces,
+        routes=routes,
+        shm_bytes=(raw.get("shm") or {}).get("size"),
+        mem_total_bytes=meminfo.get("MemTotal"),
+        mem_available_bytes=meminfo.get("MemAvailable"),
+        disk_free_bytes=(raw.get("disk") or {}).get("free"),
+        cpu_count=raw.get("cpu_count"),
+        model_path=str(raw.get("model_path") or ""),
+        model_files=model_files,
+        listening=tuple(listening),
+        remove_ipc=parsers.parse_logind_remove_ipc(raw.get("logind") or []),
+        service_user=ServiceUser(
+            name=str(user.get("name", "")), exists=bool(user.get("exists")), uid=user.get("uid"),
+            sys_uid_max=parsers.parse_sys_uid_max(raw.get("login_defs", "")),
+        ),
+        nccl_env=dict(nccl.get("env") or {}),
+        nccl_conf=nccl.get("conf"),
+        nccl_net_plugins=tuple(nccl.get("plugins") or ()),
+        systemd_version=parsers.parse_systemd_version(
+            (raw.get("systemctl_version") or {}).get("stdout", "")),
+        listener=Listener(
+            address=listener_raw["address"], port=int(listener_raw["port"]),
+            bound=bool(listener_raw["bound"]), accepted=tuple(listener_raw.get("accepted", [])),
+            error=listener_raw.get("error", ""),
+        ) if listener_raw else None,
+        reachability=tuple(Reachability(r["address"], int(r["port"]), bool(r["ok"]),
+                                        r.get("error", ""), float(r.get("elapsed_s", 0.0)))
+                           for r in raw.get("reach") or []),
+        problems=tuple(problems),
+    )
+
+
+def probe_host(host: Host, conn: Connection, replica: Replica | None,
+               options: ProbeOptions) -> HostFacts:
+    """Probe one host: exactly one ``conn.run`` (one SSH exec channel), then parse.
+
+    Raises:
+        UnreachableError: the connection failed or the probe ran past its time limit.
+        ProvisionError: the probe did not print JSON (no Python on the host, a crash).
+    """
+    config = probe_config(host, replica, options)
+    result = conn.run(probe_command(str(host_var(host, "vllm_venv")), config),
+                      stdin=probe_source(), timeout_s=options.command_timeout_s)
+    try:
+        raw = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+    except json.JSONDecodeError:
+        raw = None
+    if not isinstance(raw, dict):
+        detail = (result.stderr.strip() or result.stdout.strip())[-1500:]
+        raise ProvisionError.single(
+            host.name, "the fact probe did not return facts",
+            expected="one JSON document from python3 (>= 3.8)",
+            actual=f"exit status {result.exit_code}: {detail}",
+            fix=f"install python3 on {host.name} (or the venv at {host_var(host, 'vllm_venv')})",
+        )
+    raw = {**raw, "model_path": config.get("model_path", ""),
+           "user": {**(raw.get("user") or {}), "name": config.get("service_user", "")}}
+    return parse_probe_output(host.name, raw)
+
+
+def gather_facts(inventory: Inventory, connections: Mapping[str, Connection],
+                 options: ProbeOptions | None = None,
+                 hosts: Sequence[str] | None = None,
+                 ) -> tuple[dict[str, HostFacts], dict[str, ProvisionError]]:
+    """Probe every host in parallel, one round trip each.
+
+    All probes run at the same time on purpose: the reachability test needs the master's
+    short-lived listener open while the followers connect.
+
+    Args:
+        inventory: the loaded inventory.
+        connections: open connections by host name (hosts without one are skipped).
+        options: what to gather (default :class:`ProbeOptions`).
+        hosts: host names to probe (default: every host that has a connection).
+
+    Returns:
+        ``(facts by host name, errors by host name)``: each probed host is in exactly one.
+    """
+    options = options or ProbeOptions()
+    names = [name for name in (hosts or list(connections)) if name in connections]
+    facts: dict[str, HostFacts] = {}
+    errors: dict[str, ProvisionError] = {}
+
+    def one(name: str) -> tuple[str, HostFacts | ProvisionError]:
+        host = inventory.hosts[name]
+        try:
+            return name, probe_host(host, connections[name], inventory.replica_of(name), options)
+        except (UnreachableError, ProvisionError) as exc:
+            return name, exc
+
+    if not names:
+        return facts, errors
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        for name, outcome in pool.map(one, names):
+            if isinstance(outcome, HostFacts):
+                facts[name] = outcome
+            else:
+                errors[name] = outcome
+    return facts, errors

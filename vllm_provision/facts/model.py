@@ -1,0 +1,280 @@
+"""Typed, frozen records of what one probe found on one host (``HostFacts`` and its parts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as ``nvidia-smi --query-gpu`` lists it.
+
+    Attributes:
+        index: nvidia-smi index (0-based, PCI order unless ``CUDA_DEVICE_ORDER`` says otherwise).
+        name: product name (``"NVIDIA H100 80GB HBM3"``).
+        memory_total_mib: framebuffer size in MiB.
+        uuid: ``GPU-...`` identifier, stable across reboots.
+        pci_bus_id: ``00000000:18:00.0``; empty when not queried.
+    """
+
+    index: int
+    name: str
+    memory_total_mib: int | None
+    uuid: str
+    pci_bus_id: str = ""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One compute process on a GPU (``nvidia-smi --query-compute-apps``).
+
+    Attributes:
+        pid: process id on the host.
+        process_name: executable name or path as nvidia-smi reports it.
+        used_memory_mib: GPU memory held, MiB (None when nvidia-smi says ``[N/A]``).
+        gpu_uuid: the GPU it runs on.
+        unit: the systemd unit owning the pid (from ``/proc/<pid>/cgroup``), or ``""``.
+    """
+
+    pid: int
+    process_name: str
+    used_memory_mib: int | None
+    gpu_uuid: str
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class Interface:
+    """A network interface from ``ip -j addr``/``ip -j link``.
+
+    Attributes:
+        name: ``eth0``.
+        state: ``operstate`` (``UP``, ``DOWN``, ``UNKNOWN``, ...).
+        flags: link flags (``UP``, ``LOWER_UP``, ...).
+        addresses: IPv4/IPv6 addresses without prefix length.
+        mtu: MTU in bytes.
+    """
+
+    name: str
+    state: str
+    flags: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    mtu: int | None = None
+
+    @property
+    def is_up(self) -> bool:
+        """True when the link is administratively up and has carrier (or state is UP)."""
+        return self.state == "UP" or ("UP" in self.flags and "LOWER_UP" in self.flags)
+
+
+@dataclass(frozen=True)
+class Route:
+    """The kernel's route to one peer (``ip -j route get <peer>``): device and source address."""
+
+    peer: str
+    dev: str = ""
+    src: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ListeningSocket:
+    """A listening TCP socket from ``ss -Hltnp``.
+
+    Attributes:
+        address: local address (``0.0.0.0``, ``::``, ``10.0.0.1``, ``*``).
+        port: TCP port.
+        process: process name, ``""`` when ss could not tell (no root).
+        pid: owning pid, or None.
+        unit: systemd unit owning the pid, or ``""``.
+    """
+
+    address: str
+    port: int
+    process: str = ""
+    pid: int | None = None
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of the model directory: path relative to it, size in bytes, optional sha256."""
+
+    name: str
+    size: int
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class ServiceUser:
+    """The account the vLLM unit runs as.
+
+    Attributes:
+        name: user name (``vllm``).
+        exists: present in the passwd database.
+        uid: its uid, when it exists.
+        sys_uid_max: ``SYS_UID_MAX`` from ``/etc/login.defs`` (999 when absent).
+    """
+
+    name: str
+    exists: bool
+    uid: int | None = None
+    sys_uid_max: int = 999
+
+    @property
+    def is_system(self) -> bool:
+        """True for a system account (uid <= SYS_UID_MAX; login.defs(5))."""
+        return self.uid is not None and self.uid <= self.sys_uid_max
+
+
+@dataclass(frozen=True)
+class Reachability:
+    """Whether this host reached ``address:port`` over TCP during the probe.
+
+    Attributes:
+        address: the peer address tried.
+        port: the TCP port.
+        ok: a TCP connection was established.
+        error: the last connect error when not ok (``"[Errno 111] Connection refused"``).
+        elapsed_s: seconds until success or giving up.
+    """
+
+    address: str
+    port: int
+    ok: bool
+    error: str = ""
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Listener:
+    """The short-lived TCP listener the probe opened on the master for the reachability test.
+
+    Attributes:
+        address: bound address.
+        port: TCP port.
+        bound: the bind succeeded (False when something already listens there).
+        accepted: peers (addresses) that connected while it listened.
+        error: bind error text when not bound.
+    """
+
+    address: str
+    port: int
+    bound: bool
+    accepted: tuple[str, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything preflight knows about one host, from one probe (one SSH round trip).
+
+    Sizes are bytes unless the name says MiB. A value of None means "could not be read";
+    ``problems`` says why.
+
+    Attributes:
+        host: inventory host name.
+        python_path: interpreter that ran the probe (``/opt/vllm/bin/python`` or ``python3``).
+        venv_found: the inventory's venv Python existed and ran the probe.
+        python_version: full ``sys.version`` (``"3.11.2 (main, ...) [GCC 12.2.0]"``).
+        python_micro: ``"3.11.2"``.
+        packages: distribution name -> version (None when not installed): vllm, torch, ray,
+            transformers, nvidia-nccl-cu12, nvidia-nccl-cu13.
+        torch_cuda: torch's CUDA build: ``"cu130"`` from the local version ``2.9.0+cu130``, or
+            ``torch.version.cuda`` when asked for; None when unknown.
+        nccl_loaded: ``torch.cuda.nccl.version()`` as ``"2.27.3"`` when asked for, else None.
+        driver_version: NVIDIA driver (``"580.95.05"``), None when nvidia-smi failed.
+        cuda_driver_version: highest CUDA the driver supports (``"13.0"``), from the header.
+        gpus: GPUs in index order.
+        gpu_processes: compute processes on any GPU.
+        nvidia_smi_error: why nvidia-smi could not be read, else ``""``.
+        hostname: ``socket.gethostname()``.
+        hostname_addresses: what the hostname resolves to.
+        interfaces: by name.
+        routes: route to each peer address, by peer address.
+        shm_bytes: size of /dev/shm.
+        mem_total_bytes, mem_available_bytes: from /proc/meminfo.
+        disk_free_bytes: free bytes on the filesystem holding the model path (or /).
+        cpu_count: logical CPUs.
+        model_path: the model path probed.
+        model_files: its manifest, sorted by name; None when the path does not exist.
+        listening: listening TCP sockets.
+        remove_ipc: logind ``RemoveIPC`` in effect (default yes; logind.conf(5)).
+        service_user: the unit's account.
+        nccl_env: ``NCCL_*`` variables of the probe's environment and ``/etc/environment``.
+        nccl_conf: text of ``/etc/nccl.conf``, None when absent.
+        nccl_net_plugins: ``libnccl-net*.so`` files found on the library path.
+        systemd_version: systemd's version number (252), None when unknown.
+        listener: the reachability listener (master only), or None.
+        reachability: TCP tests to the master/head, one per target.
+        problems: probe-side errors (a command missing, a file unreadable).
+    """
+
+    host: str
+    python_path: str = ""
+    venv_found: bool = False
+    python_version: str = ""
+    python_micro: str = ""
+    packages: Mapping[str, str | None] = field(default_factory=dict)
+    torch_cuda: str | None = None
+    nccl_loaded: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: tuple[Gpu, ...] = ()
+    gpu_processes: tuple[GpuProcess, ...] = ()
+    nvidia_smi_error: str = ""
+    hostname: str = ""
+    hostname_addresses: tuple[str, ...] = ()
+    interfaces: Mapping[str, Interface] = field(default_factory=dict)
+    routes: Mapping[str, Route] = field(default_factory=dict)
+    shm_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    mem_available_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    cpu_count: int | None = None
+    model_path: str = ""
+    model_files: tuple[ModelFile, ...] | None = None
+    listening: tuple[ListeningSocket, ...] = ()
+    remove_ipc: bool = True
+    service_user: ServiceUser | None = None
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    nccl_conf: str | None = None
+    nccl_net_plugins: tuple[str, ...] = ()
+    systemd_version: int | None = None
+    listener: Listener | None = None
+    reachability: tuple[Reachability, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def nccl_version(self) -> str | None:
+        """The NCCL a worker will load: the loaded one when probed, else the nvidia-nccl package.
+
+        vLLM loads the ``libnccl.so.2`` torch brings (``find_nccl_library``), i.e. the
+        ``nvidia-nccl-cu13`` (or ``-cu12``) wheel in the venv.
+        """
+        if self.nccl_loaded:
+            return self.nccl_loaded
+        return self.packages.get("nvidia-nccl-cu13") or self.packages.get("nvidia-nccl-cu12")
+
+    @property
+    def nccl_package(self) -> str:
+        """The installed NCCL wheel's name (``nvidia-nccl-cu13``), or the cu13 name by default."""
+        if self.packages.get("nvidia-nccl-cu13"):
+            return "nvidia-nccl-cu13"
+        if self.packages.get("nvidia-nccl-cu12"):
+            return "nvidia-nccl-cu12"
+        return "nvidia-nccl-cu13"
+
+    @property
+    def gpu_model(self) -> str | None:
+        """The GPU product name all GPUs share, ``"mixed: a, b"`` otherwise, None if no GPU."""
+        names = sorted({gpu.name for gpu in self.gpus})
+        if not names:
+            return None
+        return names[0] if len(names) == 1 else "mixed: " + ", ".join(names)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dict (tuples become lists, nested records dicts)."""
+        return asdict(self)

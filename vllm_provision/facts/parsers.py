@@ -1,0 +1,327 @@
+"""Pure parsers from raw command output (nvidia-smi, ip, ss, logind, login.defs) to fact records.
+
+Each parser skips lines it does not understand instead of failing: nvidia-smi's text output
+"is not guaranteed to be backwards compatible" (nvidia-smi(1)), so a warning line or a new
+column must not break preflight.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vllm_provision.facts.model import Gpu, GpuProcess, Interface, ListeningSocket, Route
+
+# The query the probe sends; the parser is told the fields so real outputs of other queries parse.
+GPU_QUERY_FIELDS: tuple[str, ...] = (
+    "index", "name", "driver_version", "memory.total", "uuid", "pci.bus_id",
+)
+COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "used_memory", "gpu_uuid")
+
+_NOT_AVAILABLE = {"[n/a]", "n/a", "[not supported]", "not supported", ""}
+# nvidia-smi header: "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |"
+_CUDA_VERSION_RE = re.compile(r"CUDA Version\s*:\s*([0-9]+\.[0-9]+)")
+_DRIVER_VERSION_RE = re.compile(r"Driver Version\s*:\s*([0-9][0-9.]*)")
+# Numbers with an optional unit, as nvidia-smi prints without "nounits": "81559 MiB".
+_NUMBER_RE = re.compile(r"^\s*([0-9]+)(?:\s*MiB)?\s*$")
+
+
+def _int_or_none(text: str) -> int | None:
+    match = _NUMBER_RE.match(text)
+    return int(match.group(1)) if match else None
+
+
+def _split_csv_row(line: str, fields: Sequence[str], free_text_field: str) -> dict[str, str] | None:
+    """Split one nvidia-smi CSV row into fields; extra commas belong to ``free_text_field``.
+
+    nvidia-smi does not quote values, and a GPU or process name may contain a comma (MIG device
+    names), so surplus parts are joined back into the free-text field.
+    """
+    parts = [part.strip() for part in line.split(",")]
+    if len(parts) < len(fields):
+        return None
+    surplus = len(parts) - len(fields)
+    position = fields.index(free_text_field)
+    merged = parts[:position] + [", ".join(parts[position:position + surplus + 1])]
+    merged += parts[position + surplus + 1:]
+    return dict(zip(fields, merged, strict=True))
+
+
+def _is_header(row: dict[str, str], fields: Sequence[str]) -> bool:
+    return row.get(fields[0], "").lower().startswith(fields[0].split(".")[0].lower())
+
+
+def parse_gpu_csv(text: str, fields: Sequence[str] = GPU_QUERY_FIELDS,
+                  ) -> tuple[list[Gpu], str | None]:
+    """Parse ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]``.
+
+    Args:
+        text: stdout; a header line, unit suffixes (``MiB``) and warning lines are tolerated.
+        fields: the queried field names in order (default: :data:`GPU_QUERY_FIELDS`).
+
+    Returns:
+        (GPUs sorted by index, the driver version if ``driver_version`` was queried and all
+        rows agree on it, else the first row's, or None when there are no rows).
+    """
+    gpus: list[Gpu] = []
+    drivers: list[str] = []
+    for line in text.splitlines():
+        if not line.strip() or "," not in line:
+            continue
+        row = _split_csv_row(line, fields, "name" if "name" in fields else fields[-1])
+        if row is None or _is_header(row, fields):
+            continue
+        index = _int_or_none(row.get("index", ""))
+        if "index" in fields and index is None:
+            continue
+        uuid = row.get("uuid", "")
+        gpus.append(Gpu(
+            index=index if index is not None else len(gpus),
+            name=row.get("name", ""),
+            memory_total_mib=_int_or_none(row.get("memory.total", "")),
+            uuid="" if uuid.lower() in _NOT_AVAILABLE else uuid,
+            pci_bus_id=row.get("pci.bus_id", ""),
+        ))
+        if row.get("driver_version"):
+            drivers.append(row["driver_version"])
+    gpus.sort(key=lambda gpu: gpu.index)
+    return gpus, (drivers[0] if drivers else None)
+
+
+def parse_compute_apps_csv(text: str, fields: Sequence[str] = COMPUTE_APPS_FIELDS,
+                           ) -> list[GpuProcess]:
+    """Parse ``nvidia-smi --query-compute-apps=<fields> --format=csv,noheader[,nounits]``.
+
+    Args:
+        text: stdout; ``No running processes found`` and header lines yield nothing.
+        fields: queried field names in order (default: :data:`COMPUTE_APPS_FIELDS`).
+
+    Returns:
+        One :class:`GpuProcess` per row, ``unit`` empty (the probe fills it from /proc).
+    """
+    processes: list[GpuProcess] = []
+    for line in text.splitlines():
+        if "," not in line:
+            continue
+        free_text = "process_name" if "process_name" in fields else fields[-1]
+        row = _split_csv_row(line, fields, free_text)
+        if row is None:
+            continue
+        pid = _int_or_none(row.get("pid", ""))
+        if pid is None:
+            continue
+        processes.append(GpuProcess(
+            pid=pid,
+            process_name=row.get("process_name", ""),
+            used_memory_mib=_int_or_none(row.get("used_memory", "")),
+            gpu_uuid=row.get("gpu_uuid", ""),
+        ))
+    return processes
+
+
+def parse_smi_header(text: str) -> tuple[str | None, str | None]:
+    """Read the driver version and the highest CUDA version the driver supports.
+
+    Works on the plain ``nvidia-smi`` table header (all driver generations: the 515 series'
+    narrow table, the 535+ wide one) and on ``nvidia-smi -q`` (``CUDA Version : 12.7``).
+    There is no documented ``--query-gpu`` field for the CUDA version (research-vllm.md §6).
+
+    Returns:
+        (driver version or None, CUDA version ``"12.8"`` or None).
+    """
+    driver = _DRIVER_VERSION_RE.search(text)
+    cuda = _CUDA_VERSION_RE.search(text)
+    return (driver.group(1) if driver else None, cuda.group(1) if cuda else None)
+
+
+def parse_ip_addr_json(text: str) -> dict[str, Interface]:
+    """Parse ``ip -j addr`` (or ``ip -j link``, which has no addresses) into interfaces by name.
+
+    Raises:
+        ValueError: the text is not the JSON array iproute2 prints.
+    """
+    data = json.loads(text or "[]")
+    if not isinstance(data, list):
+        raise ValueError("ip -j addr did not print a JSON array")
+    interfaces: dict[str, Interface] = {}
+    for entry in data:
+        if not isinstance(entry, dict) or "ifname" not in entry:
+            continue
+        addresses = tuple(
+            str(info["local"]) for info in entry.get("addr_info", []) if "local" in info
+        )
+        interfaces[entry["ifname"]] = Interface(
+            name=entry["ifname"],
+            state=str(entry.get("operstate", "UNKNOWN")),
+            flags=tuple(entry.get("flags", ())),
+            addresses=addresses,
+            mtu=entry.get("mtu"),
+        )
+    return interfaces
+
+
+def parse_ip_route_get_json(peer: str, text: str) -> Route:
+    """Parse ``ip -j route get <peer>``; an empty or invalid text yields a Route with ``error``."""
+    try:
+        data = json.loads(text or "[]")
+    except json.JSONDecodeError as exc:
+        return Route(peer=peer, error=f"unreadable ip route output: {exc}")
+    if not data or not isinstance(data, list):
+        return Route(peer=peer, error="no route")
+    first: dict[str, Any] = data[0]
+    return Route(peer=peer, dev=str(first.get("dev", "")), src=str(first.get("prefsrc", "")))
+
+
+# ss -p column: users:(("python3",pid=1234,fd=7),("python3",pid=1240,fd=7))
+_SS_USER_RE = re.compile(r'\("(?P<name>[^"]*)",pid=(?P<pid>[0-9]+)')
+
+
+def _split_host_port(local: str) -> tuple[str, int] | None:
+    address, _, port = local.rpartition(":")
+    if not port.isdigit():
+        return None
+    address = address.strip("[]")
+    if "%" in address:  # "0.0.0.0%lo" / "[::1]%lo": bound to an interface
+        address = address.split("%", 1)[0]
+    return address or "*", int(port)
+
+
+def parse_ss_listening(text: str, units: dict[int, str] | None = None) -> list[ListeningSocket]:
+    """Parse ``ss -Hltnp`` (no header; State Recv-Q Send-Q Local:Port Peer:Port [Process]).
+
+    Args:
+        text: stdout of ``ss -Hltnp``; also accepts output with a header line.
+        units: pid -> systemd unit (from /proc/<pid>/cgroup) to attach to each socket.
+
+    Returns:
+        One socket per listening address (the first owning process, if ss showed one).
+    """
+    sockets: list[ListeningSocket] = []
+    for line in text.splitlines():
+        columns = line.split()
+        if len(columns) < 5 or columns[0] != "LISTEN":
+            continue
+        local = _split_host_port(columns[3])
+        if local is None:
+            continue
+        match = _SS_USER_RE.search(line)
+        pid = int(match.group("pid")) if match else None
+        sockets.append(ListeningSocket(
+            address=local[0],
+            port=local[1],
+            process=match.group("name") if match else "",
+            pid=pid,
+            unit=(units or {}).get(pid, "") if pid is not None else "",
+        ))
+    return sockets
+
+
+def unit_from_cgroup(text: str) -> str:
+    """Return the systemd unit of a process from ``/proc/<pid>/cgroup`` text, or ``""``.
+
+    Reads the unified line (``0::/system.slice/vllm.service``) or the v1 ``name=systemd``
+    line; the unit is the last path element ending in ``.service`` or ``.scope``.
+    """
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or parts[1] not in ("", "name=systemd"):
+            continue
+        for element in reversed(parts[2].split("/")):
+            if element.endswith((".service", ".scope")):
+                return element
+    return ""
+
+
+def _parse_bool(value: str) -> bool | None:
+    # systemd's boolean grammar (systemd.syntax(7)): 1/yes/y/true/t/on and 0/no/n/false/f/off.
+    lowered = value.strip().lower()
+    if lowered in ("1", "yes", "y", "true", "t", "on"):
+        return True
+    if lowered in ("0", "no", "n", "false", "f", "off"):
+        return False
+    return None
+
+
+def parse_logind_remove_ipc(texts: Iterable[str]) -> bool:
+    """Return logind's effective ``RemoveIPC`` from logind.conf then its drop-ins, in order.
+
+    Args:
+        texts: contents of ``/etc/systemd/logind.conf`` followed by the ``logind.conf.d/*.conf``
+            files in lexical order (later settings win; logind.conf(5)).
+
+    Returns:
+        The value in effect; ``True`` (the compiled-in default, logind.conf(5)) when unset.
+    """
+    value = True
+    for text in texts:
+        section = ""
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+                continue
+            key, sep, setting = line.partition("=")
+            if sep and section == "Login" and key.strip() == "RemoveIPC":
+                parsed = _parse_bool(setting)
+                if parsed is not None:
+                    value = parsed
+    return value
+
+
+def parse_sys_uid_max(text: str) -> int:
+    """Return ``SYS_UID_MAX`` from ``/etc/login.defs`` text, or 999 (login.defs(5) default)."""
+    for raw in text.splitlines():
+        parts = raw.split()
+        if len(parts) >= 2 and parts[0] == "SYS_UID_MAX" and parts[1].isdigit():
+            return int(parts[1])
+    return 999
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """Parse ``/proc/meminfo`` into bytes by key (``MemTotal``, ``MemAvailable``, ...)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            factor = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+            values[key.strip()] = int(parts[0]) * factor
+    return values
+
+
+def parse_systemd_version(text: str) -> int | None:
+    """Read the number from ``systemctl --version``'s first line (``systemd 252 (252.38-1)``)."""
+    match = re.match(r"\s*systemd\s+([0-9]+)", text)
+    return int(match.group(1)) if match else None
+
+
+def torch_cuda_build(torch_version: str | None) -> str | None:
+    """Return the CUDA build tag of a torch version: ``"2.9.0+cu130"`` -> ``"cu130"``.
+
+    The PyTorch wheel index encodes the CUDA variant in the PEP 440 local version label;
+    a torch without a label (PyPI's default wheel) returns None.
+    """
+    if not torch_version or "+" not in torch_version:
+        return None
+    return torch_version.split("+", 1)[1] or None
+
+
+def cuda_major_of_build(build: str | None) -> int | None:
+    """CUDA major version of a torch build tag or version: ``cu130`` -> 13, ``12.8`` -> 12."""
+    if not build:
+        return None
+    match = re.match(r"cu([0-9]+)$", build)
+    if match:
+        digits = match.group(1)
+        return int(digits[:-1]) if len(digits) >= 3 else int(digits[:1])
+    match = re.match(r"([0-9]+)\.", build)
+    return int(match.group(1)) if match else None
+
+
+def python_micro(sys_version: str) -> str:
+    """``"3.11.2 (main, Mar 13 2023, ...)"`` -> ``"3.11.2"``."""
+    return sys_version.split()[0] if sys_version else ""

@@ -1,0 +1,337 @@
+# ruff: noqa: UP004, UP021, UP022, UP031, UP041  (must stay valid on Python 3.8)
+"""Remote fact probe: run on a host as ``python - '<json config>'``; prints ONE JSON document.
+
+Sent over the existing SSH connection on stdin, so gathering facts costs one round trip per
+host. Standard library only; must run on any Python >= 3.8 (no 3.9+ syntax or APIs here).
+It returns raw command outputs; the controller parses them (``facts/parsers.py``) where that
+is easier to test. It changes nothing on the host except a short-lived TCP listener when the
+controller asks for a reachability test.
+"""
+
+import glob
+import hashlib
+import importlib.metadata
+import json
+import os
+import pwd
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ERRORS = []
+
+
+def run(argv, timeout=20):
+    """Run a command; return {rc, stdout, stderr}; rc 127 when the program is missing."""
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, universal_newlines=True)
+        return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+    except FileNotFoundError:
+        return {"rc": 127, "stdout": "", "stderr": "%s: command not found" % argv[0]}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "stdout": "", "stderr": "%s: timed out after %ss" % (argv[0], timeout)}
+    except OSError as exc:
+        return {"rc": 126, "stdout": "", "stderr": "%s: %s" % (argv[0], exc)}
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def package_versions(names):
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+        except Exception as exc:  # a broken dist-info must not stop the probe
+            versions[name] = None
+            ERRORS.append("reading the version of %s failed: %s" % (name, exc))
+    return versions
+
+
+def torch_runtime(want_nccl, want_cuda):
+    """Import torch only when asked: torch.cuda.nccl.version() and torch.version.cuda."""
+    result = {"nccl_loaded": None, "torch_cuda_runtime": None}
+    if not (want_nccl or want_cuda):
+        return result
+    try:
+        import torch  # noqa: F401  (only when the controller asked for the loaded NCCL)
+
+        if want_cuda:
+            result["torch_cuda_runtime"] = torch.version.cuda
+        if want_nccl:
+            version = torch.cuda.nccl.version()
+            if isinstance(version, tuple):
+                version = ".".join(str(part) for part in version)
+            result["nccl_loaded"] = str(version)
+    except Exception as exc:
+        ERRORS.append("import torch / torch.cuda.nccl.version() failed: %s" % exc)
+    return result
+
+
+def model_manifest(path, want_sha256, max_files):
+    if not path:
+        return {"exists": False, "files": [], "truncated": False}
+    if not os.path.isdir(path):
+        return {"exists": os.path.exists(path), "is_dir": False, "files": [], "truncated": False}
+    files = []
+    truncated = False
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            relative = os.path.relpath(full, path)
+            try:
+                size = os.path.getsize(full)
+            except OSError as exc:
+                ERRORS.append("model file %s unreadable: %s" % (full, exc))
+                continue
+            digest = ""
+            if want_sha256:
+                sha = hashlib.sha256()
+                with open(full, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
+                        sha.update(chunk)
+                digest = sha.hexdigest()
+            files.append([relative, size, digest])
+            if len(files) >= max_files:
+                truncated = True
+                break
+        if truncated:
+            break
+    return {"exists": True, "is_dir": True, "files": files, "truncated": truncated}
+
+
+def statvfs_bytes(path):
+    try:
+        stat = os.statvfs(path)
+        return {"size": stat.f_blocks * stat.f_frsize, "free": stat.f_bavail * stat.f_frsize}
+    except OSError:
+        return None
+
+
+def existing_parent(path):
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path or "/"
+
+
+def logind_texts():
+    texts = []
+    main = read_text("/etc/systemd/logind.conf")
+    if main is not None:
+        texts.append(main)
+    drop_ins = []
+    for directory in ("/usr/lib/systemd/logind.conf.d", "/run/systemd/logind.conf.d",
+                      "/etc/systemd/logind.conf.d"):
+        drop_ins.extend(glob.glob(os.path.join(directory, "*.conf")))
+    # Drop-ins apply in lexical order of their file names, whatever the directory (logind.conf(5)).
+    for path in sorted(drop_ins, key=os.path.basename):
+        text = read_text(path)
+        if text is not None:
+            texts.append(text)
+    return texts
+
+
+def service_user(name):
+    if not name:
+        return {"exists": False, "uid": None}
+    try:
+        entry = pwd.getpwnam(name)
+        return {"exists": True, "uid": entry.pw_uid}
+    except KeyError:
+        return {"exists": False, "uid": None}
+
+
+def nccl_settings(venv):
+    env = dict((k, v) for k, v in os.environ.items() if k.startswith("NCCL_"))
+    for line in (read_text("/etc/environment") or "").splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key.startswith("NCCL_"):
+            env[key] = value.strip().strip('"')
+    patterns = [
+        "/usr/lib/libnccl-net*.so*", "/usr/lib64/libnccl-net*.so*",
+        "/usr/lib/x86_64-linux-gnu/libnccl-net*.so*", "/usr/lib/aarch64-linux-gnu/libnccl-net*.so*",
+        "/usr/local/lib/libnccl-net*.so*", "/opt/*/lib/libnccl-net*.so*",
+    ]
+    for directory in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if directory:
+            patterns.append(os.path.join(directory, "libnccl-net*.so*"))
+    if venv:
+        patterns.append(os.path.join(venv, "lib", "python3*", "site-packages", "nvidia", "*",
+                                     "lib", "libnccl-net*.so*"))
+    plugins = set()
+    for pattern in patterns:
+        plugins.update(glob.glob(pattern))
+    return {"env": env, "conf": read_text("/etc/nccl.conf"), "plugins": sorted(plugins)}
+
+
+def resolve_hostname():
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+        addresses = sorted(set(info[4][0] for info in infos))
+    except OSError as exc:
+        addresses = []
+        ERRORS.append("hostname %s does not resolve: %s" % (name, exc))
+    return {"hostname": name, "addresses": addresses}
+
+
+class Listener(object):
+    """A short-lived TCP listener on the master: peers connect to it to prove reachability."""
+
+    def __init__(self, address, port, expect, timeout_s):
+        self.address, self.port, self.expect = address, port, expect
+        self.deadline = time.time() + timeout_s
+        self.accepted = []
+        self.error = ""
+        self.sock = None
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(16)
+            sock.settimeout(0.2)
+            self.sock = sock
+            self.thread = threading.Thread(target=self.serve)
+            self.thread.daemon = True
+            self.thread.start()
+        except OSError as exc:
+            self.error = str(exc)
+
+    def serve(self):
+        while time.time() < self.deadline and len(self.accepted) < self.expect:
+            try:
+                conn, peer = self.sock.accept()
+                self.accepted.append(peer[0])
+                conn.close()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+
+    def finish(self):
+        if self.sock is not None:
+            self.thread.join(max(0.0, self.deadline - time.time()) + 0.5)
+            self.sock.close()
+        return {"address": self.address, "port": self.port, "bound": self.sock is not None,
+                "accepted": self.accepted, "error": self.error}
+
+
+def connect_until(address, port, timeout_s, result):
+    start = time.time()
+    last = ""
+    while True:
+        try:
+            sock = socket.create_connection((address, port), timeout=1.0)
+            sock.close()
+            result.update(address=address, port=port, ok=True, error="",
+                          elapsed_s=round(time.time() - start, 3))
+            return
+        except OSError as exc:
+            last = str(exc)
+        if time.time() - start >= timeout_s:
+            break
+        time.sleep(0.2)
+    result.update(address=address, port=port, ok=False, error=last,
+                  elapsed_s=round(time.time() - start, 3))
+
+
+def pids_in(text):
+    return set(int(pid) for pid in re.findall(r"pid=([0-9]+)", text))
+
+
+def main():
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    started = time.time()
+    listener = None
+    if config.get("listen"):
+        spec = config["listen"]
+        listener = Listener(spec["address"], int(spec["port"]), int(spec.get("expect", 1)),
+                            float(spec.get("timeout_s", 10)))
+    reach_threads = []
+    for target in config.get("connect", []):
+        result = {}
+        thread = threading.Thread(target=connect_until, args=(
+            target["address"], int(target["port"]), float(target.get("timeout_s", 10)), result))
+        thread.daemon = True
+        thread.start()
+        reach_threads.append((thread, result, target))
+
+    smi = {}
+
+    def smi_calls():
+        smi["query_gpu"] = run(["nvidia-smi", "--query-gpu=" + config.get(
+            "gpu_fields", "index,name,driver_version,memory.total,uuid,pci.bus_id"),
+            "--format=csv,noheader,nounits"])
+        if smi["query_gpu"]["rc"] == 127:
+            return
+        smi["header"] = run(["nvidia-smi"])
+        smi["compute_apps"] = run(["nvidia-smi", "--query-compute-apps=" + config.get(
+            "apps_fields", "pid,process_name,used_memory,gpu_uuid"),
+            "--format=csv,noheader,nounits"])
+
+    smi_thread = threading.Thread(target=smi_calls)
+    smi_thread.daemon = True
+    smi_thread.start()
+
+    venv = config.get("venv", "")
+    out = {
+        "probe_version": 1,
+        "probe_pid": os.getpid(),
+        "python": {"executable": sys.executable, "version": sys.version},
+        "venv_found": bool(config.get("venv_found")),
+        "packages": package_versions(config.get("packages", [])),
+        "hostname": resolve_hostname(),
+        "ip_addr": run(["ip", "-j", "addr"]),
+        "routes": dict((peer, run(["ip", "-j", "route", "get", peer]))
+                       for peer in config.get("peers", [])),
+        "shm": statvfs_bytes("/dev/shm"),
+        "meminfo": read_text("/proc/meminfo") or "",
+        "disk": statvfs_bytes(existing_parent(config.get("model_path") or "/")),
+        "cpu_count": os.cpu_count(),
+        "model": model_manifest(config.get("model_path", ""), bool(config.get("sha256")),
+                                int(config.get("max_files", 20000))),
+        "ss": run(["ss", "-Hltnp"]),
+        "logind": logind_texts(),
+        "login_defs": read_text("/etc/login.defs") or "",
+        "user": service_user(config.get("service_user", "")),
+        "nccl": nccl_settings(venv),
+        "systemctl_version": run(["systemctl", "--version"]),
+    }
+    out.update(torch_runtime(bool(config.get("nccl_loaded")),
+                             bool(config.get("torch_cuda_runtime"))))
+    smi_thread.join(60)
+    out["nvidia_smi"] = smi
+    cgroup_pids = pids_in(out["ss"]["stdout"])
+    for line in smi.get("compute_apps", {}).get("stdout", "").splitlines():
+        first = line.split(",")[0].strip()
+        if first.isdigit():
+            cgroup_pids.add(int(first))
+    out["cgroups"] = dict((str(pid), read_text("/proc/%d/cgroup" % pid) or "")
+                          for pid in sorted(cgroup_pids))
+    for thread, _result, target in reach_threads:
+        thread.join(float(target.get("timeout_s", 10)) + 2)
+    out["reach"] = [result for _thread, result, _target in reach_threads if result]
+    out["listener"] = listener.finish() if listener is not None else None
+    out["errors"] = ERRORS
+    out["elapsed_s"] = round(time.time() - started, 3)
+    sys.stdout.write(json.dumps(out))
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
