@@ -1,0 +1,11 @@
+"""Load, validate and query an Ansible-compatible YAML inventory.
+
+``load_inventory(path, extra_vars)`` returns a validated :class:`~vllm_provision.models.Inventory`
+or raises one :class:`~vllm_provision.errors.InventoryError` listing every problem;
+``select_hosts(inventory, pattern)`` resolves an Ansible host pattern (``--limit``, ``hosts:``).
+"""
+
+from vllm_provision.inventory.loader import load_inventory
+from vllm_provision.inventory.patterns import select_hosts
+
+__all__ = ["load_inventory", "select_hosts"]

@@ -1,0 +1,137 @@
+"""``load_inventory``: read, merge and validate an inventory into ``models.Inventory``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars, plain
+from vllm_provision.inventory.replicas import REPLICAS_GROUP, SYNTHETIC_GROUPS, build_replicas
+from vllm_provision.inventory.source import Origin, Problems, Setting, read_yaml
+from vllm_provision.inventory.tree import Tree, parse_tree
+from vllm_provision.inventory.values import check_setting
+from vllm_provision.inventory.vars_dirs import read_vars_dir
+from vllm_provision.models import Group, Host, Inventory, Replica
+
+
+def _checked(settings: Mapping[str, Setting], problems: Problems) -> dict[str, Setting]:
+    """Validate every setting; an invalid one keeps its origin with the value ``INVALID``."""
+    result: dict[str, Setting] = {}
+    for name, setting in settings.items():
+        checked = check_setting(name, setting, problems)
+        result[name] = checked if checked is not None else Setting(INVALID, setting.origin)
+    return result
+
+
+def _group_merged_vars(tree: Tree, name: str,
+                       group_files: Mapping[str, Mapping[str, Setting]]) -> dict[str, Any]:
+    """The vars a group sees: its ancestors' and its own, inventory file < group_vars/."""
+    chain = sorted(tree.ancestors(name) | {"all"}, key=lambda g: (tree.depth.get(g, 0), g))
+    merged: dict[str, Setting] = {}
+    for group in chain:
+        merged.update(tree.groups[group].vars)
+    for group in ["all", *[g for g in chain if g != "all"]]:
+        merged.update(group_files.get(group, {}))
+    return plain(merged)
+
+
+def _synthetic_groups(replicas: tuple[Replica, ...], hosts: Mapping[str, Host]) -> dict[str, Group]:
+    """``vllm_master`` (rank 0 of each replica), ``vllm_followers`` (ranks > 0), ``vllm_mp`` and
+    ``vllm_ray`` (nodes of replicas with that backend); hosts in inventory order."""
+    members: dict[str, set[str]] = {name: set() for name in SYNTHETIC_GROUPS}
+    for replica in replicas:
+        members["vllm_master"].add(replica.master.name)
+        members["vllm_followers"].update(node.name for node in replica.followers)
+        members[f"vllm_{replica.backend}"].update(node.name for node in replica.nodes)
+    return {name: Group(name, hosts=tuple(h for h in hosts if h in names))
+            for name, names in members.items()}
+
+
+def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
+    """Load and validate an Ansible-compatible YAML inventory.
+
+    Reads ``path`` and the ``group_vars/`` and ``host_vars/`` folders beside it, merges variables
+    with Ansible's precedence (see :func:`~.hosts.merge_host_vars`), validates every variable we
+    read against :mod:`vllm_provision.variables`, resolves connection settings and builds the
+    replicas (child groups of ``vllm_replicas``) and the synthetic groups ``vllm_master``,
+    ``vllm_followers``, ``vllm_mp`` and ``vllm_ray``. Opens no connection.
+
+    Args:
+        path: the inventory YAML file.
+        extra_vars: ``-e`` values, highest precedence; strings are converted for integer,
+            boolean, list and mapping variables.
+
+    Returns:
+        the validated inventory.
+
+    Raises:
+        InventoryError: listing every problem found, each with file, key path, value (secrets
+            masked), what was expected and a fix.
+    """
+    path = Path(path)
+    problems = Problems()
+    doc = read_yaml(path, problems, what="inventory")
+    if doc is None:
+        problems.raise_if_any()
+    assert doc is not None
+    tree = parse_tree(doc, problems)
+    if tree is None:
+        problems.raise_if_any()
+    assert tree is not None
+    for name in SYNTHETIC_GROUPS:
+        if name in tree.groups:
+            problems.add(doc.origin(tree.groups[name].key).where,
+                         f"the group name {name!r} is reserved: provision adds it itself",
+                         fix=f"rename the group; {', '.join(SYNTHETIC_GROUPS)} are derived from "
+                             "the replicas")
+    for group in tree.groups.values():
+        group.vars = _checked(group.vars, problems)
+    for host in tree.hosts.values():
+        host.vars = _checked(host.vars, problems)
+    base = path.absolute().parent
+    group_files = {name: _checked(values, problems) for name, values in
+                   read_vars_dir(base / "group_vars", tree.groups, problems, kind="group").items()}
+    host_files = {name: _checked(values, problems) for name, values in
+                  read_vars_dir(base / "host_vars", tree.hosts, problems, kind="host").items()}
+    extra = _checked({str(name): Setting(value, Origin(None, (str(name),)))
+                      for name, value in (extra_vars or {}).items()}, problems)
+
+    settings = {name: merge_host_vars(tree, name, group_files, host_files, extra)
+                for name in tree.hosts}
+    hosts = {name: build_host(name, settings[name], tuple(tree.groups_of(name)), base, problems)
+             for name in tree.hosts}
+    replica_groups = tree.groups[REPLICAS_GROUP].children if REPLICAS_GROUP in tree.groups else []
+    replicas = build_replicas(tree, hosts, settings,
+                              {g: _group_merged_vars(tree, g, group_files) for g in replica_groups},
+                              problems)
+    problems.raise_if_any()
+
+    synthetic = _synthetic_groups(replicas, hosts)
+    groups: dict[str, Group] = {}
+    for name, node in tree.groups.items():
+        own = {**plain(node.vars), **plain(group_files.get(name, {}))}
+        groups[name] = Group(name, hosts=tuple(node.hosts), children=tuple(node.children),
+                             vars=own)
+    groups.update(synthetic)
+    final_hosts: dict[str, Host] = {}
+    for name, host in hosts.items():
+        extra_groups = tuple(g for g in SYNTHETIC_GROUPS if name in synthetic[g].hosts)
+        final_hosts[name] = _with_groups(host, host.groups + extra_groups)
+    replicas = tuple(_rebind(replica, final_hosts) for replica in replicas)
+    return Inventory(path=path, hosts=final_hosts, groups=groups, replicas=replicas,
+                     extra_vars=plain(extra))
+
+
+def _with_groups(host: Host, groups: tuple[str, ...]) -> Host:
+    from dataclasses import replace
+
+    return replace(host, groups=groups)
+
+
+def _rebind(replica: Replica, hosts: Mapping[str, Host]) -> Replica:
+    """Point the replica's nodes at the final hosts (with synthetic groups)."""
+    from dataclasses import replace
+
+    nodes = tuple(replace(node, host=hosts[node.name]) for node in replica.nodes)
+    return replace(replica, nodes=nodes)

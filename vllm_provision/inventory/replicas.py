@@ -1,0 +1,243 @@
+"""Build the replicas: every child group of ``vllm_replicas``, its nodes, ranks and engine args."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_provision import variables
+from vllm_provision.inventory.hosts import INVALID
+from vllm_provision.inventory.source import Origin, Problems, Setting
+from vllm_provision.inventory.tree import Tree
+from vllm_provision.inventory.values import show
+from vllm_provision.models import EngineArgs, Host, Node, Replica
+
+REPLICAS_GROUP = "vllm_replicas"
+SYNTHETIC_GROUPS = ("vllm_master", "vllm_followers", "vllm_mp", "vllm_ray")
+
+# Options we render ourselves from the backend and node rank. vLLM rejects nnodes > 1 with the
+# ray backend ("nnodes > 1 can only be set when distributed executor backend is mp, uni or
+# external_launcher", vllm/config/parallel.py), so they must never be copied between backends.
+RENDERED_OPTIONS = {
+    "--nnodes": "it is the number of hosts of the replica",
+    "--node-rank": "it comes from vllm_node_rank",
+    "--headless": "followers (rank > 0) get it automatically with vllm_backend: mp",
+    "--distributed-executor-backend": "it comes from vllm_backend",
+    "--master-addr": "it is rank 0's vllm_host_ip",
+    "--data-parallel-address": "it is rank 0's vllm_host_ip",
+}
+# Options that have a variable: one source for each value.
+VARIABLE_OPTIONS = {
+    "--tensor-parallel-size": "vllm_tensor_parallel_size", "-tp": "vllm_tensor_parallel_size",
+    "--pipeline-parallel-size": "vllm_pipeline_parallel_size",
+    "-pp": "vllm_pipeline_parallel_size",
+    "--max-model-len": "vllm_max_model_len", "--served-model-name": "vllm_served_model_name",
+    "--host": "vllm_api_host", "--port": "vllm_api_port", "--master-port": "vllm_master_port",
+    "--api-key": "vllm_api_key", "--model": "vllm_model",
+}
+
+
+def _replica_scope() -> list[str]:
+    return [v.name for v in variables.VARIABLES.values() if v.scope == "replica"]
+
+
+def _agree(name: str, nodes: list[str], settings: Mapping[str, Mapping[str, Setting]],
+           replica: str, tree: Tree, problems: Problems) -> Any:
+    """Return the one value every node has for ``name`` (default if none sets it); record a
+    problem naming both hosts and values when two nodes disagree."""
+    var = variables.VARIABLES[name]
+    default = variables.defaults().get(name)
+    seen: list[tuple[str, Any, Setting | None]] = []
+    for host in nodes:
+        setting = settings[host].get(name)
+        if setting is not None and setting.value is INVALID:
+            return INVALID
+        seen.append((host, setting.value if setting else default, setting))
+    first_host, first_value, first_setting = seen[0]
+    for host, value, setting in seen[1:]:
+        if value != first_value:
+            def origin(s: Setting | None) -> str:
+                return f"from {s.origin.where}" if s else "the default"
+
+            problems.add(
+                f"{tree.file}: replica {replica!r}",
+                f"{name} differs between nodes: {first_host} has {show(name, first_value)} "
+                f"({origin(first_setting)}), {host} has {show(name, value)} "
+                f"({origin(setting)})",
+                expected=f"the same {name} on every node of the replica",
+                actual=f"{show(name, first_value)} and {show(name, value)}",
+                fix=f"set {name} once in the group vars of {replica!r} and remove the "
+                    "per-host value" + ("" if var.engine_field is None else
+                                        "; all nodes render from one set of engine arguments"))
+            return INVALID
+    return first_value
+
+
+def _check_extra_args(args: list[str], origin: Origin | None, backend: Any,
+                      problems: Problems, where: str) -> None:
+    for index, word in enumerate(args):
+        option = word.split("=", 1)[0]
+        normalized = option if option.startswith("-") and not option.startswith("--") else \
+            "--" + option[2:].replace("_", "-")
+        if not word.startswith("-"):
+            continue
+        place = origin.child(index).where if origin else where
+        if normalized in RENDERED_OPTIONS:
+            ray_note = (" With vllm_backend: ray, vLLM rejects --nnodes > 1 (\"nnodes > 1 can "
+                        "only be set when distributed executor backend is mp\", "
+                        "vllm/config/parallel.py)." if backend == "ray" else "")
+            problems.add(place, f"vllm_extra_args must not contain {option}: we render it "
+                         f"ourselves ({RENDERED_OPTIONS[normalized]}).{ray_note}",
+                         actual=repr(word), fix=f"remove {word!r} from vllm_extra_args")
+        elif normalized in VARIABLE_OPTIONS:
+            problems.add(place, f"vllm_extra_args must not contain {option}: it has its own "
+                         f"variable, {VARIABLE_OPTIONS[normalized]}", actual=repr(word),
+                         fix=f"remove it and set {VARIABLE_OPTIONS[normalized]} instead")
+
+
+def _rank_of(host: str, settings: Mapping[str, Setting], single: bool) -> Any:
+    setting = settings.get("vllm_node_rank")
+    if setting is None:
+        return 0 if single else None
+    return setting.value
+
+
+def _host_ip(host: Host, settings: Mapping[str, Setting], problems: Problems,
+             file: str) -> str | None:
+    setting = settings.get("vllm_host_ip")
+    if setting is not None:
+        return None if setting.value is INVALID else setting.value
+    address = settings.get("ansible_host")
+    try:
+        ipaddress.ip_address(host.address)
+    except ValueError:
+        where = address.origin.where if address else f"{file}: host {host.name!r}"
+        problems.add(where, f"host {host.name} has no vllm_host_ip and its address "
+                     f"{host.address!r} is a name, not an IP address",
+                     expected="vllm_host_ip set to the node's IP on the cluster network",
+                     actual=repr(host.address),
+                     fix=f"add vllm_host_ip: <IP> to {host.name}'s host vars (it becomes "
+                         "VLLM_HOST_IP and Ray's --node-ip-address, which must be an IP)")
+        return None
+    return host.address
+
+
+def build_replicas(tree: Tree, hosts: Mapping[str, Host],
+                   settings: Mapping[str, Mapping[str, Setting]],
+                   group_vars: Mapping[str, Any], problems: Problems) -> tuple[Replica, ...]:
+    """Build every replica (child group of ``vllm_replicas``), in file order.
+
+    Checks: a replica has hosts; a host is in one replica only; ranks are 0..N-1, unique and
+    complete (a single-host replica may omit its rank: 0); each node has an IP address; every
+    replica-scope variable (engine arguments, backend, service settings) is equal on all nodes;
+    ``vllm_backend`` and ``vllm_model`` are set; ``vllm_extra_args`` holds no option we render.
+
+    Args:
+        tree: the parsed group tree.
+        hosts: every host by name, built by :func:`~.hosts.build_host`.
+        settings: every host's merged settings (validated).
+        group_vars: each replica group's merged vars, by group name (for ``Replica.vars``).
+        problems: where problems are recorded.
+    """
+    if REPLICAS_GROUP not in tree.groups:
+        return ()
+    file = tree.file
+    replicas: list[Replica] = []
+    owner: dict[str, str] = {}
+    for name in tree.groups[REPLICAS_GROUP].children:
+        group = tree.groups[name]
+        group_where = f"{file}: " + ".".join(str(k) for k in group.key)
+        members = tree.hosts_of(name)
+        if not members:
+            problems.add(group_where, f"replica {name!r} has no hosts",
+                         expected="at least one host under hosts:",
+                         fix=f"add its nodes under {'.'.join(map(str, group.key))}.hosts, "
+                             "each with vllm_node_rank")
+            continue
+        for host in members:
+            if host in owner:
+                problems.add(group_where, f"host {host} is in two replicas: {owner[host]!r} and "
+                             f"{name!r}", expected="each host in one replica only",
+                             fix=f"remove {host} from one of them")
+            owner.setdefault(host, name)
+        agreed = {var: _agree(var, members, settings, name, tree, problems)
+                  for var in _replica_scope()}
+        ok = True
+        for var in ("vllm_backend", "vllm_model"):
+            if agreed[var] is None:
+                problems.add(f"{group_where}.vars.{var}", f"replica {name!r} has no {var}",
+                             expected=variables.VARIABLES[var].expected(),
+                             fix=f"add {var}: {variables.VARIABLES[var].example} to the vars "
+                                 f"of group {name!r}")
+                ok = False
+            elif agreed[var] is INVALID:
+                ok = False
+        extra = agreed["vllm_extra_args"]
+        if extra is not INVALID:
+            origin = settings[members[0]].get("vllm_extra_args")
+            _check_extra_args(extra, origin.origin if origin else None, agreed["vllm_backend"],
+                              problems, group_where)
+        ranks: dict[int, list[str]] = {}
+        nodes: list[Node] = []
+        for host in members:
+            rank = _rank_of(host, settings[host], len(members) == 1)
+            if rank is INVALID:
+                ok = False
+                continue
+            if rank is None:
+                problems.add(f"{file}: " + ".".join(map(str, tree.hosts[host].key)),
+                             f"host {host} of replica {name!r} has no vllm_node_rank",
+                             expected=f"an integer 0-{len(members) - 1}",
+                             fix=f"add vllm_node_rank to {host}'s host vars (0 for the master)")
+                ok = False
+                continue
+            ranks.setdefault(rank, []).append(host)
+            host_ip = _host_ip(hosts[host], settings[host], problems, file)
+            if host_ip is None:
+                ok = False
+                continue
+            nodes.append(Node(hosts[host], rank, host_ip))
+        for rank, holders in sorted(ranks.items()):
+            if len(holders) > 1:
+                problems.add(settings[holders[1]]["vllm_node_rank"].origin.where,
+                             f"vllm_node_rank {rank} is used by {len(holders)} hosts of replica "
+                             f"{name!r}: {', '.join(holders)}",
+                             expected="a different rank per node", actual=str(rank),
+                             fix=f"give the nodes of {name!r} the ranks 0..{len(members) - 1}, "
+                                 "each once")
+                ok = False
+        wanted = set(range(len(members)))
+        if ranks and not any(len(h) > 1 for h in ranks.values()) and set(ranks) != wanted:
+            for rank in sorted(set(ranks) - wanted):
+                holder = ranks[rank][0]
+                missing = sorted(wanted - set(ranks))
+                problems.add(settings[holder]["vllm_node_rank"].origin.where,
+                             f"vllm_node_rank {rank} leaves a gap: replica {name!r} has "
+                             f"{len(members)} nodes, so ranks are 0..{len(members) - 1} "
+                             f"(missing {', '.join(map(str, missing))})",
+                             expected=f"an integer 0-{len(members) - 1}", actual=str(rank),
+                             fix=f"renumber the nodes of {name!r} 0..{len(members) - 1}")
+            ok = False
+        ips: dict[str, str] = {}
+        for node in nodes:
+            if node.host_ip in ips:
+                problems.add(group_where, f"hosts {ips[node.host_ip]} and {node.name} of replica "
+                             f"{name!r} have the same cluster IP {node.host_ip}",
+                             expected="a different vllm_host_ip per node (VLLM_HOST_IP must be "
+                                      "unique)", actual=node.host_ip,
+                             fix="set vllm_host_ip on each node to its own address")
+                ok = False
+            ips[node.host_ip] = node.name
+        if not ok or any(value is INVALID for value in agreed.values()):
+            continue
+        engine_values = {v.engine_field: agreed[v.name] for v in variables.VARIABLES.values()
+                         if v.engine_field}
+        engine_values["extra_args"] = tuple(engine_values["extra_args"] or ())
+        replica_vars = {**{k: v for k, v in agreed.items() if v is not None},
+                        **group_vars.get(name, {})}
+        replica_vars.update({k: v for k, v in agreed.items() if v is not None})
+        replicas.append(Replica(name=name, backend=agreed["vllm_backend"],
+                                nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
+                                engine=EngineArgs(**engine_values), vars=replica_vars))
+    return tuple(replicas)

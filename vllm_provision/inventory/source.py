@@ -1,0 +1,244 @@
+"""Read one YAML file of an inventory, remembering where each key is and collecting problems."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_provision.errors import InventoryError, Problem
+
+KeyPath = tuple[str | int, ...]
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def render_key_path(path: KeyPath) -> str:
+    """Render a key path as text: ``all.hosts.h1.vllm_node_rank``, ``vllm_extra_args[2]``,
+    ``all.hosts["10.0.0.1"].ansible_port`` (keys with dots or spaces are quoted)."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _PLAIN_KEY_RE.match(part):
+            text += f".{part}" if text else part
+        else:
+            text += f'["{part}"]'
+    return text
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value was written.
+
+    Attributes:
+        file: the YAML file, or None for a ``-e`` extra var.
+        key: the key path inside the file (``("all", "vars", "vllm_api_port")``).
+        line: 1-based line of the key when known.
+    """
+
+    file: Path | None
+    key: KeyPath
+    line: int | None = None
+
+    def child(self, part: str | int, line: int | None = None) -> Origin:
+        """Return the origin of an item inside this value (a list index or a mapping key)."""
+        return Origin(self.file, (*self.key, part), line if line is not None else self.line)
+
+    @property
+    def where(self) -> str:
+        """``file:line: key.path``, or ``-e name`` for extra vars."""
+        key = render_key_path(self.key)
+        if self.file is None:
+            return f"-e {key}"
+        place = f"{self.file}:{self.line}" if self.line else str(self.file)
+        return f"{place}: {key}" if key else place
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One variable as written in one place: its (validated) value and its origin."""
+
+    value: Any
+    origin: Origin
+
+
+@dataclass
+class Problems:
+    """Collects every problem found, so the user sees them all at once."""
+
+    items: list[Problem] = field(default_factory=list)
+
+    def add(self, where: str, message: str, *, expected: str = "", actual: str = "",
+            fix: str = "") -> None:
+        """Record one problem (see :class:`~vllm_provision.errors.Problem` for the fields)."""
+        problem = Problem(where, message, expected, actual, fix)
+        if problem not in self.items:
+            self.items.append(problem)
+
+    def raise_if_any(self) -> None:
+        """Raise :class:`InventoryError` with every problem recorded so far, if any.
+
+        Raises:
+            InventoryError: at least one problem was recorded.
+        """
+        if self.items:
+            raise InventoryError(list(self.items))
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+@dataclass(frozen=True)
+class VaultValue:
+    """An Ansible Vault ``!vault`` value; we cannot decrypt it, so it may only pass through."""
+
+    ciphertext: str
+
+    def __str__(self) -> str:
+        return "<vault-encrypted>"
+
+
+@dataclass
+class YamlDocument:
+    """A parsed YAML file: its data and the line of every key path."""
+
+    path: Path
+    data: Any
+    lines: dict[KeyPath, int]
+
+    def origin(self, key: KeyPath) -> Origin:
+        """Return the :class:`Origin` of ``key`` in this file, with its line when known."""
+        line = self.lines.get(key)
+        probe = key
+        while line is None and probe:
+            probe = probe[:-1]
+            line = self.lines.get(probe)
+        return Origin(self.path, key, line)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader plus Ansible's ``!vault`` and ``!unsafe`` tags."""
+
+
+def _construct_vault(loader: yaml.SafeLoader, node: yaml.Node) -> VaultValue:
+    return VaultValue(str(loader.construct_scalar(node)))  # type: ignore[arg-type]
+
+
+def _construct_unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    # Ansible's !unsafe only disables templating; the value itself is a plain string.
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+_Loader.add_constructor("!vault", _construct_vault)
+_Loader.add_constructor("!unsafe", _construct_unsafe)
+
+
+def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], duplicates: list) -> None:
+    """Record the line of every key and every duplicate key under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                duplicates.append(((*path, key), seen[key], line))
+            seen[key] = line
+            lines[(*path, key)] = line
+            _walk(value_node, (*path, key), lines, duplicates)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines[(*path, index)] = item.start_mark.line + 1
+            _walk(item, (*path, index), lines, duplicates)
+
+
+def _syntax_problem(path: Path, error: yaml.YAMLError, problems: Problems) -> None:
+    mark = getattr(error, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    detail = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    if "\\t" in detail or "'\\t'" in str(error):
+        problems.add(where, "YAML syntax error: a tab character is used for indentation",
+                     expected="spaces for indentation (YAML forbids tabs)", actual="a tab",
+                     fix="replace the tab with spaces (e.g. two spaces per level)")
+        return
+    message = f"YAML syntax error: {detail}" + (f" ({context})" if context else "")
+    problems.add(where, message,
+                 fix="correct the YAML at that line and column (check indentation, quotes, "
+                     "and that a 'key: value' has a space after the colon)")
+
+
+def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | None:
+    """Parse ``path`` as one YAML document that must be a mapping.
+
+    Args:
+        path: the file.
+        problems: where problems are recorded (missing file, syntax error with line and column,
+            tabs, empty file, duplicate keys, not a mapping, Vault-encrypted file).
+        what: what the file is, for messages (``"inventory"``, ``"group_vars file"``).
+
+    Returns:
+        the document, or None when it could not be used (a problem was recorded).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        problems.add(str(path), f"the {what} file does not exist",
+                     fix="check the path given with -i (relative paths are relative to the "
+                         "current folder)")
+        return None
+    except IsADirectoryError:
+        problems.add(str(path), f"the {what} path is a folder, not a file",
+                     expected="a YAML file such as inventory/hosts.yml",
+                     fix="give the inventory file itself; group_vars/ and host_vars/ beside it "
+                         "are read automatically")
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.add(str(path), f"the {what} file cannot be read: {exc}",
+                     fix="check the file's permissions and that it is UTF-8 text")
+        return None
+    if text.startswith("$ANSIBLE_VAULT;"):
+        problems.add(str(path), f"the {what} file is encrypted with Ansible Vault",
+                     fix="provision cannot decrypt Vault files; decrypt it "
+                         "(ansible-vault decrypt) or move its variables elsewhere")
+        return None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        _syntax_problem(path, exc, problems)
+        return None
+    finally:
+        loader.dispose()
+    if data is None:
+        problems.add(str(path), f"the {what} file is empty",
+                     expected="a YAML mapping" + (" with a top-level 'all:' group"
+                                                  if what == "inventory" else " of variables"),
+                     fix="add content or remove the file")
+        return None
+    lines: dict[KeyPath, int] = {}
+    duplicates: list[tuple[KeyPath, int, int]] = []
+    _walk(node, (), lines, duplicates)
+    for key, first, second in duplicates:
+        problems.add(f"{path}:{second}: {render_key_path(key)}",
+                     f"duplicate key (also on line {first}); YAML would silently keep only "
+                     "the last one",
+                     fix="merge the two entries into one")
+    if not isinstance(data, Mapping):
+        shape = type(data).__name__
+        fix = ("write a mapping such as 'all: {children: {...}}'; an INI inventory can be "
+               "converted with: ansible-inventory -i FILE --list --yaml"
+               if what == "inventory" else "write 'name: value' lines")
+        problems.add(str(path), f"the top level of the {what} file is not a mapping",
+                     expected="a YAML mapping", actual=f"a {_yaml_kind(shape)}", fix=fix)
+        return None
+    return YamlDocument(path, data, lines)
+
+
+def _yaml_kind(python_type: str) -> str:
+    return {"list": "list", "str": "string (an INI file?)", "int": "number",
+            "float": "number", "bool": "boolean"}.get(python_type, python_type)

@@ -1,0 +1,265 @@
+"""Parse the group tree of an Ansible YAML inventory: groups, hosts, children and their vars.
+
+Grammar (Ansible's ``yaml`` inventory plugin): the top level maps group names to groups; a group
+is null or a mapping with ``hosts`` (host name -> null or vars), ``children`` (group name -> group)
+and ``vars``. Top-level groups other than ``all`` are children of ``all``; hosts that belong to no
+group but ``all`` are in ``ungrouped``. A group or host named in several places is one group or
+host; its vars are merged, the later one winning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_provision import variables
+from vllm_provision.inventory.source import KeyPath, Problems, Setting, YamlDocument
+
+GROUP_KEYS = ("hosts", "children", "vars")
+
+
+@dataclass
+class GroupNode:
+    """A group as written: direct hosts, child groups and its own inventory-file vars."""
+
+    name: str
+    hosts: list[str] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)
+    vars: dict[str, Setting] = field(default_factory=dict)
+    key: KeyPath = ()
+
+
+@dataclass
+class HostNode:
+    """A host as written: its inventory-file host vars and where it was first defined."""
+
+    name: str
+    vars: dict[str, Setting] = field(default_factory=dict)
+    key: KeyPath = ()
+
+
+@dataclass
+class Tree:
+    """Every group and host of the inventory file, in file order."""
+
+    groups: dict[str, GroupNode] = field(default_factory=dict)
+    hosts: dict[str, HostNode] = field(default_factory=dict)
+    depth: dict[str, int] = field(default_factory=dict)
+    file: str = "inventory"
+
+    def group(self, name: str, key: KeyPath) -> GroupNode:
+        """Return the group ``name``, creating it (first defined at ``key``) if new."""
+        if name not in self.groups:
+            self.groups[name] = GroupNode(name, key=key)
+        return self.groups[name]
+
+    def ancestors(self, name: str) -> set[str]:
+        """Names of ``name`` and every group above it."""
+        found = {name}
+        changed = True
+        while changed:
+            changed = False
+            for group in self.groups.values():
+                if group.name not in found and any(c in found for c in group.children):
+                    found.add(group.name)
+                    changed = True
+        return found
+
+    def hosts_of(self, name: str) -> list[str]:
+        """Every host in group ``name`` or its descendants, in inventory order."""
+        members: set[str] = set()
+        stack, seen = [name], set()
+        while stack:
+            current = stack.pop()
+            if current in seen or current not in self.groups:
+                continue
+            seen.add(current)
+            members.update(self.groups[current].hosts)
+            stack.extend(self.groups[current].children)
+        return [host for host in self.hosts if host in members]
+
+    def groups_of(self, host: str) -> list[str]:
+        """Every group ``host`` belongs to, sorted as Ansible merges them: by depth (``all`` first,
+        parents before children), then by name."""
+        names: set[str] = set()
+        for group in self.groups.values():
+            if host in group.hosts:
+                names |= self.ancestors(group.name)
+        names.add("all")
+        return sorted(names, key=lambda g: (self.depth.get(g, 0), g))
+
+
+def _mapping_or_none(value: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
+                     *, expected: str, fix: str) -> Mapping | None:
+    if value is None or isinstance(value, Mapping):
+        return value or {}
+    problems.add(doc.origin(key).where, f"'{key[-1]}' must be a mapping", expected=expected,
+                 actual=f"{type(value).__name__} {value!r}", fix=fix)
+    return None
+
+
+def _valid_name(name: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
+                what: str) -> bool:
+    if isinstance(name, str) and name.strip() and name == name.strip() and " " not in name:
+        return True
+    problems.add(doc.origin(key).where, f"invalid {what} name",
+                 expected=f"a {what} name without spaces", actual=repr(name),
+                 fix=f"rename the {what}")
+    return False
+
+
+def _parse_vars(values: Mapping, doc: YamlDocument, key: KeyPath,
+                problems: Problems) -> dict[str, Setting]:
+    parsed: dict[str, Setting] = {}
+    for name, value in values.items():
+        if not isinstance(name, str):
+            problems.add(doc.origin((*key, name)).where, "a variable name must be a string",
+                         actual=repr(name), fix="rename the variable")
+            continue
+        parsed[name] = Setting(value, doc.origin((*key, name)))
+    return parsed
+
+
+def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyPath,
+                 problems: Problems) -> None:
+    group = tree.group(name, key)
+    if entry is None:
+        return
+    if not isinstance(entry, Mapping):
+        problems.add(doc.origin(key).where, f"group {name!r} must be a mapping",
+                     expected="a mapping with 'hosts', 'children' and/or 'vars'",
+                     actual=f"{type(entry).__name__} {entry!r}",
+                     fix=f"write e.g. {name}: {{hosts: {{h1: {{}}}}}}")
+        return
+    for section, value in entry.items():
+        section_key = (*key, section)
+        if section == "vars":
+            values = _mapping_or_none(value, doc, section_key, problems,
+                                      expected="a mapping of variable names to values",
+                                      fix="write 'vars:' followed by 'name: value' lines")
+            if values is not None:
+                group.vars.update(_parse_vars(values, doc, section_key, problems))
+        elif section == "hosts":
+            hosts = _mapping_or_none(
+                value, doc, section_key, problems,
+                expected="a mapping of host names to their vars (or nothing)",
+                fix="write hosts as a mapping: 'hosts: {h1: {}, h2: {}}' (not a list)")
+            for host_name, host_vars in (hosts or {}).items():
+                host_key = (*section_key, host_name)
+                if not _valid_name(host_name, doc, host_key, problems, "host"):
+                    continue
+                host = tree.hosts.setdefault(host_name, HostNode(host_name, key=host_key))
+                if host_name not in group.hosts:
+                    group.hosts.append(host_name)
+                values = _mapping_or_none(
+                    host_vars, doc, host_key, problems,
+                    expected="a mapping of host variables (or nothing)",
+                    fix=f"write '{host_name}: {{ansible_host: 10.0.0.11}}' or '{host_name}:'")
+                if values:
+                    host.vars.update(_parse_vars(values, doc, host_key, problems))
+        elif section == "children":
+            children = _mapping_or_none(
+                value, doc, section_key, problems,
+                expected="a mapping of child group names to groups (or nothing)",
+                fix="write children as a mapping: 'children: {web: {hosts: {...}}}'")
+            for child, child_entry in (children or {}).items():
+                child_key = (*section_key, child)
+                if not _valid_name(child, doc, child_key, problems, "group"):
+                    continue
+                if child not in group.children:
+                    group.children.append(child)
+                _parse_group(tree, child, child_entry, doc, child_key, problems)
+        else:
+            guess = variables.suggest(str(section), GROUP_KEYS)
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            problems.add(doc.origin(section_key).where,
+                         f"unknown key {section!r} in group {name!r}{hint}",
+                         expected="only 'hosts', 'children' and 'vars'", actual=repr(section),
+                         fix=f"rename it to '{guess}'" if guess else
+                         "put hosts under 'hosts:', groups under 'children:' and variables "
+                         "under 'vars:'")
+
+
+def _find_cycle(tree: Tree) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for child in tree.groups[name].children:
+            if state.get(child) == 1:
+                return [*stack[stack.index(child):], child]
+            if state.get(child) is None and child in tree.groups:
+                found = visit(child)
+                if found:
+                    return found
+        stack.pop()
+        state[name] = 2
+        return None
+
+    for name in tree.groups:
+        if state.get(name) is None:
+            found = visit(name)
+            if found:
+                return found
+    return None
+
+
+def _compute_depth(tree: Tree) -> None:
+    """Depth as Ansible's: the longest path from ``all`` (``all`` = 0)."""
+    depth = {"all": 0}
+    changed = True
+    while changed:
+        changed = False
+        for group in tree.groups.values():
+            if group.name not in depth:
+                continue
+            for child in group.children:
+                if depth.get(child, -1) < depth[group.name] + 1:
+                    depth[child] = depth[group.name] + 1
+                    changed = True
+    tree.depth = depth
+
+
+def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
+    """Parse the inventory file's group tree.
+
+    Records problems for: group/hosts/children/vars of the wrong shape, unknown group keys (with
+    a "did you mean"), invalid names, and group cycles (``a -> b -> a``).
+
+    Returns:
+        the tree with ``all`` and ``ungrouped`` present and depths computed, or None if a cycle
+        makes it unusable.
+    """
+    tree = Tree(file=str(doc.path))
+    tree.group("all", ("all",))
+    for name, entry in doc.data.items():
+        if not _valid_name(name, doc, (name,), problems, "group"):
+            continue
+        _parse_group(tree, name, entry, doc, (name,), problems)
+        if name != "all" and name not in tree.groups["all"].children:
+            tree.groups["all"].children.append(name)
+    cycle = _find_cycle(tree)
+    if cycle:
+        first = tree.groups[cycle[0]]
+        problems.add(doc.origin(first.key).where,
+                     "groups contain each other: " + " -> ".join(cycle),
+                     expected="a tree of groups without cycles", actual=" -> ".join(cycle),
+                     fix=f"remove {cycle[-1]!r} from the children of {cycle[-2]!r}")
+        return None
+    parented = {child for group in tree.groups.values() for child in group.children}
+    for name in tree.groups:
+        if name != "all" and name not in parented:
+            tree.groups["all"].children.append(name)
+    ungrouped = tree.group("ungrouped", ("all", "children", "ungrouped"))
+    if "ungrouped" not in tree.groups["all"].children:
+        tree.groups["all"].children.append("ungrouped")
+    grouped = {h for g in tree.groups.values() if g.name not in ("all", "ungrouped")
+               for h in g.hosts}
+    for host in tree.hosts:
+        if host not in grouped and host not in ungrouped.hosts:
+            ungrouped.hosts.append(host)
+    _compute_depth(tree)
+    return tree

@@ -1,0 +1,160 @@
+"""Check one variable's value against the variables table and convert it to its Python type."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from vllm_provision import variables
+from vllm_provision.inventory.source import Problems, Setting, VaultValue
+from vllm_provision.quoting import find_control_chars
+from vllm_provision.variables import Variable
+
+# ansible.module_utils.parsing.convert_bool: the strings Ansible reads as booleans.
+_TRUE = frozenset({"y", "yes", "on", "1", "true", "t"})
+_FALSE = frozenset({"n", "no", "off", "0", "false", "f"})
+_INVALID = object()
+
+
+def show(name: str, value: Any) -> str:
+    """Render ``value`` for a message, masked when ``name`` is a secret."""
+    shown = variables.mask(name, value)
+    return repr(shown) if not isinstance(shown, str) or shown != variables.MASK else shown
+
+
+def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
+    """Return ``value`` as ``var.type`` or ``_INVALID``; strings of digits/booleans are read the
+    way Ansible reads them (INI inventories and ``-e`` give strings)."""
+    if var.type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        return _INVALID
+    if var.type is int:
+        if isinstance(value, bool):
+            return _INVALID
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value.strip())
+        return _INVALID
+    if var.type is str:
+        if isinstance(value, str):
+            return value
+        # A YAML number for a version pin or a name (vllm_version: 0.12) is meant as text.
+        if isinstance(value, int | float) and not isinstance(value, bool) and var.name.endswith(
+                "_version"):
+            return str(value)
+        return _INVALID
+    if from_command_line and isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return _INVALID
+    if var.type is list:
+        if not isinstance(value, list):
+            return _INVALID
+        if not all(isinstance(item, str | int | float) and not isinstance(item, bool)
+                   for item in value):
+            return _INVALID
+        return [str(item) for item in value]
+    if var.type is dict:
+        if not isinstance(value, Mapping):
+            return _INVALID
+        if not all(isinstance(item, str | int | float | bool) for item in value.values()):
+            return _INVALID
+        return {str(k): (str(v).lower() if isinstance(v, bool) else str(v))
+                for k, v in value.items()}
+    return _INVALID
+
+
+def _strings_of(value: Any) -> list[tuple[str | int | None, str]]:
+    """Every string inside ``value`` with its sub-key (None for the value itself)."""
+    if isinstance(value, str):
+        return [(None, value)]
+    if isinstance(value, list):
+        return [(index, item) for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        pairs: list[tuple[str | int | None, str]] = []
+        for key, item in value.items():
+            pairs.append((key, key))
+            pairs.append((key, item))
+        return pairs
+    return []
+
+
+def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | None:
+    """Validate one variable as written in one place and return it converted to its type.
+
+    Unknown variables with a prefix we own (``vllm_``, ``ray_``, ``provision_``) are errors with
+    a "did you mean"; other unknown variables pass through untouched (Ansible inventories carry
+    many). Known variables are checked for type, range, choices, extra rules and control
+    characters (a newline in a value that lands in a unit file could add a directive).
+
+    Args:
+        name: the variable name.
+        setting: its value and origin.
+        problems: where problems are recorded.
+
+    Returns:
+        the setting with a converted value, or None when it is invalid (a problem was recorded).
+    """
+    where = setting.origin.where
+    var = variables.VARIABLES.get(name)
+    if var is None:
+        if variables.is_owned(name):
+            guess = variables.suggest(name, variables.VARIABLES)
+            problems.add(where, f"unknown variable {name!r}"
+                         + (f"; did you mean {guess!r}?" if guess else ""),
+                         actual=show(name, setting.value),
+                         fix=f"rename it to {guess}" if guess else
+                         "remove it or see docs/inventory.md for the variables we read")
+            return None
+        return setting
+    value = setting.value
+    if isinstance(value, VaultValue):
+        problems.add(where, f"{name} is encrypted with Ansible Vault, which provision cannot "
+                     "decrypt", actual="!vault ...",
+                     fix=f"give {name} in plain text, e.g. in a 0600 host_vars file")
+        return None
+    if isinstance(value, str) and "{{" in value:
+        problems.add(where, f"{name} holds a Jinja template, which the inventory loader does "
+                     "not evaluate", expected=var.expected(), actual=show(name, value),
+                     fix="write the value itself")
+        return None
+    converted = _coerce(var, value, from_command_line=setting.origin.file is None)
+    if converted is _INVALID:
+        fix = f"write {name}: {var.example}"
+        if var.type is list and isinstance(value, str):
+            fix = f"write one list item per word, e.g. {name}: {var.example}"
+        problems.add(where, f"{name} has the wrong type", expected=var.expected(),
+                     actual=show(name, value), fix=fix)
+        return None
+    for sub_key, text in _strings_of(converted):
+        found = find_control_chars(text)
+        if found is not None:
+            sub = setting.origin.child(sub_key).where if sub_key is not None else where
+            problems.add(sub, f"{name} contains {found}; it would end up in a unit file, env "
+                         "file or shell command, where a line break can add a directive",
+                         expected="a single line without control characters",
+                         actual=show(name, text) if not variables.is_secret_name(
+                             str(sub_key)) else variables.MASK,
+                         fix="remove the line break or control character")
+            return None
+    wrong = None
+    if var.choices and converted not in var.choices:
+        wrong = var.expected()
+    elif var.type is int and (
+            (var.minimum is not None and converted < var.minimum)
+            or (var.maximum is not None and converted > var.maximum)):
+        wrong = var.expected()
+    elif var.check is not None:
+        wrong = var.check(converted)
+    if wrong is not None:
+        problems.add(where, f"{name} has an invalid value", expected=wrong,
+                     actual=show(name, value), fix=f"write e.g. {name}: {var.example}")
+        return None
+    return Setting(converted, setting.origin)

@@ -1,0 +1,294 @@
+"""The table of every inventory variable vllm-provision reads: type, default, scope, secret, doc.
+
+This table is the single source for inventory validation (``vllm_provision.inventory``), the
+defaults of :class:`~vllm_provision.models.EngineArgs` and of replica settings, and the reference
+table in ``docs/inventory.md`` (:func:`render_markdown_table`; a unit test keeps the doc current).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Scope = Literal["host", "replica"]
+
+# An environment variable name as POSIX shells and systemd's env-file parser accept it.
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# systemd.unit(5): a unit name is [A-Za-z0-9:_.\\-]+ (with an optional @instance) and a type suffix.
+UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service$")
+# useradd(8): a portable user name.
+USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$")
+# Names whose values we never print (Ansible's no_log heuristics use the same words).
+SECRET_NAME_RE = re.compile(r"(token|password|passwd|secret|api_?key|private_?key$|credential)",
+                            re.IGNORECASE)
+MASK = "********"
+
+
+def check_ip_address(value: str) -> str | None:
+    """Return why ``value`` is not an IPv4/IPv6 address, or None when it is one."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "an IP address such as 10.0.0.11"
+    return None
+
+
+def check_env_mapping_names(value: Mapping[str, Any]) -> str | None:
+    """Return why a key of ``vllm_env`` is not a valid environment variable name, or None."""
+    for key in value:
+        if not ENV_NAME_RE.match(str(key)):
+            return f"environment variable names matching {ENV_NAME_RE.pattern} (bad name {key!r})"
+    return None
+
+
+def check_unit_name(value: str) -> str | None:
+    """Return why ``value`` is not a ``.service`` unit name per systemd.unit(5), or None."""
+    return None if UNIT_NAME_RE.match(value) else "a unit name such as vllm.service"
+
+
+def check_user_name(value: str) -> str | None:
+    """Return why ``value`` is not a portable user name per useradd(8), or None."""
+    return None if USER_NAME_RE.match(value) else "a user name such as vllm ([a-z_][a-z0-9_-]*)"
+
+
+def check_absolute_path(value: str) -> str | None:
+    """Return why ``value`` is not an absolute path, or None."""
+    return None if value.startswith("/") else "an absolute path such as /opt/vllm"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One inventory variable we read.
+
+    Attributes:
+        name: the variable name as written in the inventory (``vllm_api_port``).
+        type: the Python type of a valid value: ``str``, ``int``, ``bool``, ``list`` (of scalars,
+            rendered as strings) or ``dict`` (string keys to scalar values).
+        default: the value when unset; ``None`` means "unset" (or required when ``required``).
+        doc: one line for the reference table.
+        example: a value as it would be written in YAML.
+        scope: ``replica``: must be equal on every node of a replica (one source, nodes cannot
+            disagree); ``host``: may differ per host.
+        secret: the value is never printed (masked as ``********``).
+        required: a replica cannot be built without it.
+        choices: allowed values for a ``str`` variable.
+        minimum: smallest allowed ``int`` (ports: 1; sizes and counts: 1; ranks: 0).
+        maximum: largest allowed ``int`` (ports: 65535).
+        check: extra rule on a value of the right type; returns what is expected, or None if fine.
+        engine_field: the :class:`~vllm_provision.models.EngineArgs` field it fills, if any.
+    """
+
+    name: str
+    type: type
+    default: Any
+    doc: str
+    example: str
+    scope: Scope = "replica"
+    secret: bool = False
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    check: Callable[[Any], str | None] | None = None
+    engine_field: str | None = None
+
+    def expected(self) -> str:
+        """Describe a valid value in words (``"an integer 1-65535"``)."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.type is bool:
+            return "true or false"
+        if self.type is int:
+            if self.minimum is not None and self.maximum is not None:
+                return f"an integer {self.minimum}-{self.maximum}"
+            if self.minimum is not None:
+                return f"an integer >= {self.minimum}"
+            return "an integer"
+        if self.type is list:
+            return "a list of strings"
+        if self.type is dict:
+            return "a mapping of names to strings"
+        return "a string"
+
+
+PORT = {"minimum": 1, "maximum": 65535}
+POSITIVE = {"minimum": 1}
+
+_TABLE: tuple[Variable, ...] = (
+    # Ansible connection variables (docs.ansible.com, "Connecting to hosts: behavioral inventory
+    # parameters").
+    Variable("ansible_host", str, None, "Address to connect to over SSH (default: the inventory "
+             "name); also the default of `vllm_host_ip`.", "10.0.0.11", scope="host"),
+    Variable("ansible_port", int, 22, "SSH port.", "22", scope="host", **PORT),
+    Variable("ansible_user", str, None, "SSH user (default: ~/.ssh/config or the local user).",
+             "deploy", scope="host"),
+    Variable("ansible_ssh_private_key_file", str, None, "SSH private key; `~` expanded, relative "
+             "paths are relative to the inventory file's folder.", "~/.ssh/id_ed25519",
+             scope="host"),
+    Variable("ansible_ssh_common_args", str, None, "Extra ssh options; only "
+             "`-o UserKnownHostsFile=...` is read (added to the known_hosts files).",
+             "-o UserKnownHostsFile=/etc/vp/known_hosts", scope="host"),
+    Variable("ansible_ssh_extra_args", str, None, "Same as `ansible_ssh_common_args`.",
+             "-o UserKnownHostsFile=/etc/vp/known_hosts", scope="host"),
+    Variable("ansible_become", bool, False, "Run privileged commands through sudo.", "true",
+             scope="host"),
+    Variable("ansible_become_user", str, "root", "The sudo target user.", "root", scope="host"),
+    Variable("provision_known_hosts_file", str, None, "One more known_hosts file to trust "
+             "(`~` expanded, relative to the inventory file's folder).",
+             "/var/lib/vllm-provision/lab/known_hosts", scope="host"),
+    # The replica and its nodes.
+    Variable("vllm_backend", str, None, "Executor backend, always explicit: vLLM multi-node "
+             "multiprocessing (`mp`) or a Ray cluster (`ray`).", "mp", required=True,
+             choices=("mp", "ray")),
+    Variable("vllm_node_rank", int, None, "This node's rank in its replica, 0..N-1; 0 is the "
+             "master (mp) or Ray head. May be omitted on a single-host replica.", "0",
+             scope="host", minimum=0),
+    Variable("vllm_host_ip", str, None, "This node's IP on the cluster network (VLLM_HOST_IP, "
+             "Ray --node-ip-address); default `ansible_host`, which must then be an IP.",
+             "10.0.0.11", scope="host", check=check_ip_address),
+    Variable("vllm_cluster_interface", str, None, "Network interface of the cluster network "
+             "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).", "eth0", scope="host"),
+    # Engine arguments (vllm serve).
+    Variable("vllm_model", str, None, "Model path or id (`vllm serve MODEL`); the same absolute "
+             "path on every node.", "/srv/models/llama", required=True, engine_field="model"),
+    Variable("vllm_served_model_name", str, None, "Name served by the API "
+             "(`--served-model-name`).", "llama", engine_field="served_model_name"),
+    Variable("vllm_tensor_parallel_size", int, 1, "`--tensor-parallel-size` (GPUs per pipeline "
+             "stage).", "4", engine_field="tensor_parallel_size", **POSITIVE),
+    Variable("vllm_pipeline_parallel_size", int, 1, "`--pipeline-parallel-size` (pipeline "
+             "stages).", "2", engine_field="pipeline_parallel_size", **POSITIVE),
+    Variable("vllm_max_model_len", int, None, "`--max-model-len`, in tokens.", "8192",
+             engine_field="max_model_len", **POSITIVE),
+    Variable("vllm_api_host", str, "0.0.0.0", "Address the master's HTTP server binds "
+             "(`--host`).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
+    Variable("vllm_api_port", int, 8000, "HTTP port of the master (`--port`).", "8000",
+             engine_field="api_port", **PORT),
+    Variable("vllm_master_port", int, 29501, "mp: TCP store port on rank 0 (`--master-port`).",
+             "29501", engine_field="master_port", **PORT),
+    Variable("vllm_extra_args", list, [], "More `vllm serve` arguments, one list item per word. "
+             "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, nor options "
+             "that have a variable here.", "[--max-num-seqs, '64']", engine_field="extra_args"),
+    Variable("vllm_api_key", str, None, "API key clients must send (`VLLM_API_KEY` in the 0600 "
+             "env file, never in the unit or output).", "s3cr3t", secret=True,
+             engine_field="api_key"),
+    Variable("vllm_env", dict, {}, "More environment for the vLLM unit (env file); values "
+             "whose name contains token/password/secret/key are masked.",
+             "{HF_HUB_OFFLINE: '1'}", check=check_env_mapping_names),
+    # Service settings.
+    Variable("vllm_venv", str, "/opt/vllm", "Python virtual environment holding vLLM.",
+             "/opt/vllm", check=check_absolute_path),
+    Variable("vllm_service_user", str, "vllm", "System user the units run as.", "vllm",
+             check=check_user_name),
+    Variable("vllm_unit_name", str, "vllm.service", "systemd unit of the vLLM process.",
+             "vllm.service", check=check_unit_name),
+    Variable("vllm_ready_timeout_s", int, 1800, "Seconds to wait for the replica to serve.",
+             "1800", **POSITIVE),
+    # Ray.
+    Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", **PORT),
+    Variable("ray_num_gpus", int, None, "GPUs this node declares to Ray (default: GPUs found "
+             "by facts).", "4", scope="host", minimum=0),
+    Variable("ray_num_cpus", int, None, "CPUs this node declares to Ray.", "32", scope="host",
+             minimum=0),
+    Variable("ray_memory_bytes", int, None, "Ray `--memory`, in bytes.", "68719476736",
+             scope="host", **POSITIVE),
+    Variable("ray_object_store_memory_bytes", int, None, "Ray `--object-store-memory`, in "
+             "bytes.", "17179869184", scope="host", **POSITIVE),
+    # Version pins, checked by preflight on every node.
+    Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
+    Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",
+             "2.9.0+cu129"),
+    Variable("nccl_version", str, None, "Pinned NCCL version.", "2.27.5"),
+    Variable("ray_version", str, None, "Pinned Ray version.", "2.51.1"),
+)
+
+VARIABLES: Mapping[str, Variable] = {v.name: v for v in _TABLE}
+
+# Prefixes we own: a variable with one of them that is not in the table is a typo.
+OWNED_PREFIXES = ("vllm_", "ray_", "provision_")
+
+
+def is_owned(name: str) -> bool:
+    """True when ``name`` uses a prefix we own (``vllm_``, ``ray_``, ``provision_``)."""
+    return name.startswith(OWNED_PREFIXES)
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str | None:
+    """Return the closest of ``candidates`` to ``name`` (difflib, cutoff 0.6), or None."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def is_secret_name(name: str) -> bool:
+    """True when values named ``name`` must never be printed.
+
+    Secret variables of the table, plus any name containing token/password/secret/api key/
+    credential (``HF_TOKEN`` in ``vllm_env``). ``ansible_ssh_private_key_file`` is a path, not a
+    secret.
+    """
+    known = VARIABLES.get(name)
+    if known is not None:
+        return known.secret
+    return bool(SECRET_NAME_RE.search(name))
+
+
+def mask(name: str, value: Any) -> Any:
+    """Return ``value`` with secrets replaced by ``********``: the value itself if ``name`` is a
+    secret name, and the values of secret-named keys inside a mapping (``vllm_env``)."""
+    if is_secret_name(name):
+        return MASK
+    if isinstance(value, Mapping):
+        return {k: (MASK if is_secret_name(str(k)) else v) for k, v in value.items()}
+    return value
+
+
+def defaults(scope: Scope | None = None) -> dict[str, Any]:
+    """Return ``{name: default}`` for every variable with a default (``None`` defaults left out).
+
+    Args:
+        scope: only variables of this scope; ``None`` for all.
+    """
+    return {
+        v.name: (list(v.default) if isinstance(v.default, list) else
+                 dict(v.default) if isinstance(v.default, dict) else v.default)
+        for v in _TABLE
+        if v.default is not None and (scope is None or v.scope == scope)
+    }
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown_table() -> str:
+    """Return the reference table of every variable as GitHub-flavoured markdown.
+
+    One row per variable: name, type, default, scope, secret, description, example. The text is
+    pasted verbatim into ``docs/inventory.md`` between ``<!-- variables:begin -->`` and
+    ``<!-- variables:end -->``; a unit test compares the two.
+    """
+    type_names = {str: "string", int: "integer", bool: "boolean", list: "list of strings",
+                  dict: "mapping"}
+    lines = [
+        "| variable | type | default | scope | description | example |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in _TABLE:
+        if v.required:
+            default = "**required**"
+        elif v.default is None or v.default == [] or v.default == {}:
+            default = "unset" if v.default is None else f"`{v.default!r}`"
+        else:
+            default = f"`{str(v.default).lower() if v.type is bool else v.default}`"
+        kind = type_names[v.type]
+        if v.choices:
+            kind += " (" + " \\| ".join(v.choices) + ")"
+        elif v.type is int and (v.minimum is not None or v.maximum is not None):
+            kind += f" ({v.expected().removeprefix('an integer ')})"
+        doc = v.doc + (" **Secret**: masked in all output." if v.secret else "")
+        lines.append(f"| `{v.name}` | {kind} | {default} | {v.scope} | {_cell(doc)} | "
+                     f"`{_cell(v.example)}` |")
+    return "\n".join(lines) + "\n"
