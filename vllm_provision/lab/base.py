@@ -1,0 +1,232 @@
+"""The lab's shared read-only Debian base: build it once (mmdebstrap + Ray venv), cache, unpack."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from vllm_provision.errors import LabError
+from vllm_provision.lab.deps import MERGED_USR_HOOK
+from vllm_provision.lab.system import run
+
+log = logging.getLogger(__name__)
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# the probe's list (shared/docs/lab-probe.md): libpam-systemd gives ssh logins a logind session
+# (gotcha 10); python3-venv for /opt/vllm; libnuma1 for vllm._C (probe part 4, G3); curl for checks
+PACKAGES: tuple[str, ...] = (
+    "systemd", "systemd-sysv", "libpam-systemd", "dbus", "openssh-server", "python3", "iproute2",
+    "procps", "sudo", "ca-certificates", "iputils-ping", "less", "python3-venv", "libnuma1", "curl",
+)
+# one pinned Ray on every host: Ray refuses nodes whose Ray/Python differ (domain.md)
+RAY_PIN = "ray==2.60.0"
+VENV = "/opt/vllm"
+# bump when customise() changes, so cached bases are rebuilt
+CUSTOMISATION_VERSION = 3
+DEPLOY_USER = "deploy"
+
+_SSHD_DROP_IN = """\
+# vllm-provision lab: key-only logins, one host key type (written per host), many parallel sessions
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+HostKey /etc/ssh/ssh_host_ed25519_key
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 100
+"""
+_JOURNALD_DROP_IN = "[Journal]\nStorage=volatile\nRuntimeMaxUse=32M\n"
+_HOUSEKEEPING_UNITS = (
+    "timers.target.wants/apt-daily-upgrade.timer", "timers.target.wants/apt-daily.timer",
+    "timers.target.wants/dpkg-db-backup.timer", "timers.target.wants/e2scrub_all.timer",
+    "timers.target.wants/fstrim.timer", "multi-user.target.wants/e2scrub_reap.service",
+)
+
+
+def base_key() -> str:
+    """Return the cache key of the base: a hash of suite, package list, Ray pin and customisation.
+
+    A change to any of them yields a new key, so a stale base is never reused (probe gotcha G4).
+    """
+    recipe = json.dumps({"suite": SUITE, "packages": sorted(PACKAGES), "ray": RAY_PIN,
+                         "customisation": CUSTOMISATION_VERSION}, sort_keys=True)
+    return f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive flock(2) on ``lock_file`` (blocks until free) so one builder runs."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_tarball(cache_dir: Path) -> Path:
+    """Return the cached base tarball ``<cache_dir>/base-<key>.tar.zst``, building it if absent.
+
+    Builds under an flock on ``<cache_dir>/base-<key>.lock`` so parallel lab instances that share
+    the cache build it once (the others wait, then reuse it). A build takes about 1 minute.
+
+    Raises:
+        LabError: mmdebstrap or the Ray install failed (the build log path is in the message).
+    """
+    key = base_key()
+    tarball = cache_dir / f"base-{key}.tar.zst"
+    if tarball.is_file():
+        return tarball
+    with _locked(cache_dir / f"base-{key}.lock"):
+        if tarball.is_file():  # another instance built it while we waited
+            return tarball
+        build_root = cache_dir / f"build-{key}"
+        _cleanup_build(build_root)
+        started = time.monotonic()
+        log_file = cache_dir / f"build-{key}.log"
+        try:
+            _bootstrap(build_root, log_file)
+            customise(build_root)
+            _install_ray(build_root, log_file)
+            partial = tarball.with_suffix(".partial")
+            run(["tar", "--numeric-owner", "--xattrs", "-C", str(build_root),
+                 "-I", "zstd -T0 -3", "-cf", str(partial), "."], timeout_s=600)
+            partial.rename(tarball)
+        finally:
+            _cleanup_build(build_root)
+        log.info("built base %s in %.0f s", key, time.monotonic() - started)
+    return tarball
+
+
+def ensure_unpacked(cache_dir: Path, base_dir: Path) -> None:
+    """Make ``base_dir`` hold the current base (unpacked from the cache), unless it already does.
+
+    ``<base_dir>.id`` records the key of what is unpacked. Call only while no host of the
+    instance runs (overlayfs does not promise that guests see lower-dir changes, probe G5).
+
+    Raises:
+        LabError: building or unpacking failed.
+    """
+    key = base_key()
+    marker = base_dir.with_name(base_dir.name + ".id")
+    if base_dir.is_dir() and marker.is_file() and marker.read_text().strip() == key:
+        return
+    tarball = ensure_tarball(cache_dir)
+    partial = base_dir.with_name(base_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    run(["tar", "--numeric-owner", "--xattrs", "-C", str(partial), "-I", "zstd",
+         "-xpf", str(tarball)], timeout_s=600)
+    marker.unlink(missing_ok=True)
+    shutil.rmtree(base_dir, ignore_errors=True)
+    partial.rename(base_dir)
+    marker.write_text(key + "\n")
+
+
+def _bootstrap(root: Path, log_file: Path) -> None:
+    # merged-usr hook: without it mmdebstrap pulls in usrmerge and perl (+50 MiB, probe gotcha 9)
+    proc = run(["mmdebstrap", "--variant=minbase", f"--hook-dir={MERGED_USR_HOOK}",
+                f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR],
+               check=False, timeout_s=900)
+    log_file.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise LabError.single("mmdebstrap", f"building the base failed (log: {log_file})",
+                              actual="\n".join(proc.stderr.strip().splitlines()[-5:]),
+                              fix="check that deb.debian.org is reachable, then run lab up again")
+
+
+def customise(root: Path) -> None:
+    """Apply the host-independent changes to a fresh base rootfs at ``root``.
+
+    Removes what would leak the build machine's identity (host keys, machine-id, hostname,
+    resolv.conf: probe gotcha 8), keeps the journal in memory, turns off housekeeping timers,
+    adds an sshd drop-in and the ``deploy`` user with passwordless sudo.
+    """
+    for path in (*root.glob("var/cache/apt/archives/*.deb"), *root.glob("var/cache/apt/*.bin"),
+                 *root.glob("etc/ssh/ssh_host_*")):
+        path.unlink()
+    shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
+    (root / "var/lib/apt/lists/partial").mkdir(parents=True)
+    (root / "etc/machine-id").write_text("")
+    (root / "etc/hostname").write_text("labhost\n")
+    resolv = root / "etc/resolv.conf"
+    resolv.unlink(missing_ok=True)
+    resolv.write_text("# lab hosts have no DNS and no route off the bridge\n")
+    for unit in _HOUSEKEEPING_UNITS:
+        (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
+    _write(root / "etc/ssh/sshd_config.d/vllm-provision-lab.conf", _SSHD_DROP_IN)
+    _write(root / "etc/systemd/journald.conf.d/vllm-provision-lab.conf", _JOURNALD_DROP_IN)
+    (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", DEPLOY_USER])
+    _write(root / f"etc/sudoers.d/{DEPLOY_USER}", f"{DEPLOY_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+# (source on the main machine, target inside the build root, read-only)
+_CHROOT_BINDS = (("/dev", "dev", False), ("/etc/resolv.conf", "etc/resolv.conf", True),
+                 # pip in the chroot must verify TLS with the main machine's CA bundle (probe G2)
+                 ("/etc/ssl/certs/ca-certificates.crt", "etc/ssl/certs/ca-certificates.crt", True))
+
+
+def _install_ray(root: Path, log_file: Path) -> None:
+    """Create the venv /opt/vllm in ``root`` and pip-install the pinned Ray (guests have no net)."""
+    mounted: list[Path] = []
+    try:
+        target = root / "proc"
+        run(["mount", "-t", "proc", "proc", str(target)])
+        mounted.append(target)
+        for source, relative, read_only in _CHROOT_BINDS:
+            target = root / relative
+            if not target.exists():
+                target.touch()
+            run(["mount", "--bind", source, str(target)])
+            mounted.append(target)
+            if read_only:
+                run(["mount", "-o", "remount,bind,ro", str(target)])
+        # env -i: the main machine's PIP_* variables point at its own paths (probe G1)
+        env = ["env", "-i", "HOME=/root", "LANG=C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK=1",
+               "PIP_DEFAULT_TIMEOUT=180", "PIP_NO_CACHE_DIR=1",
+               "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        steps = (["python3", "-m", "venv", VENV], [f"{VENV}/bin/pip", "install", "-q", RAY_PIN])
+        for argv in steps:
+            proc = run([*env, "chroot", str(root), *argv], check=False, timeout_s=900)
+            with open(log_file, "a") as handle:
+                handle.write(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                raise LabError.single(" ".join(argv), f"failed in the base (log: {log_file})",
+                                      actual="\n".join(proc.stderr.strip().splitlines()[-5:]),
+                                      fix="check that PyPI is reachable, then run lab up again")
+    finally:
+        for target in reversed(mounted):
+            run(["umount", "-l", str(target)], check=False)
+    shutil.rmtree(root / "root/.cache", ignore_errors=True)  # probe G6
+
+
+def _cleanup_build(build_root: Path) -> None:
+    """Remove a build dir, first unmounting anything an interrupted build left mounted in it."""
+    if not build_root.exists():
+        return
+    prefix = str(build_root) + "/"
+    with open("/proc/self/mountinfo") as handle:
+        points = [line.split()[4] for line in handle if line.split()[4].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        run(["umount", "-l", point], check=False)
+    shutil.rmtree(build_root, ignore_errors=True)
+    if os.path.exists(build_root):
+        raise LabError.single(str(build_root), "could not remove an old build dir",
+                              fix=f"remove it by hand: rm -rf {build_root}")
