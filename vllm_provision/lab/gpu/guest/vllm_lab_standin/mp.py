@@ -1,0 +1,238 @@
+"""Multi-node mp executor of the stand-in: rank 0's rendezvous, the headless node's worker.
+
+Real vLLM (``--nnodes N --node-rank R --master-addr A --master-port P``): rank 0 hosts the
+torch.distributed TCPStore on ``A:P`` (all interfaces); every other node connects to it
+(vllm/distributed/parallel_state.py). Measured failure behaviour reproduced here
+(shared/docs/lab-probe.md part 4 B.4/B.5, vLLM 0.32.0):
+
+* rank 0 waiting for peers has no HTTP port and ignores SIGTERM;
+* a vLLM/torch/NCCL mismatch hangs the group (like NCCL init) until the init timeout;
+* rank 0 notices a dead peer only at the next request: that request gets a 500 and rank 0 exits
+  with status 0 about a second later; ``/health`` says 200 until then;
+* the headless node's worker ignores SIGTERM and outlives a ``kill -9`` of its parent;
+* a headless node whose rank 0 died stays up indefinitely.
+
+Wire protocol (lab only): newline-delimited JSON; hello -> go -> loaded -> step/ok.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .args import ServeConfig
+from .common import check_free_memory, log, register_compute_app, versions, visible_gpus
+from .server import EngineDead
+
+
+def init_timeout_s(config: ServeConfig, spec: dict[str, Any]) -> float:
+    """Return the init timeout, seconds: ``--distributed-timeout-seconds`` or the spec's."""
+    if config.distributed_timeout_s:
+        return float(config.distributed_timeout_s)
+    return float(spec["init_timeout_s"])
+
+
+def watchdog_timeout_message(rank: int, timeout_s: float) -> str:
+    """Return the line torch's NCCL watchdog prints when a collective never completes."""
+    ms = int(timeout_s * 1000)
+    return (f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+            f"OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={ms}) ran for {ms} "
+            "milliseconds before timing out.")
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def _read_line(reader: Any) -> dict[str, Any]:
+    line = reader.readline()
+    if not line:
+        raise ConnectionError("Connection closed by peer")
+    return json.loads(line)
+
+
+class Master:
+    """Rank 0 of a multi-node mp replica: waits for every node, then drives them per request."""
+
+    def __init__(self, config: ServeConfig, spec: dict[str, Any]) -> None:
+        self.config, self.spec = config, spec
+        self.peers: dict[int, tuple[socket.socket, Any]] = {}
+        self.lock = threading.Lock()
+        self.steps = 0
+
+    def rendezvous(self) -> None:
+        """Block until every node joined with the same versions, then load with them.
+
+        SIGTERM is ignored meanwhile (measured). Raises TimeoutError after the init timeout
+        (a peer that never came, or a version mismatch that makes NCCL init hang).
+        """
+        config = self.config
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        timeout_s = init_timeout_s(config, self.spec)
+        deadline = time.monotonic() + timeout_s
+        mine = versions(self.spec)
+        server = socket.create_server(("0.0.0.0", config.master_port))
+        log("INFO", "parallel_state.py:1", f"world_size={config.world_size} rank=0 local_rank=0 "
+            f"distributed_init_method=tcp://{config.master_addr}:{config.master_port} "
+            "backend=nccl")
+        hanging = False
+        while len(self.peers) < config.nnodes - 1 or hanging:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(watchdog_timeout_message(0, timeout_s))
+            server.settimeout(min(remaining, 1.0))
+            try:
+                sock, address = server.accept()
+            except TimeoutError:
+                continue
+            sock.settimeout(10)
+            reader = sock.makefile("r")
+            try:
+                hello = _read_line(reader)
+            except (OSError, ValueError):
+                sock.close()
+                continue
+            sock.settimeout(None)
+            rank = int(hello.get("node_rank", -1))
+            self.peers[rank] = (sock, reader)
+            if (hello.get("versions") != mine or hello.get("world_size") != config.world_size
+                    or not 0 < rank < config.nnodes):
+                hanging = True  # NCCL init never completes; nothing is logged, as with NCCL
+            log("DEBUG", "parallel_state.py:1", f"node {rank} joined from {address[0]}")
+        server.close()
+        for sock, _ in self.peers.values():
+            _send(sock, {"go": True})
+        load(self.spec, config, "rank 0")
+        for rank, (sock, reader) in self.peers.items():
+            sock.settimeout(max(1.0, deadline - time.monotonic()))
+            if _read_line(reader).get("loaded") is not True:
+                raise TimeoutError(watchdog_timeout_message(rank, timeout_s))
+            sock.settimeout(None)
+        signal.signal(signal.SIGTERM, previous)
+
+    def step(self) -> None:
+        """Run one engine step on every node; raise EngineDead when a node is gone."""
+        with self.lock:
+            self.steps += 1
+            for rank, (sock, reader) in self.peers.items():
+                try:
+                    sock.settimeout(30)
+                    _send(sock, {"step": self.steps})
+                    _read_line(reader)
+                except (OSError, ValueError) as exc:
+                    raise EngineDead(f"RuntimeError: [gloo/transport/tcp/pair.cc:553] {exc} "
+                                     f"[node {rank}]") from exc
+
+
+def load(spec: dict[str, Any], config: ServeConfig, who: str) -> None:
+    """'Load the weights': check GPU memory, show up in nvidia-smi, wait ``load_s`` seconds."""
+    gpus = visible_gpus(config.local_world_size)
+    check_free_memory(spec, gpus, config.gpu_memory_utilization)
+    used = int(config.gpu_memory_utilization * int(spec["gpu_memory_mib"]))
+    register_compute_app(gpus, used, "VLLM::Worker")
+    log("INFO", "gpu_model_runner.py:1", f"Starting to load model {config.model} ({who})...")
+    time.sleep(float(spec["load_s"]))
+    log("INFO", "gpu_model_runner.py:1", f"Model loading took {float(spec['load_s']):.2f} s")
+
+
+def run_headless(config: ServeConfig, spec: dict[str, Any]) -> int:
+    """Run a headless node: a main process supervising one worker process; return exit status.
+
+    The worker ignores SIGTERM and stops only when the main process tells it to, so it outlives
+    a ``kill -9`` of the main process (measured on vLLM 0.32.0).
+    """
+    log("INFO", "serve.py:1", f"Launching vLLM (v{spec['vllm']}) headless multiproc executor, "
+        f"with head node address {config.master_addr}:{config.master_port} for "
+        "torch.distributed process group.")
+    parent_end, child_end = multiprocessing.Pipe()
+    worker = multiprocessing.get_context("fork").Process(
+        target=_worker_main, args=(config, spec, child_end), name="VllmWorker")
+    worker.start()
+
+    def stop(signum: int, frame: Any) -> None:
+        log("INFO", "multiproc_executor.py:1", "Shutting down the headless node")
+        try:
+            parent_end.send("stop")
+        except OSError:
+            pass
+        worker.join(10)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    worker.join()
+    return 0 if worker.exitcode == 0 else 1
+
+
+def _worker_main(config: ServeConfig, spec: dict[str, Any], parent: Connection) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os._exit(worker_loop(config, spec, parent))
+
+
+def worker_loop(config: ServeConfig, spec: dict[str, Any], parent: Connection) -> int:
+    """Connect to rank 0, join, load, answer steps; return the exit status."""
+    timeout_s = init_timeout_s(config, spec)
+    deadline = time.monotonic() + timeout_s
+    sock = None
+    last_warning = 0.0
+    while sock is None:
+        try:
+            sock = socket.create_connection((config.master_addr, config.master_port), timeout=5)
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                log("ERROR", "socket.cpp:1", f"The client socket has timed out after "
+                    f"{int(timeout_s)}s while trying to connect to ({config.master_addr}, "
+                    f"{config.master_port}).")
+                return 1
+            if time.monotonic() - last_warning > 10:
+                log("WARNING", "socket.cpp:1", f"The client socket has failed to connect to "
+                    f"[{config.master_addr}]:{config.master_port} ({exc}).")
+                last_warning = time.monotonic()
+            time.sleep(1)
+    reader = sock.makefile("r")
+    _send(sock, {"node_rank": config.node_rank, "versions": versions(spec),
+                 "world_size": config.world_size, "nnodes": config.nnodes})
+    try:
+        sock.settimeout(max(1.0, deadline - time.monotonic()))
+        _read_line(reader)  # "go": never comes while the versions differ
+        sock.settimeout(None)
+    except (OSError, ValueError):
+        log("ERROR", "ProcessGroupNCCL.cpp:1",
+            watchdog_timeout_message(config.node_rank * config.local_world_size, timeout_s))
+        return 1
+    try:
+        load(spec, config, f"node {config.node_rank}")
+    except ValueError as exc:
+        log("ERROR", "gpu_worker.py:1", f"ValueError: {exc}")
+        return 1
+    _send(sock, {"loaded": True})
+    watched: list[Any] = [sock, parent]
+    while True:
+        ready, _, _ = select.select(watched, [], [])
+        if parent in ready:
+            try:
+                if parent.recv() == "stop":
+                    return 0
+            except (EOFError, OSError):
+                watched.remove(parent)  # parent killed: keep serving as an orphan
+        if sock in ready:
+            try:
+                message = _read_line(reader)
+                _send(sock, {"ok": message.get("step")})
+            except (OSError, ValueError):
+                log("ERROR", "multiproc_executor.py:1", "RuntimeError: [gloo/transport/tcp/"
+                    "pair.cc:553] Connection closed by peer: the head node is gone")
+                watched.remove(sock)  # stays up indefinitely, as measured
+                if not watched:
+                    while True:
+                        time.sleep(3600)
