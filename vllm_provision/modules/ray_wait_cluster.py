@@ -1,0 +1,258 @@
+"""Wait until the Ray cluster of a replica has every node alive and every GPU, then check placement.
+
+Run on the Ray head (``run_once`` on ``vllm_master``). The state comes from Ray's own API run with
+the venv's Python on the head (``ray.nodes()``, ``ray.cluster_resources()``,
+``ray.util.placement_group_table()``), never from ``ray status`` text. Also used by
+``vllm_wait_ready`` to explain a placement group that stays pending.
+
+Example task::
+
+    - name: Wait until Ray reports every node and GPU
+      ray_wait_cluster: {timeout_s: 300}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_provision.errors import Problem, ProvisionError
+from vllm_provision.models import Replica
+from vllm_provision.quoting import shell_join
+from vllm_provision.results import Status
+
+ARGUMENTS = ("timeout_s", "poll_s", "gpus_per_node")
+
+# Runs on the head as the service user; prints one JSON object. Ray API: ray.nodes(),
+# ray.cluster_resources(), ray.available_resources(), ray.util.placement_group_table().
+SNAPSHOT_SCRIPT = r"""
+import json, sys
+import ray
+from ray.util import placement_group_table
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False,
+         include_dashboard=False)
+out = {"nodes": [{"ip": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
+                  "resources": n.get("Resources") or {}} for n in ray.nodes()],
+       "total": ray.cluster_resources(), "available": ray.available_resources(),
+       "placement_groups": []}
+for pg_id, pg in placement_group_table().items():
+    out["placement_groups"].append({
+        "id": pg_id, "name": pg.get("name", ""), "state": pg.get("state"),
+        "strategy": pg.get("strategy"),
+        "bundles": [dict(b) for b in (pg.get("bundles") or {}).values()],
+        "scheduling_state": (pg.get("stats") or {}).get("scheduling_state")})
+print("RAY-SNAPSHOT " + json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class RaySnapshot:
+    """What Ray reports about its cluster.
+
+    Attributes:
+        nodes: ``{"ip", "alive", "resources"}`` per node (``resources["GPU"]`` = logical GPUs).
+        total: ``ray.cluster_resources()`` of alive nodes.
+        available: ``ray.available_resources()``.
+        placement_groups: ``{"id","name","state","strategy","bundles","scheduling_state"}``.
+    """
+
+    nodes: list[dict[str, Any]]
+    total: dict[str, float]
+    available: dict[str, float]
+    placement_groups: list[dict[str, Any]]
+
+    @property
+    def alive_ips(self) -> list[str]:
+        """IPs of alive nodes (Ray's ``NodeManagerAddress``: its ``--node-ip-address``)."""
+        return [str(n["ip"]) for n in self.nodes if n.get("alive")]
+
+    def gpus_of(self, ip: str) -> float:
+        """Logical GPUs Ray registered for the alive node at ``ip`` (0 when unknown)."""
+        return sum(float(n["resources"].get("GPU", 0)) for n in self.nodes
+                   if n.get("alive") and n["ip"] == ip)
+
+
+def parse_snapshot(stdout: str) -> RaySnapshot | None:
+    """Parse :data:`SNAPSHOT_SCRIPT`'s output; None when it printed no snapshot line."""
+    for line in stdout.splitlines():
+        if line.startswith("RAY-SNAPSHOT "):
+            data = json.loads(line.removeprefix("RAY-SNAPSHOT "))
+            return RaySnapshot(data["nodes"], data["total"], data["available"],
+                               data["placement_groups"])
+    return None
+
+
+def cluster_gaps(snapshot: RaySnapshot, expected: Mapping[str, float]) -> list[str]:
+    """What is missing for the cluster to be whole, in words; empty when whole.
+
+    Args:
+        expected: node IP -> GPUs it must contribute.
+    """
+    gaps = []
+    for ip, gpus in expected.items():
+        if ip not in snapshot.alive_ips:
+            gaps.append(f"node {ip} is not alive in Ray")
+        elif snapshot.gpus_of(ip) < gpus:
+            gaps.append(f"node {ip} has {snapshot.gpus_of(ip):g} GPUs in Ray, expected {gpus:g}")
+    return gaps
+
+
+def placement_problem(snapshot: RaySnapshot, world_size: int, driver_ip: str,
+                      where: str) -> Problem | None:
+    """Can vLLM's placement group be placed on this live cluster?
+
+    vLLM's Ray executor asks for ``world_size`` bundles of ``{"GPU": 1}`` with strategy PACK and
+    pins bundle 0 to the driver with ``node:<VLLM_HOST_IP>`` (vllm/v1/executor/ray_utils.py,
+    ``initialize_ray_cluster``). It is feasible when Ray knows the driver's IP, that node has a
+    GPU, and the cluster has ``world_size`` GPUs.
+    """
+    if driver_ip not in snapshot.alive_ips:
+        return Problem(where, f"vLLM's VLLM_HOST_IP {driver_ip} is not the address of any Ray "
+                       "node, so its placement group (bundle 0 pinned to node:" + driver_ip +
+                       ") can never be placed",
+                       expected="one of Ray's node IPs: " + ", ".join(snapshot.alive_ips),
+                       actual=driver_ip,
+                       fix="remove the VLLM_HOST_IP override from vllm_env, or make vllm_host_ip "
+                           "the address Ray uses (--node-ip-address)")
+    if snapshot.gpus_of(driver_ip) < 1:
+        return Problem(where, "the Ray head has no GPU, but vLLM pins its first worker there",
+                       expected=">= 1 GPU on " + driver_ip, actual="0",
+                       fix="set ray_num_gpus on the head")
+    total = float(snapshot.total.get("GPU", 0))
+    if total < world_size:
+        return Problem(where, f"the Ray cluster has {total:g} GPUs, vLLM needs {world_size} "
+                       "(tensor x pipeline parallel size)",
+                       expected=f">= {world_size} GPUs", actual=f"{total:g}",
+                       fix="add nodes/GPUs or lower the parallel sizes")
+    return None
+
+
+def pending_placement_problem(snapshot: RaySnapshot, where: str) -> Problem | None:
+    """Explain a placement group that is still PENDING, with Ray's own reason; None if none.
+
+    ``stats.scheduling_state`` comes from Ray: ``INFEASIBLE`` (no node can ever hold a bundle),
+    ``NO_RESOURCES`` (feasible, but resources are held by others). A bundle pinned to
+    ``node:<ip>`` that no Ray node has means VLLM_HOST_IP differs from Ray's node IP
+    (vLLM docs distributed_troubleshooting.md).
+    """
+    for pg in snapshot.placement_groups:
+        if pg.get("state") != "PENDING":
+            continue
+        pinned = {key.removeprefix("node:") for bundle in pg["bundles"] for key in bundle
+                  if key.startswith("node:") and not key.startswith("node:__internal")}
+        unknown = sorted(ip for ip in pinned if ip not in snapshot.alive_ips)
+        state = pg.get("scheduling_state") or "unknown"
+        if unknown:
+            return Problem(where, f"placement group {pg['id'][:12]} is pending ({state}): it is "
+                           f"pinned to node:{unknown[0]}, which is not a Ray node; VLLM_HOST_IP "
+                           "does not match the IP Ray registered",
+                           expected="VLLM_HOST_IP one of " + ", ".join(snapshot.alive_ips),
+                           actual=unknown[0],
+                           fix="make VLLM_HOST_IP equal to Ray's --node-ip-address on the head "
+                               "(drop the override in vllm_env)")
+        if state == "INFEASIBLE":
+            need = [b for b in pg["bundles"]]
+            per_node = ", ".join(f"{n['ip']}: {n['resources'].get('GPU', 0):g} GPU"
+                                 for n in snapshot.nodes if n.get("alive"))
+            return Problem(where, f"placement group {pg['id'][:12]} is INFEASIBLE: no node can "
+                           f"hold one of its bundles {need}",
+                           expected="every bundle fits on one node", actual=per_node,
+                           fix="a bundle must fit on a single node; lower the GPUs per bundle")
+    return None
+
+
+def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
+    """The shell command printing a :class:`RaySnapshot` from the head, as the service user."""
+    python = f"{vars_.get('vllm_venv', '/opt/vllm')}/bin/python"
+    address = f"{replica.master.host_ip}:{vars_.get('ray_port', 6379)}"
+    user = str(vars_.get("vllm_service_user", "vllm"))
+    home = str(vars_.get("vllm_state_dir", "/var/lib/vllm"))
+    return shell_join(["runuser", "-u", user, "--", "env", f"HOME={home}",
+                       "RAY_USAGE_STATS_ENABLED=0", python, "-c", SNAPSHOT_SCRIPT, address])
+
+
+def read_snapshot(ctx: Any, replica: Replica) -> tuple[RaySnapshot | None, str]:
+    """Run the snapshot on the head; returns (snapshot or None, error text)."""
+    conn = ctx.connections.get(replica.master.name, ctx.conn)
+    result = conn.run(snapshot_command(replica, ctx.vars), timeout_s=90)
+    snapshot = parse_snapshot(result.stdout) if result.exit_code == 0 else None
+    return snapshot, (result.stderr or result.stdout).strip()[-600:]
+
+
+def expected_gpus(ctx: Any, replica: Replica, gpus_per_node: float | None) -> dict[str, float]:
+    """Node IP -> GPUs it must show in Ray: ``gpus_per_node``, else ``ray_num_gpus``, else the
+    GPUs preflight found on that node, else the world size divided evenly over the nodes."""
+    expected = {}
+    for node in replica.nodes:
+        value: Any = gpus_per_node if gpus_per_node is not None else node.host.vars.get(
+            "ray_num_gpus", ctx.vars.get("ray_num_gpus"))
+        facts = ctx.facts.get(node.name) if isinstance(ctx.facts, Mapping) else None
+        if value is None and facts is not None and getattr(facts, "gpus", None):
+            value = len(facts.gpus)
+        if value is None:
+            value = replica.engine.world_size / replica.nnodes
+        expected[node.host_ip] = float(value)
+    return expected
+
+
+def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+    """Poll Ray's API on the head until every node is alive with its GPUs, then check placement.
+
+    Args (task arguments):
+        timeout_s: total seconds (default ``ray_cluster_timeout_s``, 300).
+        poll_s: seconds between polls (default 2).
+        gpus_per_node: GPUs every node must show (default: see :func:`expected_gpus`).
+
+    Returns:
+        ok with ``data``: nodes, GPUs, seconds waited; failed naming the missing node/GPUs or
+        why vLLM's placement group could not be placed.
+    """
+    from vllm_provision.modules import ModuleResult
+
+    replica = ctx.replica
+    if replica is None or replica.backend != "ray":
+        return ModuleResult(Status.SKIPPED, "not a node of a Ray replica")
+    if ctx.check_mode:
+        return ModuleResult(Status.SKIPPED, "check mode: the Ray cluster is not queried")
+    timeout_s = float(args.get("timeout_s") or ctx.vars.get("ray_cluster_timeout_s", 300))
+    poll_s = float(args.get("poll_s") or 2)
+    expected = expected_gpus(ctx, replica, args.get("gpus_per_node"))
+    started = time.monotonic()
+    gaps: list[str] = ["no answer from Ray yet"]
+    while True:
+        snapshot, error = read_snapshot(ctx, replica)
+        if snapshot is None:
+            gaps = [f"Ray's API did not answer on {replica.master.name}: {error}"]
+        else:
+            gaps = cluster_gaps(snapshot, expected)
+            if not gaps:
+                break
+        if time.monotonic() - started >= timeout_s:
+            raise ProvisionError.single(
+                f"{replica.name}: Ray cluster", f"the cluster was not whole after {timeout_s:g} s",
+                expected=f"{len(expected)} nodes alive with " + ", ".join(
+                    f"{ip}: {g:g} GPU" for ip, g in expected.items()),
+                actual="; ".join(gaps),
+                fix="read the Ray units' journals (journalctl -u ray-worker / ray-head); check "
+                    "that workers reach the head on port " + str(ctx.vars.get("ray_port", 6379)))
+        time.sleep(poll_s)
+    driver_ip = str(_driver_ip(ctx, replica))
+    problem = placement_problem(snapshot, replica.engine.world_size, driver_ip,
+                                f"{replica.name}: placement")
+    if problem is not None:
+        raise ProvisionError([problem])
+    waited = round(time.monotonic() - started, 3)
+    return ModuleResult(Status.OK, f"{len(expected)} Ray nodes alive, "
+                        f"{snapshot.total.get('GPU', 0):g} GPUs",
+                        data={"ray_nodes": snapshot.alive_ips,
+                              "ray_gpus": snapshot.total.get("GPU", 0),
+                              "ray_cluster_wait_s": waited})
+
+
+def _driver_ip(ctx: Any, replica: Replica) -> str:
+    """VLLM_HOST_IP vLLM will use on the head: an operator override in vllm_env wins."""
+    env = replica.master.host.vars.get("vllm_env") or ctx.vars.get("vllm_env") or {}
+    return str(env.get("VLLM_HOST_IP", replica.master.host_ip))

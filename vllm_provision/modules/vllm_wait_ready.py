@@ -1,0 +1,114 @@
+"""Wait until the replica serves: units active, rank 0's /health 200, /v1/models lists the model.
+
+Run once on the master (``run_once``). A unit that failed or is restarting ends the wait at once
+with its last journal lines; for Ray, a placement group that stays pending is explained with
+Ray's reason (INFEASIBLE / NO_RESOURCES, or a VLLM_HOST_IP that is no Ray node). See
+:mod:`vllm_provision.verify`.
+
+Example task::
+
+    - name: Wait until rank 0 serves the model
+      vllm_wait_ready: {timeout_s: "{{ vllm_ready_timeout_s }}"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_provision.errors import Problem
+from vllm_provision.models import Replica
+from vllm_provision.results import Status
+from vllm_provision.verify import (
+    Endpoint,
+    Observation,
+    UnitState,
+    journal_command,
+    mask,
+    parse_show,
+    show_command,
+    wait_ready,
+)
+
+ARGUMENTS = ("timeout_s", "poll_s")
+
+
+def replica_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Host name -> the units of ours on it, in start order.
+
+    mp: every node runs ``vllm_unit_name``. Ray: the head runs ``ray_head_unit_name`` and
+    ``vllm_unit_name``; every other node ``ray_worker_unit_name``.
+    """
+    vllm_unit = str(vars_.get("vllm_unit_name", "vllm.service"))
+    if replica.backend == "mp":
+        return {node.name: [vllm_unit] for node in replica.nodes}
+    head = str(vars_.get("ray_head_unit_name", "ray-head.service"))
+    worker = str(vars_.get("ray_worker_unit_name", "ray-worker.service"))
+    return {node.name: ([head, vllm_unit] if node.rank == 0 else [worker])
+            for node in replica.nodes}
+
+
+def observe_units(ctx: Any, replica: Replica) -> Observation:
+    """One ``systemctl show`` per node; the master's clock comes with it."""
+    states: list[UnitState] = []
+    master_now = None
+    for host, units in replica_units(replica, ctx.vars).items():
+        result = ctx.connections[host].run(show_command(units), timeout_s=30)
+        host_states, now = parse_show(host, result.stdout)
+        states.extend(host_states)
+        if host == replica.master.name:
+            master_now = now
+    return Observation(states, master_now)
+
+
+def read_journal(ctx: Any, replica: Replica, state: UnitState) -> str:
+    """The last journal lines of one unit, secrets masked."""
+    result = ctx.connections[state.host].run(journal_command(state.unit), timeout_s=30)
+    secrets = [replica.engine.api_key, ctx.vars.get("vllm_hf_token")]
+    return mask(result.stdout or result.stderr, secrets)
+
+
+def served_model(replica: Replica) -> str:
+    """The id ``/v1/models`` lists: ``--served-model-name`` or else the model path."""
+    return replica.engine.served_model_name or replica.engine.model
+
+
+def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+    """Poll until the replica serves (see :func:`vllm_provision.verify.wait_ready`).
+
+    Args (task arguments):
+        timeout_s: total seconds (default ``vllm_ready_timeout_s``, 1800).
+        poll_s: seconds between polls (default 1).
+
+    Returns:
+        ok with ``data``: ``start_to_serving_s``, ``waited_s``, ``already_serving``,
+        ``served_model``. Raises ProvisionError (the runner reports it as failed) otherwise.
+    """
+    from vllm_provision.modules import ModuleResult
+    from vllm_provision.modules.ray_wait_cluster import pending_placement_problem, read_snapshot
+
+    replica: Replica | None = ctx.replica
+    if replica is None:
+        return ModuleResult(Status.SKIPPED, "not a node of a replica")
+    if ctx.check_mode:
+        return ModuleResult(Status.SKIPPED, "check mode: readiness is not polled")
+    timeout_s = float(args.get("timeout_s") or ctx.vars.get("vllm_ready_timeout_s", 1800))
+    model = served_model(replica)
+
+    def ray_check() -> Problem | None:
+        snapshot, _ = read_snapshot(ctx, replica)
+        return pending_placement_problem(snapshot, f"{replica.name}: placement") \
+            if snapshot is not None else None
+
+    ready = wait_ready(
+        observe=lambda: observe_units(ctx, replica),
+        journal=lambda state: read_journal(ctx, replica, state),
+        endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
+        vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
+        poll_s=float(args.get("poll_s") or 1),
+        extra_check=ray_check if replica.backend == "ray" else None)
+    message = ("already serving" if ready.already_serving else
+               f"serving {ready.start_to_serving_s} s after start")
+    return ModuleResult(Status.OK, message, data={
+        "served_model": model, "start_to_serving_s": ready.start_to_serving_s,
+        "waited_s": ready.waited_s, "already_serving": ready.already_serving})
