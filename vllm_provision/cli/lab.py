@@ -1,0 +1,126 @@
+"""``provision lab ...``: boot, inspect, perturb and remove the local lab hosts (needs root)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import click
+
+from vllm_provision.lab import Lab
+from vllm_provision.lab.config import MAX_HOSTS
+from vllm_provision.lab.system import require_root
+
+
+@click.group("lab")
+def command() -> None:
+    """Throw-away Debian hosts with real systemd and sshd on this machine (needs root).
+
+    The instance is chosen by VLLM_PROVISION_LAB_DIR, VLLM_PROVISION_LAB_NAME,
+    VLLM_PROVISION_LAB_NET and VLLM_PROVISION_LAB_CACHE (see docs/architecture.md).
+    """
+
+
+@command.command("up")
+@click.option("--hosts", "host_count", type=click.IntRange(1, MAX_HOSTS), default=2,
+              show_default=True, help="How many hosts to boot (h1 .. hN).")
+@click.option("--spec", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="GPU stand-in spec file (copied to <state dir>/spec.yml).")
+@click.option("--install-deps", is_flag=True,
+              help="apt-get install the Debian packages the lab needs when missing.")
+def up(host_count: int, spec: Path | None, install_deps: bool) -> None:
+    """Boot the lab hosts (cleaning up leftovers first) and wait until each is running."""
+    lab = Lab.from_env()
+    lab.up(hosts=host_count, spec=spec, install_deps=install_deps)
+    for host in lab.hosts:
+        click.echo(f"{host.name}  {host.address}  running")
+    click.echo(f"ssh: ssh -F {lab.ssh_config} h1    inventories: "
+               f"{lab.inventory_path('mp')}, {lab.inventory_path('ray')}")
+
+
+@command.command("down")
+def down() -> None:
+    """Stop every host and remove all the lab made (mounts, netns, veths, bridge, cgroups)."""
+    Lab.from_env().down()
+    click.echo("lab down")
+
+
+@command.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
+def status(as_json: bool) -> None:
+    """Show each host's address and `systemctl is-system-running` (exit 1 if any is not running)."""
+    require_root("lab status")
+    lab = Lab.from_env()
+    states = lab.status()
+    if as_json:
+        click.echo(json.dumps({"instance": lab.config.name, "state_dir": str(lab.state_dir),
+                               "hosts": [dataclasses.asdict(s) for s in states]}, indent=2))
+    elif not states:
+        click.echo(f"lab '{lab.config.name}' is down")
+    else:
+        for s in states:
+            extra = "  (cut)" if s.cut else ""
+            click.echo(f"{s.name}  {s.address}  {s.state}  nspawn pid {s.nspawn_pid}{extra}")
+    if any(s.state != "running" for s in states):
+        raise SystemExit(1)
+
+
+@command.command("ssh", context_settings={"ignore_unknown_options": True})
+@click.option("--user", default="root", show_default=True, help="Login user (root or deploy).")
+@click.argument("host")
+@click.argument("remote_command", nargs=-1, type=click.UNPROCESSED)
+def ssh(user: str, host: str, remote_command: tuple[str, ...]) -> None:
+    """Open a shell on HOST, or run a command there, with the lab key and strict host keys."""
+    require_root("lab ssh")
+    lab = Lab.from_env()
+    argv = ["ssh", "-F", str(lab.ssh_config), "-l", user, host]
+    if remote_command:
+        argv += ["--", " ".join(remote_command)]
+    os.execvp("ssh", argv)
+
+
+@command.command("delay")
+@click.option("--peer", help="Delay only packets to this host (e.g. h2).")
+@click.argument("host")
+@click.argument("milliseconds", type=click.FloatRange(min=0))
+def delay(peer: str | None, host: str, milliseconds: float) -> None:
+    """Delay what HOST sends by MILLISECONDS (one way; 0 removes the delay)."""
+    Lab.from_env().delay(host, milliseconds, peer=peer)
+    target = f" to {peer}" if peer else ""
+    click.echo(f"{host}: +{milliseconds:g} ms on egress{target}" if milliseconds
+               else f"{host}: delay removed")
+
+
+@command.command("cut")
+@click.argument("host")
+def cut(host: str) -> None:
+    """Drop all traffic of HOST (as if its cable were pulled) until `lab heal`."""
+    Lab.from_env().cut(host)
+    click.echo(f"{host}: traffic cut")
+
+
+@command.command("heal")
+@click.argument("host")
+def heal(host: str) -> None:
+    """Restore the traffic of HOST after `lab cut`."""
+    Lab.from_env().heal(host)
+    click.echo(f"{host}: traffic restored")
+
+
+@command.command("reboot")
+@click.argument("host")
+def reboot(host: str) -> None:
+    """Reboot HOST and wait until it is running again."""
+    Lab.from_env().reboot(host)
+    click.echo(f"{host}: running again")
+
+
+try:  # the GPU stand-in commands, when that part of the lab is installed
+    from vllm_provision.lab.gpu.cli import occupy, set as set_gpu  # noqa: I001
+
+    command.add_command(set_gpu, "set")
+    command.add_command(occupy, "occupy")
+except ImportError:
+    pass
