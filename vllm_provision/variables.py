@@ -37,6 +37,17 @@ def check_ip_address(value: str) -> str | None:
     return None
 
 
+def check_ssh_word(value: str) -> str | None:
+    """Return why ``value`` cannot be an ssh host or user name, or None.
+
+    A leading ``-`` would be read by ssh as an option (``-oProxyCommand=...``: CVE-2017-1000117
+    class of injection); whitespace would split the word.
+    """
+    if not value or value.startswith("-") or any(c.isspace() for c in value):
+        return "a name or address without spaces that does not start with '-'"
+    return None
+
+
 def check_env_mapping_names(value: Mapping[str, Any]) -> str | None:
     """Return why a key of ``vllm_env`` is not a valid environment variable name, or None."""
     for key in value:
@@ -122,10 +133,11 @@ _TABLE: tuple[Variable, ...] = (
     # Ansible connection variables (docs.ansible.com, "Connecting to hosts: behavioral inventory
     # parameters").
     Variable("ansible_host", str, None, "Address to connect to over SSH (default: the inventory "
-             "name); also the default of `vllm_host_ip`.", "10.0.0.11", scope="host"),
+             "name); also the default of `vllm_host_ip`.", "10.0.0.11", scope="host",
+             check=check_ssh_word),
     Variable("ansible_port", int, 22, "SSH port.", "22", scope="host", **PORT),
     Variable("ansible_user", str, None, "SSH user (default: ~/.ssh/config or the local user).",
-             "deploy", scope="host"),
+             "deploy", scope="host", check=check_ssh_word),
     Variable("ansible_ssh_private_key_file", str, None, "SSH private key; `~` expanded, relative "
              "paths are relative to the inventory file's folder.", "~/.ssh/id_ed25519",
              scope="host"),
@@ -136,7 +148,8 @@ _TABLE: tuple[Variable, ...] = (
              "-o UserKnownHostsFile=/etc/vp/known_hosts", scope="host"),
     Variable("ansible_become", bool, False, "Run privileged commands through sudo.", "true",
              scope="host"),
-    Variable("ansible_become_user", str, "root", "The sudo target user.", "root", scope="host"),
+    Variable("ansible_become_user", str, "root", "The sudo target user.", "root", scope="host",
+             check=check_ssh_word),
     Variable("provision_known_hosts_file", str, None, "One more known_hosts file to trust "
              "(`~` expanded, relative to the inventory file's folder).",
              "/var/lib/vllm-provision/lab/known_hosts", scope="host"),

@@ -90,10 +90,10 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     for host in tree.hosts.values():
         host.vars = _checked(host.vars, problems)
     base = path.absolute().parent
-    group_files = {name: _checked(values, problems) for name, values in
-                   read_vars_dir(base / "group_vars", tree.groups, problems, kind="group").items()}
-    host_files = {name: _checked(values, problems) for name, values in
-                  read_vars_dir(base / "host_vars", tree.hosts, problems, kind="host").items()}
+    group_files = {name: _checked(values, problems) for name, values in read_vars_dir(
+        path.parent / "group_vars", tree.groups, problems, kind="group").items()}
+    host_files = {name: _checked(values, problems) for name, values in read_vars_dir(
+        path.parent / "host_vars", tree.hosts, problems, kind="host").items()}
     extra = _checked({str(name): Setting(value, Origin(None, (str(name),)))
                       for name, value in (extra_vars or {}).items()}, problems)
 

@@ -70,7 +70,7 @@ def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
         guess = variables.suggest(term, [*inventory.groups, *inventory.hosts])
         raise InventoryError.single(
             f"host pattern {pattern!r}",
-            f"no host or group named {term!r}" + (f"; did you mean {guess!r}?" if guess else "")
+            f"no host or group named {term!r}" + (f" (did you mean {guess!r}?)" if guess else "")
             + f"; known groups: {', '.join(known_groups)}",
             actual=repr(term),
             fix="use a host or group name of the inventory (see `provision ... -i INVENTORY`), "

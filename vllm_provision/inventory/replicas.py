@@ -60,8 +60,9 @@ def _agree(name: str, nodes: list[str], settings: Mapping[str, Mapping[str, Sett
             def origin(s: Setting | None) -> str:
                 return f"from {s.origin.where}" if s else "the default"
 
+            culprit = setting or first_setting
             problems.add(
-                f"{tree.file}: replica {replica!r}",
+                culprit.origin.where if culprit else f"{tree.file}: replica {replica!r}",
                 f"{name} differs between nodes: {first_host} has {show(name, first_value)} "
                 f"({origin(first_setting)}), {host} has {show(name, value)} "
                 f"({origin(setting)})",

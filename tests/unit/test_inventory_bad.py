@@ -1,0 +1,76 @@
+"""Every invalid inventory under tests/data/inventories/bad gives one clear problem, no traceback.
+
+The table of expectations is ``tests/data/inventories/bad/expected.yml``: for each case the
+message fragment, the key path and the value the problem must name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_provision.errors import InventoryError
+from vllm_provision.inventory import load_inventory, select_hosts
+
+BAD = Path(__file__).resolve().parents[1] / "data" / "inventories" / "bad"
+EXPECTED: dict[str, dict[str, Any]] = yaml.safe_load((BAD / "expected.yml").read_text())
+
+
+def _inventory_path(case: str, spec: dict[str, Any]) -> Path:
+    if "inventory" in spec:
+        return BAD / spec["inventory"]
+    path = BAD / case
+    return path / "inventory.yml" if path.is_dir() else path
+
+
+def _error_for(case: str, spec: dict[str, Any]) -> InventoryError:
+    path = _inventory_path(case, spec)
+    with pytest.raises(InventoryError) as caught:
+        inventory = load_inventory(path, spec.get("extra_vars"))
+        select_hosts(inventory, spec["pattern"]) if "pattern" in spec else None
+    return caught.value
+
+
+def test_every_bad_case_has_an_expectation() -> None:
+    on_disk = {p.name for p in BAD.iterdir() if p.name != "expected.yml"}
+    assert on_disk <= set(EXPECTED), f"cases without an expectation: {on_disk - set(EXPECTED)}"
+    assert len(on_disk) >= 30
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_bad_inventory_names_file_key_and_value(case: str) -> None:
+    spec = EXPECTED[case]
+    error = _error_for(case, spec)
+    text = error.render()
+    assert len(error.problems) == spec.get("problems", 1), text
+    assert spec["message"] in text
+    if "pattern" not in spec and "extra_vars" not in spec:
+        # The file named is the inventory or, for folder cases, a file inside the case folder.
+        named = _inventory_path(case, spec) if "inventory" in spec else BAD / case
+        assert all(p.where.startswith(str(named)) for p in error.problems), text
+    if "key" in spec:
+        assert spec["key"] in error.problems[0].where or spec["key"] in text
+    if "value" in spec:
+        assert spec["value"] in text
+    if "absent" in spec:
+        assert spec["absent"] not in text
+        assert spec["absent"] not in repr(error.problems)
+    assert "Traceback" not in text
+    for problem in error.problems:
+        assert problem.fix, f"problem without a fix: {problem.render()}"
+
+
+def test_all_problems_of_a_file_are_reported_at_once(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "all:\n  vars:\n    ansible_port: 0\n    vllm_api_prot: 8000\n  hosts:\n    h1:\n"
+        "      ansible_become: perhaps\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(inventory)
+    wheres = [p.where for p in caught.value.problems]
+    assert wheres == [f"{inventory}:3: all.vars.ansible_port",
+                      f"{inventory}:4: all.vars.vllm_api_prot",
+                      f"{inventory}:7: all.hosts.h1.ansible_become"]
