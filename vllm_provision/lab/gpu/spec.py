@@ -229,7 +229,8 @@ def _read_spec_file(state_dir: Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise LabError.single(str(path), "the lab spec must be a mapping", actual=type(raw).__name__)
+        raise LabError.single(str(path), "the lab spec must be a mapping",
+                              actual=type(raw).__name__)
     return raw
 
 

@@ -1,4 +1,4 @@
-"""Shared helpers of the stand-in: the host's spec, vLLM-like log lines, the compute-app registry."""
+"""Shared helpers of the stand-in: host spec, vLLM-like log lines, compute-app registry."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def _apply() -> None:
         parts = [int(p) for p in str(wanted).split(".")[:3]]
     except (OSError, ValueError, AttributeError):
         return
-    real = "%d.%d.%d" % sys.version_info[:3]
+    real = ".".join(str(p) for p in sys.version_info[:3])
     if len(parts) != 3 or str(wanted) == real:
         return
     sys.version = str(wanted) + sys.version[len(real):]

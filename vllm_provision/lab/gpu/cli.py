@@ -1,0 +1,98 @@
+"""``provision lab set`` and ``provision lab occupy``: change a running lab's GPU stack over SSH."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vllm_provision.errors import LabError
+
+from .install import remote_apply_command
+from .spec import (
+    finish,
+    parse_assignments,
+    read_overrides,
+    spec_defaults,
+    validate_values,
+    write_overrides,
+)
+
+OCCUPY_UNIT = "vllm-lab-occupy"
+
+
+def _lab():  # type: ignore[no-untyped-def]
+    from vllm_provision.lab import Lab
+
+    return Lab.from_env()
+
+
+def _run(lab, host: str, command: str) -> str:  # type: ignore[no-untyped-def]
+    result = lab.ssh(host, command, timeout_s=60)
+    if result.returncode != 0:
+        raise LabError.single(host, "command failed on the lab host", expected="exit status 0",
+                              actual=f"{result.returncode}: {(result.stderr or '').strip()[-300:]}",
+                              fix="check the host with: provision lab status")
+    return str(result.stdout)
+
+
+@click.command("set")
+@click.argument("host")
+@click.argument("assignments", nargs=-1, required=True)
+def set(host: str, assignments: tuple[str, ...]) -> None:  # noqa: A001 - the command's name
+    """Change HOST's simulated GPU stack: KEY=VALUE (or KEY=default) ...
+
+    Keys: gpus, gpu_name, gpu_memory_mib, driver, cuda, nccl, torch, torch_cuda, vllm,
+    transformers, ray, python, load_s, ttft_s, token_s, init_timeout_s, pg_timeout_s.
+    Example: provision lab set h2 vllm=0.33.1 nccl=2.27.3
+    """
+    lab = _lab()
+    values, resets = parse_assignments(list(assignments))
+    checked = validate_values(values, f"lab set {host}")
+    validate_values({k: None for k in resets}, f"lab set {host}")
+    overrides = read_overrides(lab.state_dir)
+    mine = {k: v for k, v in overrides.get(host, {}).items() if k not in resets}
+    mine.update(checked)
+    overrides[host] = mine
+    spec = effective_spec_with(lab.state_dir, host, overrides)
+    _run(lab, host, remote_apply_command(spec))
+    write_overrides(lab.state_dir, overrides)
+    changed = ", ".join(f"{k}={spec[k]}" for k in [*checked, *resets])
+    click.echo(f"{host}: {changed}")
+
+
+def effective_spec_with(state_dir: Path, host: str,
+                        overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Return ``host``'s effective spec as if ``overrides`` were stored (nothing is written)."""
+    spec = spec_defaults(state_dir, host)
+    spec.update(validate_values(overrides.get(host, {}), f"lab set {host}"))
+    return finish(spec, host)
+
+
+@click.command("occupy")
+@click.argument("host")
+@click.option("--gpus", default="0", show_default=True, help="GPU indexes, comma separated")
+@click.option("--memory-mib", default=120000, show_default=True, type=int,
+              help="memory held on each GPU, MiB")
+@click.option("--release", is_flag=True, help="stop the foreign process")
+def occupy(host: str, gpus: str, memory_mib: int, release: bool) -> None:
+    """Start (or --release) a foreign process that nvidia-smi shows on HOST's GPUs."""
+    lab = _lab()
+    unit = f"{OCCUPY_UNIT}-{gpus.replace(',', '-')}"
+    if release:
+        _run(lab, host, "systemctl stop 'vllm-lab-occupy-*' 2>/dev/null; "
+                        "systemctl reset-failed 'vllm-lab-occupy-*' 2>/dev/null; true")
+        click.echo(f"{host}: released")
+        return
+    if not all(g.strip().isdigit() for g in gpus.split(",")):
+        raise LabError.single("--gpus", "not a list of GPU indexes", expected="e.g. 0,1",
+                              actual=gpus)
+    site = "$(ls -d /opt/vllm/lib/python3*/site-packages | tail -n1)"
+    _run(lab, host, f"systemd-run -q --unit={shlex.quote(unit)} -E PYTHONPATH={site} "
+                    f"python3 -m vllm_lab_standin.occupy {shlex.quote(gpus)} {memory_mib}")
+    click.echo(f"{host}: GPUs {gpus} occupied ({memory_mib} MiB each) by unit {unit}")
+
+
+__all__ = ["set", "occupy"]
