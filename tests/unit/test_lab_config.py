@@ -1,0 +1,70 @@
+"""Lab instance settings: names, addresses and directories from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_provision.errors import LabError
+from vllm_provision.lab import system
+from vllm_provision.lab.config import LabConfig, host_index, host_names
+
+
+def test_defaults_match_architecture_doc() -> None:
+    config = LabConfig.from_env({})
+    assert config.state_dir == Path("/var/lib/vllm-provision/lab")
+    assert (config.netns("h1"), config.bridge) == ("vp-h1", "vpbr0")
+    assert config.cgroup_subtree == "vllm-provision-vp"
+    assert (config.bridge_address, config.address("h1"), config.address("h16")) == (
+        "10.213.0.1", "10.213.0.11", "10.213.0.26")
+    assert config.cache == Path("/var/lib/vllm-provision/lab/cache")
+
+
+def test_instance_settings_come_from_env() -> None:
+    config = LabConfig.from_env({
+        "VLLM_PROVISION_LAB_DIR": "/tmp/lab-t1", "VLLM_PROVISION_LAB_NAME": "t1",
+        "VLLM_PROVISION_LAB_NET": "10.213.1", "VLLM_PROVISION_LAB_CACHE": "/tmp/cache"})
+    assert (config.netns("h2"), config.bridge, config.address("h2")) == (
+        "t1-h2", "t1br0", "10.213.1.12")
+    assert config.cache == Path("/tmp/cache")
+    assert config.run_dir == Path("/tmp/lab-t1/run")
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("VLLM_PROVISION_LAB_NAME", "with-dash"),
+    ("VLLM_PROVISION_LAB_NAME", "muchtoolongname"),  # "<name>-h16" would exceed IFNAMSIZ
+    ("VLLM_PROVISION_LAB_NET", "10.213"),
+    ("VLLM_PROVISION_LAB_NET", "10.300.0"),
+    ("VLLM_PROVISION_LAB_DIR", "relative/dir"),
+])
+def test_unusable_setting_names_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(LabError) as caught:
+        LabConfig.from_env({variable: value})
+    assert caught.value.problems[0].where == variable
+    assert caught.value.problems[0].actual == value
+
+
+def test_longest_interface_names_fit_ifnamsiz() -> None:
+    config = LabConfig(name="abcdefghij")
+    assert len(config.netns("h16")) <= 15 and len(config.bridge) <= 15
+
+
+@pytest.mark.parametrize("name", ["h0", "h17", "x1", "h01", "h"])
+def test_host_names_outside_h1_to_h16_are_refused(name: str) -> None:
+    with pytest.raises(LabError):
+        host_index(name)
+
+
+def test_host_names_counts() -> None:
+    assert host_names(3) == ["h1", "h2", "h3"]
+    with pytest.raises(LabError):
+        host_names(17)
+
+
+def test_not_root_is_said_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
+    with pytest.raises(LabError) as caught:
+        system.require_root("lab up")
+    assert "needs root" in caught.value.render()
+    assert "sudo provision lab up" in caught.value.render()

@@ -1,0 +1,81 @@
+"""Pure parts of the lab: ssh files, base cache key, missing packages, the delayer's parser."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from vllm_provision.errors import LabError
+from vllm_provision.lab import base, delayer, deps
+from vllm_provision.lab.keys import known_hosts_text, ssh_config_text
+
+
+def test_ssh_config_is_strict_and_uses_lab_files() -> None:
+    text = ssh_config_text([("h1", "10.0.0.11"), ("h2", "10.0.0.12")],
+                           Path("/s/id_ed25519"), Path("/s/known_hosts"))
+    blocks = text.split("\n\n")
+    assert len(blocks) == 2
+    assert blocks[1].startswith("Host h2 10.0.0.12\n  HostName 10.0.0.12\n")
+    for line in ("StrictHostKeyChecking yes", "UserKnownHostsFile /s/known_hosts",
+                 "IdentityFile /s/id_ed25519", "IdentitiesOnly yes"):
+        assert line in blocks[0]
+
+
+def test_known_hosts_lists_name_and_address() -> None:
+    assert known_hosts_text([("h1", "10.0.0.11", "ssh-ed25519 AAAA")]) == \
+        "h1,10.0.0.11 ssh-ed25519 AAAA\n"
+
+
+@pytest.mark.parametrize(("attribute", "value"), [
+    ("RAY_PIN", "ray==2.59.0"),
+    ("PACKAGES", (*base.PACKAGES, "nginx")),
+    ("CUSTOMISATION_VERSION", base.CUSTOMISATION_VERSION + 1),
+])
+def test_base_key_changes_with_the_recipe(monkeypatch: pytest.MonkeyPatch, attribute: str,
+                                          value: object) -> None:
+    key = base.base_key()
+    monkeypatch.setattr(base, attribute, value)
+    assert base.base_key() != key
+
+
+def test_base_key_ignores_package_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = base.base_key()
+    monkeypatch.setattr(base, "PACKAGES", tuple(reversed(base.PACKAGES)))
+    assert base.base_key() == key
+
+
+def test_missing_packages_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deps.shutil, "which",
+                        lambda cmd: None if cmd in ("zstd", "systemd-nspawn") else f"/x/{cmd}")
+    assert deps.missing_packages() == ["systemd-container", "zstd"]
+    with pytest.raises(LabError) as caught:
+        deps.ensure_packages(install=False)
+    assert caught.value.problems[0].actual == "systemd-container, zstd"
+    assert "--install-deps" in caught.value.problems[0].fix
+
+
+def _packet_message(packet_id: int) -> bytes:
+    header_attr = delayer.netlink_attribute(delayer.NFQA_PACKET_HDR,
+                                            struct.pack("!IHB", packet_id, 0x0800, 3))
+    other = delayer.netlink_attribute(9, b"\x01\x02\x03")  # padded to 8 bytes
+    body = struct.pack("=BBH", 2, 0, 0) + other + header_attr
+    kind = (delayer.NFNL_SUBSYS_QUEUE << 8) | delayer.NFQNL_MSG_PACKET
+    return delayer.NLMSG_HEADER.pack(16 + len(body), kind, 0, 0, 0) + body
+
+
+def test_netlink_attribute_is_padded_to_four_bytes() -> None:
+    encoded = delayer.netlink_attribute(1, b"abcde")
+    assert len(encoded) == 12 and struct.unpack("=HH", encoded[:4]) == (9, 1)
+
+
+def test_delayer_reads_every_packet_id_of_a_datagram() -> None:
+    data = _packet_message(7) + _packet_message(4242)
+    assert list(delayer.packet_ids(data)) == [7, 4242]
+
+
+def test_delayer_ignores_other_messages_and_truncation() -> None:
+    ack = delayer.NLMSG_HEADER.pack(20, delayer.NLMSG_ERROR, 0, 0, 0) + b"\0" * 4
+    assert list(delayer.packet_ids(ack + _packet_message(3))) == [3]
+    assert list(delayer.packet_ids(_packet_message(3)[:10])) == []
