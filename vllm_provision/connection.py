@@ -1,0 +1,511 @@
+"""One persistent SSH connection per host: host keys, sudo, timeouts and bounded retries.
+
+Built on Fabric (config, ``~/.ssh/config``, ProxyJump gateways) and Paramiko (the transport).
+Commands run on one exec channel each over the host's single transport, so a run opens exactly
+one TCP/SSH connection per host (paramiko has no ControlMaster: fabric/fabric#2103).
+
+Host keys (fabric/fabric#1804, #2071: Fabric auto-accepts unknown keys; we do not): the system
+file ``/etc/ssh/ssh_known_hosts``, the user file ``~/.ssh/known_hosts`` and the host's own
+``known_hosts_files`` are loaded; an unknown key is refused unless the policy is ``accept-new``
+(OpenSSH ``StrictHostKeyChecking=accept-new``, ssh_config(5)); a changed key is always refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from vllm_provision.errors import Problem, ProvisionError
+from vllm_provision.models import Host
+
+if TYPE_CHECKING:  # paramiko/fabric load lazily: `provision --help` must stay fast
+    import paramiko
+
+log = logging.getLogger(__name__)
+
+HostKeyPolicyName = Literal["strict", "accept-new"]
+
+SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+
+
+class UnreachableError(ProvisionError):
+    """The host cannot be reached: connect refused or timed out, authentication failed, host key
+    refused, or an operation on an open connection timed out. The runner reports ``unreachable``.
+    """
+
+
+class HostKeyError(UnreachableError):
+    """The host's SSH key is unknown (policy ``strict``) or differs from the known one."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one remote command did.
+
+    Attributes:
+        exit_code: the command's exit status (sudo's 1 when sudo itself refused).
+        stdout: standard output, decoded as UTF-8 (invalid bytes replaced).
+        stderr: standard error, decoded likewise.
+        duration_s: wall time of the round trip, in seconds.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the exit status is 0."""
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Settings shared by every connection of a run.
+
+    Attributes:
+        connect_timeout_s: TCP + SSH handshake timeout per attempt, in seconds.
+        command_timeout_s: default time limit of one remote command, in seconds.
+        host_key_policy: ``strict`` (refuse unknown keys) or ``accept-new`` (learn unknown keys,
+            append them to the first writable known_hosts file; changed keys are still refused).
+        forks: how many connections are opened at once.
+        connect_attempts: attempts for transient connect errors (refused, reset, banner timeout).
+    """
+
+    connect_timeout_s: float = 10.0
+    command_timeout_s: float = 30.0
+    host_key_policy: HostKeyPolicyName = "strict"
+    forks: int = 10
+    connect_attempts: int = 3
+
+
+class Connection(Protocol):
+    """What modules need from a connection (``HostConnection``, ``LocalConnection``, a fake)."""
+
+    name: str
+
+    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+            timeout_s: float | None = None, check: bool = False) -> CommandResult: ...
+
+
+def fingerprint_sha256(key_bytes: bytes) -> str:
+    """Return OpenSSH's ``SHA256:<base64 without padding>`` fingerprint of a raw public key blob."""
+    digest = hashlib.sha256(key_bytes).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """Return the known_hosts host field: ``addr`` on port 22, else ``[addr]:port`` (sshd(8))."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def sudo_wrap(command: str, become_user: str = "root") -> str:
+    """Wrap ``command`` to run through non-interactive sudo as ``become_user``.
+
+    ``sudo -n`` never prompts (sudo(8)): a missing NOPASSWD rule fails fast with "a password is
+    required" instead of hanging the run.
+    """
+    from vllm_provision.modules import quote
+
+    return f"sudo -n -H -u {quote(become_user)} -- /bin/sh -c {quote(command)}"
+
+
+class _KnownHostsPolicy:
+    """Paramiko missing-host-key policy: refuse (``strict``) or learn and save (``accept-new``)."""
+
+    def __init__(self, host: Host, policy: HostKeyPolicyName, write_file: Path | None) -> None:
+        self.host = host
+        self.policy = policy
+        self.write_file = write_file
+        self.accepted: str | None = None
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        fingerprint = fingerprint_sha256(key.asbytes())
+        if self.policy != "accept-new":
+            raise HostKeyError.single(
+                self.host.name,
+                f"unknown SSH host key for {hostname} ({key.get_name()} {fingerprint})",
+                fix="check the fingerprint with the server's owner (ssh-keygen -lf "
+                    "/etc/ssh/ssh_host_*_key.pub on it), then add it to known_hosts or rerun "
+                    "with --host-key-policy accept-new",
+            )
+        if self.write_file is None:
+            raise HostKeyError.single(
+                self.host.name, f"no writable known_hosts file to record {hostname}'s key in",
+                fix="create ~/.ssh/known_hosts or set provision_known_hosts_file")
+        self.write_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self.write_file.open("a", encoding="ascii") as handle:
+            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.accepted = fingerprint
+        log.warning("%s: accepted new host key %s %s into %s", self.host.name, key.get_name(),
+                    fingerprint, self.write_file)
+
+
+def _known_hosts_files(host: Host) -> list[Path]:
+    files = [SYSTEM_KNOWN_HOSTS, USER_KNOWN_HOSTS.expanduser(), *host.known_hosts_files]
+    return [Path(os.path.expanduser(str(f))) for f in files]
+
+
+def _first_writable(host: Host) -> Path | None:
+    # OpenSSH writes learned keys to the first UserKnownHostsFile: the host's own file first.
+    for candidate in [*host.known_hosts_files, USER_KNOWN_HOSTS]:
+        path = Path(os.path.expanduser(str(candidate)))
+        if path.exists() and os.access(path, os.W_OK):
+            return path
+        if not path.exists() and os.access(_existing_parent(path), os.W_OK):
+            return path
+    return None
+
+
+def _existing_parent(path: Path) -> Path:
+    for parent in path.parents:
+        if parent.exists():
+            return parent
+    return Path("/")
+
+
+class HostConnection:
+    """One persistent SSH connection to one inventory host, for the whole run.
+
+    Thread-safe: one command at a time per host (paramiko transports are shared, channels are not,
+    paramiko/paramiko#709). After an operation times out the connection is marked broken and every
+    later call raises :class:`UnreachableError` at once.
+    """
+
+    def __init__(self, host: Host, options: ConnectionOptions | None = None,
+                 *, become: bool | None = None) -> None:
+        """Prepare (do not open) a connection to ``host``; ``become`` overrides the host's."""
+        self.host = host
+        self.name = host.name
+        self.options = options or ConnectionOptions()
+        self.become = host.become if become is None else become
+        self._fabric: Any = None
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self.accepted_key: str | None = None
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect (retrying transient errors with backoff, logged at -v).
+
+        Raises:
+            HostKeyError: unknown key under ``strict``, or a changed key.
+            UnreachableError: refused, timed out, auth failed, after the bounded retries.
+        """
+        import paramiko
+        from tenacity import (
+            before_sleep_log,
+            retry,
+            retry_if_exception,
+            stop_after_attempt,
+            wait_exponential,
+        )
+
+        def transient(exc: BaseException) -> bool:
+            if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException,
+                                ProvisionError)):
+                return False
+            return isinstance(exc, (OSError, EOFError, paramiko.SSHException))
+
+        attempt = retry(
+            retry=retry_if_exception(transient),
+            stop=stop_after_attempt(max(1, self.options.connect_attempts)),
+            wait=wait_exponential(multiplier=0.5, max=4),
+            before_sleep=before_sleep_log(log, logging.INFO),
+            reraise=True,
+        )(self._open_once)
+        try:
+            attempt()
+        except ProvisionError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError.single(
+                self.name,
+                f"the SSH host key of {self._address_label()} CHANGED: known "
+                f"{exc.expected_key.get_name()} {fingerprint_sha256(exc.expected_key.asbytes())}, "
+                f"offered {exc.key.get_name()} {fingerprint_sha256(exc.key.asbytes())}",
+                fix="if the server was reinstalled, remove the old entry (ssh-keygen -R "
+                    f"'{known_hosts_name(self.host.address, self.host.port)}') after checking "
+                    "the new fingerprint; otherwise suspect an attack",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise UnreachableError.single(
+                self.name, f"SSH authentication failed for user {self._user_label()} at "
+                           f"{self._address_label()}: {exc}",
+                fix="check ansible_user and ansible_ssh_private_key_file (or your ssh-agent)",
+            ) from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise UnreachableError.single(
+                self.name, f"cannot connect to {self._address_label()}: "
+                           f"{exc or type(exc).__name__}",
+                fix="check that the host is up, sshd listens on that port and no firewall "
+                    "drops it (--timeout sets the connect timeout)",
+            ) from None
+
+    def _open_once(self) -> None:
+        from fabric import Config
+        from fabric import Connection as FabricConnection
+
+        connect_kwargs: dict[str, Any] = {
+            "banner_timeout": self.options.connect_timeout_s,
+            "auth_timeout": self.options.connect_timeout_s,
+        }
+        if self.host.key_file is not None:
+            connect_kwargs["key_filename"] = [str(self.host.key_file)]
+            # an explicit key: do not also offer every key of the agent and ~/.ssh (MaxAuthTries)
+            connect_kwargs["look_for_keys"] = False
+            connect_kwargs["allow_agent"] = False
+        fabric_conn = FabricConnection(
+            host=self.host.address, user=self.host.user, port=self.host.port, config=Config(),
+            connect_timeout=max(1, int(self.options.connect_timeout_s)),
+            connect_kwargs=connect_kwargs,
+        )
+        client = fabric_conn.client
+        for path in _known_hosts_files(self.host):
+            if path.is_file():
+                try:
+                    client.load_system_host_keys(str(path))
+                except OSError as exc:  # unreadable: say so, but other files may still know it
+                    log.warning("%s: cannot read known_hosts %s: %s", self.name, path, exc)
+        policy = _KnownHostsPolicy(self.host, self.options.host_key_policy,
+                                   _first_writable(self.host))
+        client.set_missing_host_key_policy(policy)
+        try:
+            fabric_conn.open()
+        except BaseException:
+            fabric_conn.close()
+            raise
+        transport = fabric_conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(5)
+        self.accepted_key = policy.accepted
+        self._fabric = fabric_conn
+
+    @property
+    def is_open(self) -> bool:
+        """True when the SSH transport is up and no operation timed out."""
+        return (self._fabric is not None and self._broken is None
+                and bool(self._fabric.is_connected))
+
+    def close(self) -> None:
+        """Close the transport (idempotent)."""
+        if self._fabric is not None:
+            self._fabric.close()
+
+    def with_become(self, become: bool | None) -> Connection:
+        """Return a view of this connection whose default ``sudo`` is ``become`` (task key)."""
+        if become is None or become == self.become:
+            return self
+        return _BecomeView(self, become)
+
+    def _address_label(self) -> str:
+        return f"{self.host.address}:{self.host.port}"
+
+    def _user_label(self) -> str:
+        return self.host.user or os.environ.get("USER", "?")
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+            timeout_s: float | None = None, check: bool = False) -> CommandResult:
+        """Run ``command`` through the remote user's shell; return its result.
+
+        Args:
+            command: a shell command line; every interpolated value must already be quoted.
+            sudo: run through ``sudo -n -u <become_user>``; None means the host's ``become``.
+            stdin: bytes or text fed to the command's standard input, then EOF.
+            timeout_s: limit for the whole round trip in seconds (default: the run's
+                ``command_timeout_s``).
+            check: raise :class:`ProvisionError` when the exit status is not 0.
+
+        Raises:
+            UnreachableError: the connection is down or the command ran past ``timeout_s``.
+            ProvisionError: ``check`` and a non-zero exit status.
+        """
+        use_sudo = self.become if sudo is None else sudo
+        line = sudo_wrap(command, self.host.become_user) if use_sudo else command
+        limit = self.options.command_timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            if self._broken is not None:
+                raise UnreachableError.single(self.name, self._broken)
+            if self._fabric is None:
+                self.open()
+            result = self._exec(line, stdin, limit)
+        log.debug("%s: rc=%s %.3fs: %s", self.name, result.exit_code, result.duration_s, command)
+        if check and not result.ok:
+            raise command_failed(self.name, command, result)
+        return result
+
+    def _exec(self, line: str, stdin: str | bytes | None, limit: float) -> CommandResult:
+        started = time.monotonic()
+        deadline = started + limit
+        try:
+            transport = self._fabric.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise EOFError("SSH transport closed")
+            channel = transport.open_session(timeout=max(1.0, min(limit, 30.0)))
+            channel.exec_command(line)
+            if stdin is not None:
+                data = stdin.encode() if isinstance(stdin, str) else stdin
+                channel.settimeout(max(0.1, deadline - time.monotonic()))
+                channel.sendall(data)
+            channel.shutdown_write()
+            out, err = bytearray(), bytearray()
+            while True:
+                while channel.recv_ready():
+                    out += channel.recv(65536)
+                while channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                if (channel.exit_status_ready() and not channel.recv_ready()
+                        and not channel.recv_stderr_ready()):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    channel.close()
+                    raise TimeoutError
+                select.select([channel], [], [], min(remaining, 1.0))
+            code = channel.recv_exit_status()
+            channel.close()
+        except TimeoutError:
+            self._broken = (f"an operation on {self._address_label()} timed out after "
+                            f"{limit:g} s; the connection is considered lost")
+            self.close()
+            raise UnreachableError.single(
+                self.name, self._broken,
+                fix="check the network path to the host (or raise --timeout)") from None
+        except (OSError, EOFError) as exc:
+            self._broken = f"connection to {self._address_label()} lost: {exc or 'closed'}"
+            raise UnreachableError.single(self.name, self._broken) from None
+        except Exception as exc:  # paramiko.SSHException and kin: the transport is gone
+            self._broken = f"connection to {self._address_label()} lost: {exc}"
+            raise UnreachableError.single(self.name, self._broken) from None
+        return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"),
+                             time.monotonic() - started)
+
+
+class _BecomeView:
+    """A ``HostConnection`` seen with another default for ``sudo`` (a task's ``become:``)."""
+
+    def __init__(self, inner: HostConnection, become: bool) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.host = inner.host
+        self.become = become
+
+    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+            timeout_s: float | None = None, check: bool = False) -> CommandResult:
+        return self._inner.run(command, sudo=self.become if sudo is None else sudo, stdin=stdin,
+                               timeout_s=timeout_s, check=check)
+
+
+class LocalConnection:
+    """Runs commands on the controller (``delegate_to: localhost``, unit tests), via ``/bin/sh``."""
+
+    def __init__(self, name: str = "localhost", *, become: bool = False,
+                 command_timeout_s: float = 30.0) -> None:
+        """Create a local connection named ``name``; ``become`` wraps commands in ``sudo -n``."""
+        self.name = name
+        self.become = become
+        self.command_timeout_s = command_timeout_s
+        self.calls: list[str] = []
+
+    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+            timeout_s: float | None = None, check: bool = False) -> CommandResult:
+        """Same contract as :meth:`HostConnection.run`, executed locally."""
+        self.calls.append(command)
+        use_sudo = self.become if sudo is None else sudo
+        line = sudo_wrap(command) if use_sudo and os.geteuid() != 0 else command
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(["/bin/sh", "-c", line], input=data, capture_output=True,
+                                  timeout=timeout_s or self.command_timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise UnreachableError.single(self.name, "local command timed out") from None
+        result = CommandResult(proc.returncode, proc.stdout.decode(errors="replace"),
+                               proc.stderr.decode(errors="replace"), time.monotonic() - started)
+        if check and not result.ok:
+            raise command_failed(self.name, command, result)
+        return result
+
+
+def command_failed(host: str, command: str, result: CommandResult) -> ProvisionError:
+    """Build the error for a command that had to succeed and did not."""
+    detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
+    return ProvisionError.single(host, f"command failed with exit status {result.exit_code}: "
+                                       f"{command[:200]}", actual=detail)
+
+
+def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
+                     factory: Callable[[Host], HostConnection] | None = None,
+                     ) -> tuple[dict[str, HostConnection], dict[str, UnreachableError]]:
+    """Open one connection per host, at most ``options.forks`` at once.
+
+    Returns:
+        ``(open connections by host name, errors by host name)``; every host is in exactly one.
+    """
+    make = factory or (lambda host: HostConnection(host, options))
+    hosts = list(hosts)
+    connections: dict[str, HostConnection] = {}
+    errors: dict[str, UnreachableError] = {}
+
+    def one(host: Host) -> tuple[str, HostConnection | UnreachableError]:
+        conn = make(host)
+        try:
+            conn.open()
+        except UnreachableError as exc:
+            return host.name, exc
+        except ProvisionError as exc:
+            return host.name, UnreachableError(exc.problems)
+        return host.name, conn
+
+    if not hosts:
+        return connections, errors
+    with ThreadPoolExecutor(max_workers=max(1, min(options.forks, len(hosts)))) as pool:
+        for name, outcome in pool.map(one, hosts):
+            if isinstance(outcome, UnreachableError):
+                errors[name] = outcome
+            else:
+                connections[name] = outcome
+    return connections, errors
+
+
+def close_all(connections: Mapping[str, Any]) -> None:
+    """Close every connection that has a ``close`` method."""
+    for conn in connections.values():
+        close = getattr(conn, "close", None)
+        if close is not None:
+            close()
+
+
+def probe_tcp(address: str, port: int, timeout_s: float) -> bool:
+    """Return True when a TCP connection to ``address:port`` succeeds within ``timeout_s``."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+__all__ = [
+    "CommandResult", "Connection", "ConnectionOptions", "HostConnection", "HostKeyError",
+    "LocalConnection", "Problem", "UnreachableError", "close_all", "fingerprint_sha256",
+    "known_hosts_name", "open_connections", "probe_tcp", "sudo_wrap",
+]

@@ -1,0 +1,202 @@
+"""Idempotent task types (one file each) and what they share: results, lookup, quoting, diffs.
+
+A module is ``vllm_provision/modules/<name>.py`` defining ``run(ctx, args) -> ModuleResult``
+(see docs/runner-contract.md). A module may set ``RUNS_ON = "controller"``: the runner then calls
+it once per play batch (not once per host) and it may return per-host results in
+``ModuleResult.host_results``. Modules are imported on first use, so unused ones cost nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_provision.errors import ProvisionError
+from vllm_provision.quoting import shell_quote
+from vllm_provision.results import Status
+
+# Where the engine keeps its own state on a host (pending notifications, reload markers).
+STATE_DIR = "/var/lib/vllm-provision"
+# Written in the same round trip as a unit-file change; removed by the next daemon-reload.
+DAEMON_RELOAD_MARKER = f"{STATE_DIR}/daemon-reload-needed"
+# Directories systemd loads unit files from (systemd.unit(5), "UNIT FILE LOAD PATH").
+UNIT_DIRS = ("/etc/systemd/system/", "/run/systemd/system/", "/usr/lib/systemd/system/",
+             "/lib/systemd/system/", "/usr/local/lib/systemd/system/")
+
+BUILTIN_MODULES = ("template", "file", "systemd", "command", "wait_for", "http")
+
+ModuleFunction = Callable[..., "ModuleResult"]
+
+_REGISTERED: dict[str, ModuleFunction] = {}
+
+
+@dataclass
+class ModuleResult:
+    """What a module did on one host.
+
+    Attributes:
+        status: ok / changed / failed / skipped (``unreachable`` comes from the runner).
+        message: short human text, secrets not yet masked (the runner masks).
+        diff: unified diff (diff mode), secrets not yet masked.
+        data: JSON-serialisable values, available to ``register`` and ``--json``.
+        host_results: controller modules only: one result per host name.
+        persisted_notify: the module already ran ``ctx.on_change_script()`` in its change round
+            trip, so the runner need not persist notifications separately.
+    """
+
+    status: Status
+    message: str = ""
+    diff: str = ""
+    data: dict[str, Any] | None = None
+    host_results: Mapping[str, ModuleResult] | None = None
+    persisted_notify: bool = False
+
+    @classmethod
+    def ok(cls, message: str = "", **data: Any) -> ModuleResult:
+        """An ``ok`` result carrying ``data``."""
+        return cls(Status.OK, message, data=data or None)
+
+    @classmethod
+    def failed(cls, message: str, **data: Any) -> ModuleResult:
+        """A ``failed`` result carrying ``data``."""
+        return cls(Status.FAILED, message, data=data or None)
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """A module found by name: its ``run`` function and where it runs."""
+
+    name: str
+    run: ModuleFunction
+    runs_on: str = "host"
+    argument_names: frozenset[str] | None = field(default=None)
+
+
+def register_module(name: str, run: ModuleFunction, *, runs_on: str = "host") -> None:
+    """Make ``run`` available as task key ``name`` (tests, plugins); overrides a file module."""
+    _REGISTERED[name] = run
+    _SPEC_CACHE.pop(name, None)
+    if runs_on != "host":
+        _RUNS_ON[name] = runs_on
+
+
+_SPEC_CACHE: dict[str, ModuleSpec] = {}
+_RUNS_ON: dict[str, str] = {}
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def find_module(name: str) -> ModuleSpec | None:
+    """Return the module for task key ``name``, importing ``vllm_provision.modules.<name>``
+    on first use; None when there is no such module."""
+    if name in _SPEC_CACHE:
+        return _SPEC_CACHE[name]
+    if name in _REGISTERED:
+        spec = ModuleSpec(name, _REGISTERED[name], _RUNS_ON.get(name, "host"))
+    else:
+        if not _NAME_RE.match(name) or importlib.util.find_spec(
+                f"vllm_provision.modules.{name}") is None:
+            return None
+        module = importlib.import_module(f"vllm_provision.modules.{name}")
+        run = getattr(module, "run", None)
+        if run is None:
+            return None
+        names = getattr(module, "ARGUMENTS", None)
+        spec = ModuleSpec(name, run, getattr(module, "RUNS_ON", "host"),
+                          frozenset(names) if names is not None else None)
+    _SPEC_CACHE[name] = spec
+    return spec
+
+
+def is_module_name(name: str) -> bool:
+    """True when ``name`` names a module (registered or a file in this package)."""
+    return find_module(name) is not None
+
+
+def quote(value: object) -> str:
+    """Quote ``value`` (converted with ``str``) as one POSIX shell word; refuse control chars.
+
+    Raises:
+        ProvisionError: the value contains a newline or another control character.
+    """
+    try:
+        return shell_quote(str(value))
+    except ValueError as exc:
+        raise ProvisionError.single("task argument", str(exc),
+                                    fix="remove the line break or control character") from None
+
+
+def require(args: Mapping[str, Any], key: str, module: str, kind: type | tuple[type, ...] = str,
+            ) -> Any:
+    """Return ``args[key]`` checked against ``kind``.
+
+    Raises:
+        ProvisionError: the argument is missing or has the wrong type.
+    """
+    if key not in args or args[key] is None:
+        raise ProvisionError.single(f"{module}: {key}", "required argument missing",
+                                    fix=f"add '{key}:' to the task's {module} arguments")
+    return check_type(args, key, module, kind)
+
+
+def check_type(args: Mapping[str, Any], key: str, module: str,
+               kind: type | tuple[type, ...]) -> Any:
+    """Return ``args.get(key)`` if absent/None or of type ``kind``; else raise ProvisionError."""
+    value = args.get(key)
+    if value is None or isinstance(value, kind):
+        if kind is int and isinstance(value, bool):
+            pass
+        else:
+            return value
+    names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+    raise ProvisionError.single(f"{module}: {key}", "wrong argument type", expected=names,
+                                actual=repr(value))
+
+
+def check_arguments(args: Mapping[str, Any], allowed: Iterable[str], module: str) -> None:
+    """Raise when ``args`` has a key outside ``allowed`` (a typo must not be ignored silently)."""
+    allowed = set(allowed)
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        raise ProvisionError.single(f"{module}: {unknown[0]}", "unknown argument",
+                                    expected="one of " + ", ".join(sorted(allowed)))
+
+
+def parse_mode(value: object, module: str) -> int | None:
+    """Parse a file mode (``"0644"``, ``"644"`` or the int 0o644) into an int; None stays None.
+
+    YAML reads an unquoted ``0644`` as the octal int 420, so ints are taken as they are.
+
+    Raises:
+        ProvisionError: not an octal mode in 0..0o7777.
+    """
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        mode = value
+    elif isinstance(value, str) and re.fullmatch(r"0?[0-7]{3,4}", value):
+        mode = int(value, 8)
+    else:
+        raise ProvisionError.single(f"{module}: mode", "invalid file mode",
+                                    expected="an octal string such as '0644'", actual=repr(value))
+    if not 0 <= mode <= 0o7777:
+        raise ProvisionError.single(f"{module}: mode", "file mode out of range",
+                                    expected="0000-7777 (octal)", actual=oct(mode))
+    return mode
+
+
+def unified_diff(before: str, after: str, path: str) -> str:
+    """Return a unified diff of two texts labelled with ``path`` (``""`` when equal)."""
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                 fromfile=f"{path} (before)", tofile=f"{path} (after)")
+    text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in lines)
+    return text
+
+
+def is_unit_path(path: str) -> bool:
+    """True when ``path`` lies in a systemd unit directory (a change needs a daemon-reload)."""
+    return path.startswith(UNIT_DIRS)

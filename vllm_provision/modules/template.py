@@ -1,0 +1,197 @@
+"""Render a Jinja2 template locally and install it on the host atomically, only if it differs.
+
+Arguments:
+    src: template file, relative to the role's ``templates/`` (then the playbook's), or absolute.
+    dest: absolute path on the host.
+    owner, group: names (optional; unchanged when absent).
+    mode: octal string such as ``"0644"`` (optional).
+    backup: keep the replaced file as ``<dest>.prev`` (default true).
+    validate: command run on the rendered temp file before it is moved into place; ``%s`` is
+        replaced by the temp file's path (Ansible's ``validate``).
+    validate_unit: run ``systemd-analyze verify`` on the rendered file, placed under its REAL unit
+        name in a temp folder (ansible/ansible#19232); ANY output counts as failure, because the
+        tool exits 0 on warnings (systemd/systemd#11651).
+
+Round trips: one when nothing changed (sha256 and owner/group/mode read on the host), a second
+to write when it did (plus one to read the old text in diff mode). Example::
+
+    - name: Install the vLLM unit
+      template: {src: vllm.service.j2, dest: /etc/systemd/system/vllm.service, mode: "0644",
+                 validate_unit: true}
+      notify: Restart vLLM
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_provision.errors import ProvisionError
+from vllm_provision.modules import (
+    DAEMON_RELOAD_MARKER,
+    ModuleResult,
+    check_arguments,
+    check_type,
+    is_unit_path,
+    parse_mode,
+    quote,
+    require,
+    unified_diff,
+)
+from vllm_provision.results import Status
+
+ARGUMENTS = ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit")
+_VALIDATE_FAILED = 97
+
+
+def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
+    """Install the rendered ``src`` at ``dest``; see the module docstring for arguments.
+
+    Raises:
+        ProvisionError: bad arguments, template missing or failing to render.
+        UnreachableError: the connection failed.
+    """
+    check_arguments(args, ARGUMENTS, "template")
+    src = require(args, "src", "template")
+    dest = require(args, "dest", "template")
+    if not posixpath.isabs(dest):
+        raise ProvisionError.single("template: dest", "must be an absolute path", actual=dest)
+    owner = check_type(args, "owner", "template", str)
+    group = check_type(args, "group", "template", str)
+    mode = parse_mode(args.get("mode"), "template")
+    backup = check_type(args, "backup", "template", bool)
+    validate = check_type(args, "validate", "template", str)
+    validate_unit = bool(check_type(args, "validate_unit", "template", bool))
+    if validate is not None and "%s" not in validate:
+        raise ProvisionError.single("template: validate", "the command must contain %s",
+                                    actual=validate, fix="e.g. 'visudo -cf %s'")
+
+    template_path = ctx.find_template(src)
+    content = ctx.render(template_path.read_text(encoding="utf-8"))
+    wanted_hash = hashlib.sha256(content.encode()).hexdigest()
+
+    current = _read_state(ctx, dest)
+    changes: list[str] = []
+    content_changed = current["hash"] != wanted_hash
+    if current["hash"] is None:
+        changes.append("created")
+    elif content_changed:
+        changes.append("content")
+    if owner is not None and current["owner"] != owner:
+        changes.append(f"owner {current['owner']} -> {owner}" if current["hash"] else "owner")
+    if group is not None and current["group"] != group:
+        changes.append(f"group {current['group']} -> {group}" if current["hash"] else "group")
+    if mode is not None and current["mode"] != mode:
+        changes.append(f"mode {_oct(current['mode'])} -> {_oct(mode)}" if current["hash"]
+                       else "mode")
+    if not changes:
+        return ModuleResult(Status.OK, "", data={"dest": dest, "checksum": wanted_hash})
+    unit_file = is_unit_path(dest)
+    if unit_file and content_changed:
+        ctx.host_state["daemon_reload_needed"] = True
+    diff = ""
+    if ctx.diff_mode and content_changed:
+        before = _read_text(ctx, dest) if current["hash"] is not None else ""
+        diff = unified_diff(before, content, dest)
+    message = ", ".join(changes)
+    data = {"dest": dest, "checksum": wanted_hash}
+    if ctx.check_mode:
+        return ModuleResult(Status.CHANGED, f"would change: {message}", diff, data)
+    script = _write_script(dest, owner, group, mode, backup is not False, validate,
+                           validate_unit, content_changed, unit_file)
+    notify = ctx.on_change_script()
+    if notify:
+        script += f" && {{ {notify}; }}"
+    result = ctx.conn.run(script, stdin=content if content_changed else None)
+    if result.exit_code == _VALIDATE_FAILED:
+        detail = (result.stderr.strip() or result.stdout.strip())[-3000:]
+        return ModuleResult(Status.FAILED, f"validation of {dest} failed; file left unchanged:\n"
+                                           f"{detail}", diff, data)
+    if not result.ok:
+        detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
+        return ModuleResult(Status.FAILED, f"writing {dest} failed (exit {result.exit_code}): "
+                                           f"{detail}", diff, data)
+    return ModuleResult(Status.CHANGED, message, diff, data, persisted_notify=bool(notify))
+
+
+def _oct(mode: int | None) -> str:
+    return "none" if mode is None else f"0{mode:o}"
+
+
+def _read_state(ctx: Any, dest: str) -> dict[str, Any]:
+    path = quote(dest)
+    # one round trip: hash computed ON the host, then owner, group, octal mode
+    command = (f"if [ -f {path} ]; then sha256sum < {path} | cut -d' ' -f1 && "
+               f"stat -c '%U %G %a' {path}; else echo ABSENT; fi")
+    result = ctx.conn.run(command)
+    lines = result.stdout.split()
+    if not result.ok:
+        raise ProvisionError.single(ctx.host.name, f"cannot read {dest}",
+                                    actual=result.stderr.strip()[-500:])
+    if not lines or lines[0] == "ABSENT":
+        return {"hash": None, "owner": None, "group": None, "mode": None}
+    if len(lines) < 4:
+        raise ProvisionError.single(ctx.host.name, f"unexpected stat output for {dest}",
+                                    actual=result.stdout[-200:])
+    return {"hash": lines[0], "owner": lines[1], "group": lines[2], "mode": int(lines[3], 8)}
+
+
+def _read_text(ctx: Any, dest: str) -> str:
+    result = ctx.conn.run(f"cat {quote(dest)}")
+    return result.stdout if result.ok else ""
+
+
+def _write_script(dest: str, owner: str | None, group: str | None, mode: int | None,
+                  backup: bool, validate: str | None, validate_unit: bool,
+                  content_changed: bool, unit_file: bool) -> str:
+    """Shell for the change: new content goes to a temp file in the same folder (so rename is
+    atomic, rename(2)), is fsynced, validated, given owner/mode, then renamed over ``dest``."""
+    path = quote(dest)
+    folder = quote(posixpath.dirname(dest) or "/")
+    base = posixpath.basename(dest)
+    owner_spec = (owner or "") + (f":{group}" if group else "")
+    steps: list[str] = ["set -e"]
+    if content_changed:
+        steps += [
+            f"mkdir -p {folder}",
+            f"tmp=$(mktemp {quote(posixpath.join(posixpath.dirname(dest), '.' + base))}.XXXXXX)",
+            "trap 'rm -f \"$tmp\"' EXIT",
+            'cat > "$tmp"',
+            'sync "$tmp" 2>/dev/null || sync',
+        ]
+        if validate_unit:
+            steps += [
+                "vdir=$(mktemp -d)",
+                f'cp "$tmp" "$vdir"/{quote(base)}',
+                f'out=$(cd "$vdir" && systemd-analyze verify "$vdir"/{quote(base)} 2>&1) '
+                '|| out="${out:-systemd-analyze verify failed}"',
+                'rm -rf "$vdir"',
+                f'if [ -n "$out" ]; then printf "%s\\n" "$out" >&2; exit {_VALIDATE_FAILED}; fi',
+            ]
+        if validate:
+            command = validate.replace("%s", '"$tmp"')
+            steps.append(f"vout=$({command} 2>&1) || {{ printf '%s\\n' \"$vout\" >&2; "
+                         f"exit {_VALIDATE_FAILED}; }}")
+        # keep the current owner/mode unless told otherwise
+        steps.append(f'if [ -e {path} ]; then chown --reference={path} "$tmp"; '
+                     f'chmod --reference={path} "$tmp"; else chmod 0644 "$tmp"; fi')
+        if owner_spec:
+            steps.append(f'chown {quote(owner_spec)} "$tmp"')
+        if mode is not None:
+            steps.append(f'chmod {mode:04o} "$tmp"')
+        if backup:
+            steps.append(f"if [ -e {path} ]; then cp -p {path} {quote(dest + '.prev')}; fi")
+        steps.append(f'mv -f "$tmp" {path}')
+        steps.append("trap - EXIT")
+        steps.append(f"sync {folder} 2>/dev/null || true")
+        if unit_file:
+            marker = quote(DAEMON_RELOAD_MARKER)
+            steps.append(f"mkdir -p $(dirname {marker}) && touch {marker}")
+    else:
+        if owner_spec:
+            steps.append(f"chown {quote(owner_spec)} {path}")
+        if mode is not None:
+            steps.append(f"chmod {mode:04o} {path}")
+    return "{ " + "; ".join(steps) + "; }"

@@ -1,0 +1,599 @@
+"""Run plays: hosts in parallel (bounded by ``forks``), tasks in order, handlers at the end.
+
+Semantics follow Ansible's linear strategy (docs playbooks_strategies.rst, playbooks_handlers.rst)
+with two extensions: notifications are persisted on the host until their handler ran
+(``handlers_state``), and a handler may have ``scope: replica``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from vllm_provision import handlers_state
+from vllm_provision.connection import (
+    Connection,
+    ConnectionOptions,
+    HostConnection,
+    LocalConnection,
+    UnreachableError,
+    close_all,
+    open_connections,
+)
+from vllm_provision.errors import ProvisionError
+from vllm_provision.models import Host, Inventory
+from vllm_provision.modules import ModuleResult, find_module
+from vllm_provision.results import Status, TaskResult
+from vllm_provision.runner.context import TaskContext
+from vllm_provision.runner.masking import Masker
+from vllm_provision.runner.playbook import Play, Task, load_playbook
+from vllm_provision.runner.selection import select_play_hosts
+from vllm_provision.runner.templating import Templar, make_environment
+
+log = logging.getLogger(__name__)
+
+LOCALHOST_NAMES = ("localhost", "127.0.0.1")
+
+
+class Reporter(Protocol):
+    """Receives events as they happen (``report.HumanReporter``, ``report.JsonReporter``)."""
+
+    def play_started(self, name: str, hosts: Sequence[str]) -> None: ...
+    def task_started(self, name: str, *, handler: bool = False) -> None: ...
+    def task_result(self, result: TaskResult) -> None: ...
+
+
+class _NullReporter:
+    def play_started(self, name: str, hosts: Sequence[str]) -> None:
+        pass
+
+    def task_started(self, name: str, *, handler: bool = False) -> None:
+        pass
+
+    def task_result(self, result: TaskResult) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run.
+
+    Attributes:
+        check_mode: change nothing, report what would change (``--check``).
+        diff_mode: show diffs (``--diff``).
+        limit: extra host pattern every play is intersected with (``--limit``).
+        roles_paths: more folders holding roles (``--roles-path``).
+        connection: SSH settings (forks, timeouts, host-key policy).
+        pending_dir: where notifications are persisted on hosts.
+    """
+
+    check_mode: bool = False
+    diff_mode: bool = False
+    limit: str | None = None
+    roles_paths: tuple[Path, ...] = ()
+    connection: ConnectionOptions = field(default_factory=ConnectionOptions)
+    pending_dir: str = handlers_state.PENDING_DIR
+
+
+@dataclass
+class RunOutcome:
+    """Everything a run produced, for the report.
+
+    Attributes:
+        results: every task result, in the order they arrived.
+        hosts: every host any play targeted, in inventory order.
+        check_mode: whether this was a dry run.
+        duration_s: wall time of the run, in seconds.
+        aborted: ``any_errors_fatal`` stopped the run.
+        extra: command-specific keys for ``--json`` (e.g. ``completion``).
+    """
+
+    results: list[TaskResult] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    check_mode: bool = False
+    duration_s: float = 0.0
+    aborted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ConnectionFactory = Callable[[Host], Any]
+
+
+class Runner:
+    """Runs playbooks against one inventory; one connection per host for the whole run.
+
+    Args:
+        inventory: a loaded, validated inventory.
+        options: :class:`RunOptions`.
+        reporter: receives results as they arrive.
+        connection_factory: builds a connection object for a host (tests pass a fake); it must
+            have ``open()`` raising :class:`UnreachableError` and ``run(...)``.
+    """
+
+    def __init__(self, inventory: Inventory, options: RunOptions | None = None,
+                 reporter: Reporter | None = None,
+                 connection_factory: ConnectionFactory | None = None) -> None:
+        self.inventory = inventory
+        self.options = options or RunOptions()
+        self.reporter = reporter or _NullReporter()
+        self.connection_factory = connection_factory or (
+            lambda host: HostConnection(host, self.options.connection))
+        self.connections: dict[str, Any] = {}
+        self.dropped: dict[str, Status] = {}
+        self.host_state: dict[str, dict[str, Any]] = {}
+        self.registered: dict[str, dict[str, Any]] = {}
+        self.facts: dict[str, Any] = {}
+        self.masker = Masker.from_inventory(inventory)
+        self.outcome = RunOutcome(check_mode=self.options.check_mode)
+        self._aborted = False
+
+    # -- entry points ---------------------------------------------------------------------------
+
+    def run_playbook(self, path: Path) -> RunOutcome:
+        """Load ``path`` (validating it and every host pattern first), then run it.
+
+        Raises:
+            ProvisionError: invalid playbook or host pattern (nothing was connected yet).
+        """
+        plays = load_playbook(Path(path), self.options.roles_paths)
+        return self.run_plays(plays)
+
+    def run_plays(self, plays: Sequence[Play]) -> RunOutcome:
+        """Run ``plays`` in order; return the outcome (also kept in ``self.outcome``)."""
+        started = time.monotonic()
+        selections = [(play, select_play_hosts(self.inventory, play.hosts, self.options.limit))
+                      for play in plays]
+        seen = {h.name for _, hosts in selections for h in hosts}
+        self.outcome.hosts = [name for name in self.inventory.hosts if name in seen]
+        forks = max(1, self.options.connection.forks)
+        try:
+            with ThreadPoolExecutor(max_workers=forks) as pool:
+                self._pool = pool
+                for play, hosts in selections:
+                    if self._aborted:
+                        break
+                    self._run_play(play, hosts)
+        finally:
+            close_all(self.connections)
+            self.outcome.duration_s = time.monotonic() - started
+            self.outcome.aborted = self._aborted
+        return self.outcome
+
+    # -- plays ----------------------------------------------------------------------------------
+
+    def _run_play(self, play: Play, hosts: list[Host]) -> None:
+        active = [h for h in hosts if h.name not in self.dropped]
+        self.reporter.play_started(play.name, [h.name for h in active])
+        if not active:
+            return
+        size = play.serial or len(active)
+        for start in range(0, len(active), size):
+            batch = [h for h in active[start:start + size] if h.name not in self.dropped]
+            if self._aborted:
+                return
+            self._connect(batch)
+            batch = [h for h in batch if h.name not in self.dropped]
+            notified: dict[str, dict[str, str]] = {}  # target -> host -> notifying task
+            self._load_pending(play, batch, notified)
+            for task in play.tasks:
+                if self._aborted:
+                    return
+                batch = [h for h in batch if h.name not in self.dropped]
+                if not batch:
+                    break
+                self._run_task(play, task, batch, notified)
+            if not self._aborted:
+                self._run_handlers(play, [h for h in batch if h.name not in self.dropped],
+                                   notified)
+
+    def _connect(self, hosts: list[Host]) -> None:
+        missing = [h for h in hosts if h.name not in self.connections]
+        if not missing:
+            return
+        opened, errors = open_connections(missing, self.options.connection,
+                                          self.connection_factory)
+        self.connections.update(opened)
+        for name, error in errors.items():
+            self._record(TaskResult(name, "Connect", Status.UNREACHABLE,
+                                    self.masker.text(error.render())))
+            self.dropped[name] = Status.UNREACHABLE
+
+    def _load_pending(self, play: Play, batch: list[Host],
+                      notified: dict[str, dict[str, str]]) -> None:
+        """Read notifications left by earlier runs (one round trip per host, in parallel)."""
+        if not play.handlers:
+            return
+        targets = {h.name for h in play.handlers} | {t for h in play.handlers for t in h.listen}
+        script = handlers_state.read_script(self.options.pending_dir)
+
+        def read(host: Host) -> tuple[Host, list[handlers_state.PendingNotification] | str]:
+            try:
+                result = self.connections[host.name].run(script)
+            except UnreachableError as exc:
+                return host, exc.render()
+            return host, handlers_state.parse_pending(result.stdout) if result.ok else []
+
+        for host, found in self._pool.map(read, batch):
+            if isinstance(found, str):
+                self._record(TaskResult(host.name, "Read pending notifications",
+                                        Status.UNREACHABLE, self.masker.text(found)))
+                self.dropped[host.name] = Status.UNREACHABLE
+                continue
+            for item in found:
+                if item.handler in targets:
+                    notified.setdefault(item.handler, {})[host.name] = (
+                        f"an earlier run ({item.task})" if item.task else "an earlier run")
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def _run_task(self, play: Play, task: Task, batch: list[Host],
+                  notified: dict[str, dict[str, str]]) -> None:
+        self.reporter.task_started(task.name)
+        spec = find_module(task.module)
+        assert spec is not None  # validated at load time
+        if spec.runs_on == "controller" or task.run_once:
+            results = [self._run_on_host(play, task, batch[0], batch, controller=True)]
+            first = results[0]
+            # run_once / controller: the registered value is seen by every host (Ansible)
+            if task.register and batch[0].name in self.registered:
+                value = self.registered[batch[0].name].get(task.register)
+                for host in batch[1:]:
+                    self.registered.setdefault(host.name, {})[task.register] = value
+            outcomes = [first]
+        else:
+            futures = [self._pool.submit(self._run_on_host, play, task, host, batch)
+                       for host in batch]
+            outcomes = []
+            for future in as_completed(futures):
+                outcomes.append(future.result())
+        failed_any = False
+        for result_list in outcomes:
+            for result in result_list:
+                self._after_result(task, result, notified)
+                if result.status in (Status.FAILED, Status.UNREACHABLE) and not task.ignore_errors:
+                    failed_any = True
+        if failed_any and play.any_errors_fatal:
+            self._aborted = True
+
+    def _after_result(self, task: Task, result: TaskResult,
+                      notified: dict[str, dict[str, str]]) -> None:
+        if result.status is Status.CHANGED:
+            for target in task.notify:
+                notified.setdefault(target, {}).setdefault(result.host, task.name)
+        if result.status in (Status.FAILED, Status.UNREACHABLE) and not (
+                task.ignore_errors and result.status is Status.FAILED):
+            self.dropped.setdefault(result.host, result.status)
+
+    def _run_on_host(self, play: Play, task: Task, host: Host, batch: list[Host],
+                     *, controller: bool = False, handler: bool = False,
+                     note: str = "") -> list[TaskResult]:
+        """Run ``task`` on ``host``; report and record every result; return them."""
+        started = time.monotonic()
+        label = task.name
+        try:
+            module_result, persisted = self._execute(play, task, host, batch, handler=handler)
+        except UnreachableError as exc:
+            result = TaskResult(host.name, label, Status.UNREACHABLE,
+                                self.masker.text(exc.render()),
+                                duration_s=time.monotonic() - started)
+            return [self._record(result)]
+        except ProvisionError as exc:
+            result = TaskResult(host.name, label, Status.FAILED, self.masker.text(exc.render()),
+                                duration_s=time.monotonic() - started)
+            self._register(task, host.name, result)
+            return [self._record(result)]
+        duration = time.monotonic() - started
+        if module_result.host_results:
+            results = []
+            for name, sub in module_result.host_results.items():
+                results.append(self._record(self._to_task_result(task, name, sub, duration, note)))
+            return results
+        result = self._to_task_result(task, host.name, module_result, duration, note)
+        if (result.status is Status.CHANGED and task.notify and not persisted
+                and not self._check_mode(task)):
+            try:
+                self._persist(task, host)
+            except UnreachableError as exc:
+                result = TaskResult(host.name, label, Status.UNREACHABLE,
+                                    self.masker.text(exc.render()), duration_s=duration)
+        return [self._record(result)]
+
+    def _to_task_result(self, task: Task, host: str, module_result: ModuleResult,
+                        duration: float, note: str) -> TaskResult:
+        message = module_result.message
+        if note:
+            message = f"{note}; {message}" if message else note
+        diff = module_result.diff if self.options.diff_mode else ""
+        data = module_result.data
+        if task.no_log:
+            message = "(output hidden: no_log)" if message else ""
+            diff = "(diff hidden: no_log)" if diff else ""
+            data = None
+        result = TaskResult(host, task.name, module_result.status, self.masker.text(message),
+                            self.masker.text(diff), duration, self.masker.data(data))
+        return result
+
+    def _record(self, result: TaskResult) -> TaskResult:
+        self.outcome.results.append(result)
+        self.reporter.task_result(result)
+        return result
+
+    def _check_mode(self, task: Task) -> bool:
+        return self.options.check_mode if task.check_mode is None else task.check_mode
+
+    def _persist(self, task: Task, host: Host) -> None:
+        script = self._notify_script(task)
+        if script:
+            self.connections[host.name].run(script, check=True)
+
+    def _notify_script(self, task: Task) -> str:
+        return handlers_state.persist_script(
+            [handlers_state.PendingNotification(target, task.name) for target in task.notify],
+            self.options.pending_dir)
+
+    def templar_for(self, play: Play, host: Host) -> Templar:
+        """Return the Templar holding ``host``'s variables for ``play`` (precedence per
+        docs/runner-contract.md: role defaults < inventory < play vars < registered < -e)."""
+        replica = self.inventory.replica_of(host.name)
+        node = next((n for n in replica.nodes if n.name == host.name), None) if replica else None
+        layered: dict[str, Any] = {}
+        layered.update(play.role_defaults)
+        layered.update(host.vars)
+        layered.update(play.vars)
+        layered.update(self.registered.get(host.name, {}))
+        layered.update(self.inventory.extra_vars)
+        groups = {name: list(_group_hosts(self.inventory, name)) for name in self.inventory.groups}
+        fixed = {
+            "inventory_hostname": host.name,
+            "groups": groups,
+            "hostvars": {name: dict(h.vars) for name, h in self.inventory.hosts.items()},
+            "replica": replica,
+            "node": node,
+            "engine": replica.engine if replica else None,
+            "facts": self.facts.get(host.name),
+            "check_mode": self.options.check_mode,
+            "ansible_check_mode": self.options.check_mode,
+            "role_names": [],
+        }
+        env = make_environment(list(play.template_dirs))
+        return Templar(env, layered, host.name, fixed)
+
+    def _execute(self, play: Play, task: Task, host: Host, batch: list[Host],
+                 *, handler: bool) -> tuple[ModuleResult, bool]:
+        templar = self.templar_for(play, host)
+        if task.when and not templar.test(list(task.when), f"{task.where}.when"):
+            result = ModuleResult(Status.SKIPPED, "condition false")
+            self._register_module(task, host.name, result)
+            return result, False
+        spec = find_module(task.module)
+        assert spec is not None
+        args = templar.render_value(task.args, f"{task.where}.{task.module}")
+        conn = self._connection_for(task, host)
+        check = self._check_mode(task)
+        ctx = TaskContext(
+            host=host, conn=conn, connections=self.connections, inventory=self.inventory,
+            replica=self.inventory.replica_of(host.name),
+            node=_node_of(self.inventory, host.name), vars=templar.resolved(),
+            check_mode=check, diff_mode=self.options.diff_mode, templar=templar,
+            role_path=task.role_path, template_dirs=play.template_dirs,
+            host_state=self.host_state.setdefault(host.name, {}),
+            notify_script="" if check or not task.notify else self._notify_script(task),
+            task_name=task.name, no_log=task.no_log, facts=self.facts,
+        )
+        result = spec.run(ctx, args)
+        if not isinstance(result, ModuleResult):
+            raise ProvisionError.single(task.where, f"module {task.module} returned "
+                                                    f"{type(result).__name__}, not ModuleResult")
+        result = self._apply_conditions(task, templar, result)
+        self._register_module(task, host.name, result)
+        return result, ctx.notify_used or result.persisted_notify
+
+    def _apply_conditions(self, task: Task, templar: Templar,
+                          result: ModuleResult) -> ModuleResult:
+        if task.changed_when is None and task.failed_when is None:
+            return result
+        if result.status is Status.SKIPPED:
+            return result
+        value = registered_value(result)
+        names = {"result": value, **({task.register: value} if task.register else {})}
+        scoped = templar.with_vars(names)
+        status = result.status
+        if task.failed_when is not None:
+            failed = scoped.test(_as_list(task.failed_when), f"{task.where}.failed_when")
+            if failed:
+                status = Status.FAILED
+            elif status is Status.FAILED:
+                status = Status.CHANGED
+        if task.changed_when is not None and status is not Status.FAILED:
+            changed = scoped.test(_as_list(task.changed_when), f"{task.where}.changed_when")
+            status = Status.CHANGED if changed else Status.OK
+        message = result.message
+        if status is Status.FAILED and result.status is not Status.FAILED:
+            message = message or "failed_when condition true"
+        return ModuleResult(status, message, result.diff, result.data, result.host_results,
+                            result.persisted_notify)
+
+    def _register_module(self, task: Task, host: str, result: ModuleResult) -> None:
+        if task.register:
+            self.registered.setdefault(host, {})[task.register] = registered_value(result)
+
+    def _register(self, task: Task, host: str, result: TaskResult) -> None:
+        if task.register:
+            self.registered.setdefault(host, {})[task.register] = {
+                "status": str(result.status), "changed": False, "failed": True,
+                "skipped": False, "msg": result.message}
+
+    def _connection_for(self, task: Task, host: Host) -> Connection:
+        if task.delegate_to:
+            target = task.delegate_to
+            if target in LOCALHOST_NAMES:
+                return LocalConnection(become=bool(task.become),
+                                       command_timeout_s=self.options.connection
+                                       .command_timeout_s)
+            if target not in self.inventory.hosts:
+                raise ProvisionError.single(f"{task.where}.delegate_to",
+                                            f"unknown host '{target}'",
+                                            expected="an inventory host name or localhost")
+            if target not in self.connections:
+                self._connect([self.inventory.hosts[target]])
+            if target not in self.connections:
+                raise UnreachableError.single(host.name, f"delegate host {target} is unreachable")
+            conn = self.connections[target]
+        else:
+            conn = self.connections[host.name]
+        with_become = getattr(conn, "with_become", None)
+        if task.become is not None and with_become is not None:
+            return with_become(task.become)
+        return conn
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    def _run_handlers(self, play: Play, batch: list[Host],
+                      notified: dict[str, dict[str, str]]) -> None:
+        """Run each notified handler once, in definition order; then clear what ran."""
+        if not notified:
+            return
+        active = {h.name: h for h in batch}
+        done_ok: dict[str, set[str]] = {}  # target -> hosts whose notification was served
+        failed_targets: dict[str, set[str]] = {}
+        for handler in play.handlers:
+            targets = [t for t in (handler.name, *handler.listen) if t in notified]
+            if not targets:
+                continue
+            notifying: dict[str, str] = {}
+            for target in targets:
+                for host_name, why in notified[target].items():
+                    notifying.setdefault(host_name, why)
+            notifying = {h: why for h, why in notifying.items()
+                         if h in active and h not in self.dropped}
+            if not notifying:
+                continue
+            self.reporter.task_started(handler.name, handler=True)
+            if handler.scope == "replica":
+                succeeded = self._run_replica_handler(play, handler, active, notifying)
+            else:
+                succeeded = self._run_host_handler(play, handler, active, notifying)
+            for target in targets:
+                for host_name in notifying:
+                    bucket = done_ok if host_name in succeeded else failed_targets
+                    bucket.setdefault(target, set()).add(host_name)
+        if self.options.check_mode:
+            return
+        clear: dict[str, list[str]] = {}
+        for target, hosts in done_ok.items():
+            for host_name in hosts - failed_targets.get(target, set()):
+                clear.setdefault(host_name, []).append(target)
+        for host_name, targets in clear.items():
+            if host_name in self.dropped or host_name not in self.connections:
+                continue
+            try:
+                self.connections[host_name].run(
+                    handlers_state.clear_script(targets, self.options.pending_dir))
+            except UnreachableError as exc:
+                self._record(TaskResult(host_name, "Clear pending notifications",
+                                        Status.UNREACHABLE, self.masker.text(exc.render())))
+                self.dropped[host_name] = Status.UNREACHABLE
+
+    def _run_host_handler(self, play: Play, handler: Task, active: Mapping[str, Host],
+                          notifying: Mapping[str, str]) -> set[str]:
+        futures = [self._pool.submit(self._run_on_host, play, handler, active[name],
+                                     list(active.values()), handler=True,
+                                     note=_note(why))
+                   for name, why in notifying.items()]
+        succeeded: set[str] = set()
+        for future in as_completed(futures):
+            for result in future.result():
+                self._after_handler(handler, result)
+                if result.status not in (Status.FAILED, Status.UNREACHABLE):
+                    succeeded.add(result.host)
+        return succeeded
+
+    def _run_replica_handler(self, play: Play, handler: Task, active: Mapping[str, Host],
+                             notifying: Mapping[str, str]) -> set[str]:
+        """Run once per replica, on every node in rank order (followers first by default)."""
+        succeeded: set[str] = set()
+        done_replicas: set[str] = set()
+        for host_name, why in notifying.items():
+            replica = self.inventory.replica_of(host_name)
+            if replica is None:
+                nodes = [host_name]
+                key = f"host:{host_name}"
+            else:
+                key = f"replica:{replica.name}"
+                followers = [n.name for n in replica.followers]
+                nodes = ([replica.master.name, *followers] if handler.order == "master_first"
+                         else [*followers, replica.master.name])
+            if key in done_replicas:
+                continue
+            done_replicas.add(key)
+            members = [name for name, _ in notifying.items()
+                       if (self.inventory.replica_of(name) or None) == replica] if replica \
+                else [host_name]
+            all_ok = True
+            for node_name in nodes:
+                if node_name not in active or node_name in self.dropped:
+                    all_ok = False
+                    continue
+                results = self._run_on_host(play, handler, active[node_name],
+                                            list(active.values()), handler=True,
+                                            note=_note(why))
+                for result in results:
+                    self._after_handler(handler, result)
+                    if result.status in (Status.FAILED, Status.UNREACHABLE):
+                        all_ok = False
+                if not all_ok and play.any_errors_fatal:
+                    break
+            if all_ok:
+                succeeded.update(members)
+        return succeeded
+
+    def _after_handler(self, handler: Task, result: TaskResult) -> None:
+        if result.status in (Status.FAILED, Status.UNREACHABLE) and not handler.ignore_errors:
+            self.dropped.setdefault(result.host, result.status)
+
+
+def registered_value(result: ModuleResult) -> dict[str, Any]:
+    """Return what ``register`` stores: status flags, message and the module's data."""
+    value: dict[str, Any] = dict(result.data or {})
+    value.update({
+        "status": str(result.status),
+        "changed": result.status is Status.CHANGED,
+        "failed": result.status is Status.FAILED,
+        "skipped": result.status is Status.SKIPPED,
+        "msg": result.message,
+    })
+    return value
+
+
+def _note(why: str) -> str:
+    return f"notified by {why}" if why.startswith("an earlier run") else ""
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _node_of(inventory: Inventory, host_name: str) -> Any:
+    replica = inventory.replica_of(host_name)
+    if replica is None:
+        return None
+    return next((n for n in replica.nodes if n.name == host_name), None)
+
+
+def _group_hosts(inventory: Inventory, group: str, seen: set[str] | None = None) -> list[str]:
+    seen = seen if seen is not None else set()
+    if group in seen or group not in inventory.groups:
+        return []
+    seen.add(group)
+    if group == "all":
+        return list(inventory.hosts)
+    entry = inventory.groups[group]
+    names = list(entry.hosts)
+    for child in entry.children:
+        names.extend(n for n in _group_hosts(inventory, child, seen) if n not in names)
+    return [n for n in inventory.hosts if n in names]

@@ -1,0 +1,79 @@
+"""Mask secret values in every text and value the run prints (messages, diffs, ``--json``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from vllm_provision.models import Inventory
+from vllm_provision.variables import MASK, is_secret_name
+
+# Shorter secrets would mask ordinary words in the output; vllm_provision.variables rejects them.
+_MIN_SECRET_LENGTH = 4
+
+
+class Masker:
+    """Replaces every known secret value with ``********``.
+
+    Secrets are the values of variables that ``vllm_provision.variables.is_secret_name`` marks
+    (the table's ``secret`` flag, or names containing token/password/secret/api key), and the
+    secret-named keys of mapping variables such as ``vllm_env``.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        """Create a masker for ``secrets`` (strings shorter than 4 characters are ignored)."""
+        self.secrets = sorted({s for s in secrets if len(s) >= _MIN_SECRET_LENGTH},
+                              key=len, reverse=True)
+
+    @classmethod
+    def from_inventory(cls, inventory: Inventory) -> Masker:
+        """Collect the secrets of every host's variables and of ``-e``."""
+        found: set[str] = set()
+        for host in inventory.hosts.values():
+            found.update(secret_values(host.vars))
+        found.update(secret_values(inventory.extra_vars))
+        for replica in inventory.replicas:
+            if replica.engine.api_key:
+                found.add(replica.engine.api_key)
+        return cls(found)
+
+    def add(self, values: Iterable[str]) -> None:
+        """Add more secret values (e.g. a role default marked secret)."""
+        self.secrets = sorted({*self.secrets, *(v for v in values
+                                                 if len(v) >= _MIN_SECRET_LENGTH)},
+                              key=len, reverse=True)
+
+    def text(self, value: str) -> str:
+        """Return ``value`` with every secret replaced by ``********``."""
+        for secret in self.secrets:
+            if secret in value:
+                value = value.replace(secret, MASK)
+        return value
+
+    def data(self, value: Any) -> Any:
+        """Return a copy of a JSON-like value with secrets masked in every string."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {k: (MASK if is_secret_name(str(k)) and v else self.data(v))
+                    for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.data(v) for v in value]
+        return value
+
+
+def secret_values(variables: Mapping[str, Any]) -> set[str]:
+    """Return the secret strings among ``variables`` (top-level names and nested mapping keys)."""
+    found: set[str] = set()
+    for name, value in variables.items():
+        if is_secret_name(str(name)):
+            if isinstance(value, str):
+                found.add(value)
+            continue
+        if isinstance(value, Mapping):
+            for key, inner in value.items():
+                if is_secret_name(str(key)) and isinstance(inner, str):
+                    found.add(inner)
+    return found

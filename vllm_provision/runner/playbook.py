@@ -1,0 +1,343 @@
+"""Load and validate playbooks and roles into plain values, before any connection is opened.
+
+Layout (Ansible's, docs "Roles", playbooks_reuse_roles.rst): ``roles/<name>/defaults/main.yml``,
+``tasks/main.yml``, ``handlers/main.yml``, ``templates/``. Roles are looked up in the playbook
+folder's sibling ``roles/`` (``playbooks/../roles``), then beside the playbook, then in every
+``--roles-path`` folder.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from vllm_provision.errors import ProvisionError
+from vllm_provision.modules import BUILTIN_MODULES, find_module
+
+TASK_KEYS = frozenset({
+    "name", "when", "notify", "register", "changed_when", "failed_when", "run_once", "become",
+    "delegate_to", "tags", "no_log", "check_mode", "ignore_errors",
+})
+HANDLER_KEYS = TASK_KEYS | {"listen", "scope", "order"}
+PLAY_KEYS = frozenset({"name", "hosts", "serial", "vars", "roles", "tasks", "handlers",
+                       "any_errors_fatal", "gather_facts", "tags"})
+ROLE_ENTRY_KEYS = frozenset({"role", "when", "tags"})
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task (or handler) of a play.
+
+    Attributes:
+        name: a sentence shown in the output.
+        module: the module key (``template``).
+        args: the module's arguments: a mapping, or a string (``command: echo hi``).
+        where: file and position, for messages (``roles/x/tasks/main.yml: [2]``).
+        when: conditions, all must be true.
+        notify: handler names or ``listen`` topics.
+        scope: handlers only: ``host`` (default) or ``replica`` (every node of the notifying
+            host's replica, in rank order).
+        order: handlers with ``scope: replica``: ``followers_first`` (default) or
+            ``master_first``.
+        role_path: the role folder the task comes from (for ``templates/``), or None.
+    """
+
+    name: str
+    module: str
+    args: Any
+    where: str
+    when: tuple[Any, ...] = ()
+    notify: tuple[str, ...] = ()
+    register: str | None = None
+    changed_when: Any = None
+    failed_when: Any = None
+    run_once: bool = False
+    become: bool | None = None
+    delegate_to: str | None = None
+    tags: tuple[str, ...] = ()
+    no_log: bool = False
+    check_mode: bool | None = None
+    ignore_errors: bool = False
+    listen: tuple[str, ...] = ()
+    scope: Literal["host", "replica"] = "host"
+    order: Literal["followers_first", "master_first"] = "followers_first"
+    role: str | None = None
+    role_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Play:
+    """One play: hosts pattern, variables, tasks (roles' first) and handlers."""
+
+    name: str
+    hosts: str
+    where: str
+    tasks: tuple[Task, ...]
+    handlers: tuple[Task, ...] = ()
+    serial: int | None = None
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    role_defaults: Mapping[str, Any] = field(default_factory=dict)
+    any_errors_fatal: bool = False
+    template_dirs: tuple[Path, ...] = ()
+
+
+def _error(where: str, message: str, *, expected: str = "", actual: str = "",
+           fix: str = "") -> ProvisionError:
+    return ProvisionError.single(where, message, expected=expected, actual=actual, fix=fix)
+
+
+def load_yaml(path: Path) -> Any:
+    """Read a YAML file; raise ProvisionError (file, line, column) on syntax errors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _error(str(path), f"cannot read the file: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        place = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise _error(place, f"YAML syntax error: {problem}") from None
+
+
+def roles_search_path(playbook: Path, roles_paths: Sequence[Path] = ()) -> list[Path]:
+    """Return the folders searched for roles, in order (see module docstring)."""
+    folder = playbook.resolve().parent
+    return [folder.parent / "roles", folder / "roles", *[Path(p) for p in roles_paths]]
+
+
+def load_playbook(path: Path, roles_paths: Sequence[Path] = ()) -> list[Play]:
+    """Load ``path`` (a list of plays) and its roles; validate every key.
+
+    Raises:
+        ProvisionError: unreadable file, YAML syntax error, unknown key or module, missing role,
+            a ``notify`` without a matching handler; one problem per message, naming the place.
+    """
+    data = load_yaml(path)
+    if not isinstance(data, list) or not data:
+        raise _error(str(path), "a playbook is a non-empty list of plays",
+                     actual=type(data).__name__)
+    search = roles_search_path(path, roles_paths)
+    plays = [_load_play(raw, f"{path}: play[{index}]", path, search)
+             for index, raw in enumerate(data)]
+    return plays
+
+
+def _load_play(raw: Any, where: str, playbook: Path, search: list[Path]) -> Play:
+    if not isinstance(raw, Mapping):
+        raise _error(where, "a play is a mapping", actual=type(raw).__name__)
+    _check_keys(raw, PLAY_KEYS, where, "play")
+    hosts = raw.get("hosts")
+    if not isinstance(hosts, str) or not hosts.strip():
+        if isinstance(hosts, list) and all(isinstance(h, str) for h in hosts):
+            hosts = ":".join(hosts)
+        else:
+            raise _error(f"{where}.hosts", "missing or invalid host pattern",
+                         expected="a host pattern such as 'vllm_replicas'", actual=repr(hosts))
+    name = str(raw.get("name") or hosts)
+    serial = raw.get("serial")
+    if serial is not None and (not isinstance(serial, int) or isinstance(serial, bool)
+                               or serial < 1):
+        raise _error(f"{where}.serial", "invalid batch size", expected="an integer >= 1",
+                     actual=repr(serial))
+    play_vars = raw.get("vars") or {}
+    if not isinstance(play_vars, Mapping):
+        raise _error(f"{where}.vars", "vars must be a mapping", actual=type(play_vars).__name__)
+    tasks: list[Task] = []
+    handlers: list[Task] = []
+    defaults: dict[str, Any] = {}
+    template_dirs: list[Path] = []
+    for index, entry in enumerate(raw.get("roles") or []):
+        role_where = f"{where}.roles[{index}]"
+        role_name, role_when = _role_entry(entry, role_where)
+        role_dir = _find_role(role_name, search, role_where)
+        template_dirs.append(role_dir / "templates")
+        role_defaults = _optional_mapping(role_dir / "defaults" / "main.yml")
+        defaults.update(role_defaults)
+        for t_index, t_raw in enumerate(_optional_list(role_dir / "tasks" / "main.yml")):
+            task = _load_task(t_raw, f"{role_dir / 'tasks' / 'main.yml'}: [{t_index}]",
+                              handler=False, role=role_name, role_path=role_dir)
+            if role_when:
+                task = _with_when(task, role_when)
+            tasks.append(task)
+        for h_index, h_raw in enumerate(_optional_list(role_dir / "handlers" / "main.yml")):
+            handlers.append(_load_task(h_raw, f"{role_dir / 'handlers' / 'main.yml'}: "
+                                              f"[{h_index}]", handler=True, role=role_name,
+                                       role_path=role_dir))
+    for index, t_raw in enumerate(_as_list(raw.get("tasks"), f"{where}.tasks")):
+        tasks.append(_load_task(t_raw, f"{where}.tasks[{index}]", handler=False))
+    for index, h_raw in enumerate(_as_list(raw.get("handlers"), f"{where}.handlers")):
+        handlers.append(_load_task(h_raw, f"{where}.handlers[{index}]", handler=True))
+    template_dirs.append(playbook.resolve().parent / "templates")
+    _check_notify(tasks, handlers)
+    fatal = raw.get("any_errors_fatal", False)
+    if not isinstance(fatal, bool):
+        raise _error(f"{where}.any_errors_fatal", "must be true or false", actual=repr(fatal))
+    return Play(name=name, hosts=hosts.strip(), where=where, tasks=tuple(tasks),
+                handlers=tuple(handlers), serial=serial, vars=dict(play_vars),
+                role_defaults=defaults, any_errors_fatal=fatal,
+                template_dirs=tuple(template_dirs))
+
+
+def _role_entry(entry: Any, where: str) -> tuple[str, tuple[Any, ...]]:
+    if isinstance(entry, str):
+        return entry, ()
+    if isinstance(entry, Mapping) and isinstance(entry.get("role"), str):
+        _check_keys(entry, ROLE_ENTRY_KEYS, where, "role entry")
+        return entry["role"], _when_tuple(entry.get("when"))
+    raise _error(where, "a role entry is a name or {role: name, when: ...}", actual=repr(entry))
+
+
+def _find_role(name: str, search: list[Path], where: str) -> Path:
+    for folder in search:
+        candidate = folder / name
+        if candidate.is_dir():
+            return candidate
+    raise _error(where, f"role '{name}' not found",
+                 expected="a folder in " + ", ".join(str(p) for p in search),
+                 fix="check the role's name or pass --roles-path")
+
+
+def _optional_list(path: Path) -> list[Any]:
+    if not path.exists():
+        return []
+    data = load_yaml(path)
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise _error(str(path), "must be a list of tasks", actual=type(data).__name__)
+    return data
+
+
+def _optional_mapping(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    data = load_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise _error(str(path), "must be a mapping of variables", actual=type(data).__name__)
+    return dict(data)
+
+
+def _as_list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _error(where, "must be a list", actual=type(value).__name__)
+    return value
+
+
+def _check_keys(raw: Mapping[str, Any], allowed: frozenset[str], where: str, what: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            raise _error(f"{where}.{key}", f"unknown {what} key",
+                         expected="one of " + ", ".join(sorted(allowed)),
+                         fix=f"did you mean '{close[0]}'?" if close else "")
+
+
+def _when_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _str_tuple(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(item, str) for item in items):
+        raise _error(where, "must be a string or a list of strings", actual=repr(value))
+    return tuple(items)
+
+
+def _load_task(raw: Any, where: str, *, handler: bool, role: str | None = None,
+               role_path: Path | None = None) -> Task:
+    if not isinstance(raw, Mapping):
+        raise _error(where, "a task is a mapping", actual=type(raw).__name__)
+    allowed = HANDLER_KEYS if handler else TASK_KEYS
+    module_keys = [key for key in raw if key not in allowed]
+    if len(module_keys) != 1:
+        if not module_keys:
+            raise _error(where, "the task names no module",
+                         expected="exactly one of " + ", ".join(BUILTIN_MODULES))
+        known = [k for k in module_keys if find_module(str(k)) is not None]
+        if len(known) == 1:
+            other = next(k for k in module_keys if k != known[0])
+            close = difflib.get_close_matches(str(other), sorted(allowed), n=1)
+            raise _error(f"{where}.{other}", "unknown task key",
+                         expected="one of " + ", ".join(sorted(allowed)),
+                         fix=f"did you mean '{close[0]}'?" if close else "")
+        raise _error(where, "a task has exactly one module key",
+                     actual=", ".join(str(k) for k in module_keys))
+    module = str(module_keys[0])
+    if find_module(module) is None:
+        close = difflib.get_close_matches(module, [*BUILTIN_MODULES, *sorted(allowed)], n=1)
+        raise _error(f"{where}.{module}", "unknown module or task key",
+                     expected="a module (" + ", ".join(BUILTIN_MODULES) + ") or a task key",
+                     fix=f"did you mean '{close[0]}'?" if close else "")
+    name = raw.get("name") or f"{module}"
+    args = raw[module] if raw[module] is not None else {}
+    if not isinstance(args, (Mapping, str)):
+        raise _error(f"{where}.{module}", "module arguments must be a mapping or a string",
+                     actual=type(args).__name__)
+    for key in ("run_once", "no_log", "ignore_errors"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise _error(f"{where}.{key}", "must be true or false", actual=repr(raw[key]))
+    for key in ("become", "check_mode"):
+        if key in raw and raw[key] is not None and not isinstance(raw[key], bool):
+            raise _error(f"{where}.{key}", "must be true or false", actual=repr(raw[key]))
+    register = raw.get("register")
+    if register is not None and (not isinstance(register, str) or not register.isidentifier()):
+        raise _error(f"{where}.register", "must be a variable name", actual=repr(register))
+    scope = raw.get("scope", "host")
+    if scope not in ("host", "replica"):
+        raise _error(f"{where}.scope", "invalid handler scope", expected="host or replica",
+                     actual=repr(scope))
+    order = raw.get("order", "followers_first")
+    if order not in ("followers_first", "master_first"):
+        raise _error(f"{where}.order", "invalid handler order",
+                     expected="followers_first or master_first", actual=repr(order))
+    delegate = raw.get("delegate_to")
+    if delegate is not None and not isinstance(delegate, str):
+        raise _error(f"{where}.delegate_to", "must be a host name", actual=repr(delegate))
+    return Task(
+        name=str(name), module=module, args=args, where=where,
+        when=_when_tuple(raw.get("when")), notify=_str_tuple(raw.get("notify"), f"{where}.notify"),
+        register=register, changed_when=raw.get("changed_when"),
+        failed_when=raw.get("failed_when"), run_once=bool(raw.get("run_once", False)),
+        become=raw.get("become"), delegate_to=delegate,
+        tags=_str_tuple(raw.get("tags"), f"{where}.tags"), no_log=bool(raw.get("no_log", False)),
+        check_mode=raw.get("check_mode"), ignore_errors=bool(raw.get("ignore_errors", False)),
+        listen=_str_tuple(raw.get("listen"), f"{where}.listen"), scope=scope, order=order,
+        role=role, role_path=role_path,
+    )
+
+
+def _with_when(task: Task, when: tuple[Any, ...]) -> Task:
+    from dataclasses import replace
+
+    return replace(task, when=(*when, *task.when))
+
+
+def _check_notify(tasks: list[Task], handlers: list[Task]) -> None:
+    names = {h.name for h in handlers} | {topic for h in handlers for topic in h.listen}
+    for task in tasks:
+        for target in task.notify:
+            if target not in names:
+                close = difflib.get_close_matches(target, sorted(names), n=1)
+                raise _error(f"{task.where}.notify", f"no handler named '{target}' in this play",
+                             expected="one of " + (", ".join(sorted(names)) or "(no handlers)"),
+                             fix=f"did you mean '{close[0]}'?" if close else "")
+
+
+def handlers_for(play: Play, target: str) -> list[Task]:
+    """Return the play's handlers answering to ``target`` (their name or a ``listen`` topic)."""
+    return [h for h in play.handlers if h.name == target or target in h.listen]

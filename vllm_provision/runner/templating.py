@@ -1,0 +1,208 @@
+"""Jinja2 for playbooks: one StrictUndefined environment, lazily resolved variables, ``when``.
+
+Variable values may themselves be templates (``vllm_host_ip: "{{ ansible_host }}"``, as in
+Ansible role defaults); they are rendered on first use, with a cycle check, and only the names a
+template actually uses are resolved (``jinja2.meta.find_undeclared_variables``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+
+from vllm_provision import quoting
+from vllm_provision.errors import ProvisionError
+
+_MARKERS = ("{{", "{%")
+
+
+def make_environment(search_path: list[Path] | None = None) -> jinja2.Environment:
+    """Return the engine's Jinja2 environment: StrictUndefined, trailing newline kept.
+
+    Args:
+        search_path: folders for ``{% include %}`` / ``{% import %}`` (role templates first).
+    """
+    loader = jinja2.FileSystemLoader([str(p) for p in search_path]) if search_path else None
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             loader=loader, autoescape=False)
+    env.filters["bool"] = _to_bool
+    env.filters["quote"] = _quote
+    # Unit and env-file templates quote through these (roles vllm_mp, ray, vllm_ray).
+    env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
+    env.filters["env_file_line"] = quoting.env_file_line
+    return env
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "yes", "true", "on", "y")
+    return bool(value)
+
+
+def _quote(value: Any) -> str:
+    from vllm_provision.modules import quote
+
+    return quote(value)
+
+
+def is_template(value: Any) -> bool:
+    """True when ``value`` is a string holding Jinja2 markup."""
+    return isinstance(value, str) and any(marker in value for marker in _MARKERS)
+
+
+class Templar:
+    """Renders templates and evaluates expressions over one host's layered variables.
+
+    Args:
+        env: from :func:`make_environment`.
+        variables: name -> raw value (templated strings allowed), already in precedence order.
+        where: label for error messages (``"h1"``).
+    """
+
+    def __init__(self, env: jinja2.Environment, variables: Mapping[str, Any], where: str,
+                 fixed: Mapping[str, Any] | None = None) -> None:
+        self.env = env
+        self.fixed = dict(fixed or {})
+        self.raw = {**variables, **self.fixed}
+        self.where = where
+        self._resolved: dict[str, Any] = dict(self.fixed)
+        self._resolving: list[str] = []
+
+    def with_vars(self, extra: Mapping[str, Any]) -> Templar:
+        """Return a Templar with ``extra`` (taken as is, not rendered) on top."""
+        raw = {k: v for k, v in self.raw.items() if k not in self.fixed}
+        return Templar(self.env, raw, self.where, {**self.fixed, **extra})
+
+    def get(self, name: str) -> Any:
+        """Return variable ``name`` fully rendered.
+
+        Raises:
+            KeyError: no such variable.
+            ProvisionError: its value references an undefined variable or itself.
+        """
+        if name in self._resolved:
+            return self._resolved[name]
+        if name not in self.raw:
+            raise KeyError(name)
+        if name in self._resolving:
+            cycle = " -> ".join([*self._resolving[self._resolving.index(name):], name])
+            raise ProvisionError.single(self.where, f"variable refers to itself: {cycle}",
+                                        fix="give one of these variables a plain value")
+        self._resolving.append(name)
+        try:
+            value = self._resolve_value(self.raw[name], f"variable {name}")
+        finally:
+            self._resolving.pop()
+        self._resolved[name] = value
+        return value
+
+    def resolved(self) -> dict[str, Any]:
+        """Return every variable that can be rendered (unrenderable ones are left out)."""
+        out: dict[str, Any] = {}
+        for name in self.raw:
+            try:
+                out[name] = self.get(name)
+            except ProvisionError:
+                continue
+        return out
+
+    def render_value(self, value: Any, label: str) -> Any:
+        """Render every template string inside ``value`` (mappings and lists walked); a string
+        that is one ``{{ expression }}`` keeps the expression's type."""
+        return self._resolve_value(value, label)
+
+    def _resolve_value(self, value: Any, label: str) -> Any:
+        if is_template(value):
+            return self._render_value(value, label)
+        if isinstance(value, Mapping):
+            return {k: self._resolve_value(v, label) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._resolve_value(v, label) for v in value]
+        return value
+
+    def _render_value(self, text: str, label: str) -> Any:
+        # A value that is exactly one expression keeps its type ("{{ 4 }}" -> 4, lists stay lists).
+        stripped = text.strip()
+        if (stripped.startswith("{{") and stripped.endswith("}}")
+                and stripped.count("{{") == 1 and "{%" not in stripped):
+            return self.evaluate(stripped[2:-2], label)
+        return self.render(text, label)
+
+    def _context_for(self, source: str, label: str) -> tuple[jinja2.nodes.Template, dict[str, Any]]:
+        try:
+            ast = self.env.parse(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ProvisionError.single(f"{self.where}: {label}",
+                                        f"Jinja2 syntax error: {exc.message}",
+                                        actual=source[:200]) from None
+        if any(True for _ in ast.find_all((jinja2.nodes.Include, jinja2.nodes.Import,
+                                           jinja2.nodes.FromImport, jinja2.nodes.Extends))):
+            return ast, self.resolved()  # included files may use any variable
+        names = jinja2.meta.find_undeclared_variables(ast)
+        context: dict[str, Any] = {}
+        for name in names:
+            if name in self.raw:
+                context[name] = self.get(name)
+        return ast, context
+
+    def render(self, source: str, label: str = "template") -> str:
+        """Render template text.
+
+        Raises:
+            ProvisionError: syntax error or undefined variable (named in the message).
+        """
+        _, context = self._context_for(source, label)
+        try:
+            return self.env.from_string(source).render(context)
+        except jinja2.UndefinedError as exc:
+            raise undefined_error(self.where, label, exc) from None
+        except jinja2.TemplateError as exc:
+            raise ProvisionError.single(f"{self.where}: {label}", f"template error: {exc}") \
+                from None
+
+    def evaluate(self, expression: str, label: str = "expression") -> Any:
+        """Evaluate a Jinja2 expression (``when``, ``changed_when``, ``until``); return its value.
+
+        Raises:
+            ProvisionError: syntax error or undefined variable.
+        """
+        _, context = self._context_for("{{ " + expression + " }}", label)
+        try:
+            compiled = self.env.compile_expression(expression, undefined_to_none=False)
+            value = compiled(context)
+        except jinja2.UndefinedError as exc:
+            raise undefined_error(self.where, label, exc) from None
+        except jinja2.TemplateError as exc:
+            raise ProvisionError.single(f"{self.where}: {label}",
+                                        f"invalid expression: {exc}", actual=expression) from None
+        if isinstance(value, jinja2.Undefined):
+            raise ProvisionError.single(f"{self.where}: {label}", "expression is undefined",
+                                        actual=expression)
+        return value
+
+    def test(self, expressions: str | list[str] | bool, label: str = "when") -> bool:
+        """Return True when every condition is true (a list means all of them, as in Ansible)."""
+        if isinstance(expressions, bool):
+            return expressions
+        items = expressions if isinstance(expressions, list) else [expressions]
+        for expression in items:
+            if isinstance(expression, bool):
+                if not expression:
+                    return False
+                continue
+            text = str(expression).strip()
+            if is_template(text) and text.startswith("{{") and text.endswith("}}"):
+                text = text[2:-2]
+            if not _to_bool(self.evaluate(text, label)):
+                return False
+        return True
+
+
+def undefined_error(where: str, label: str, exc: jinja2.UndefinedError) -> ProvisionError:
+    """Turn a Jinja2 UndefinedError into a ProvisionError naming the variable."""
+    return ProvisionError.single(f"{where}: {label}", f"undefined variable: {exc.message}",
+                                 fix="define it in the inventory, the role's defaults or with -e")
