@@ -22,8 +22,9 @@ COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "used_memory", "g
 
 _NOT_AVAILABLE = {"[n/a]", "n/a", "[not supported]", "not supported", ""}
 # nvidia-smi header: "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |"
-_CUDA_VERSION_RE = re.compile(r"CUDA Version\s*:\s*([0-9]+\.[0-9]+)")
-_DRIVER_VERSION_RE = re.compile(r"Driver Version\s*:\s*([0-9][0-9.]*)")
+# R610 renames them "KMD Version" / "CUDA UMD Version" (sgl-project/sglang #27487).
+_CUDA_VERSION_RE = re.compile(r"CUDA (?:UMD )?Version\s*:\s*([0-9]+\.[0-9]+)")
+_DRIVER_VERSION_RE = re.compile(r"(?:Driver|KMD) Version\s*:\s*([0-9][0-9.]*)")
 # Numbers with an optional unit, as nvidia-smi prints without "nounits": "81559 MiB".
 _NUMBER_RE = re.compile(r"^\s*([0-9]+)(?:\s*MiB)?\s*$")
 

@@ -1,0 +1,165 @@
+"""Host checks: GPUs visible and not taken, venv and packages, /dev/shm, logind RemoveIPC, memory.
+
+Pure functions from one node's facts to findings; each names its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.facts.model import HostFacts
+from vllm_provision.models import Node
+
+MIB = 1024 * 1024
+
+
+def check_gpus_visible(node: Node, facts: HostFacts) -> list[Finding]:
+    """nvidia-smi runs and lists at least one GPU (``nvidia-smi --query-gpu``)."""
+    if facts.nvidia_smi_error or not facts.gpus:
+        return [Finding("host.gpus", Severity.ERROR, node.name, "GPUs (nvidia-smi)",
+                        expected="at least one GPU listed",
+                        actual=facts.nvidia_smi_error or "no GPU listed",
+                        fix=f"install the NVIDIA driver on {node.name} and check nvidia-smi",
+                        source="nvidia-smi(1)")]
+    return [Finding("host.gpus", Severity.OK, node.name, "GPUs (nvidia-smi)",
+                    expected=">= 1", actual=f"{len(facts.gpus)} x {facts.gpu_model}, driver "
+                    f"{facts.driver_version}, CUDA {facts.cuda_driver_version}")]
+
+
+def check_foreign_gpu_processes(node: Node, facts: HostFacts,
+                                own_units: Sequence[str]) -> list[Finding]:
+    """No process outside our own units holds a GPU of the node.
+
+    The shared-pool failure (domain.md): one node sits on its GPUs waiting for the other node
+    while another job holds the GPUs there; vLLM then fails on memory or waits forever.
+    """
+    uuids = {gpu.uuid: gpu.index for gpu in facts.gpus}
+    foreign = [p for p in facts.gpu_processes if not (p.unit and p.unit in own_units)]
+    if not foreign:
+        return [Finding("host.gpu_processes", Severity.OK, node.name, "GPU processes",
+                        expected="none but ours", actual=f"{len(facts.gpu_processes)} ours")]
+    described = "; ".join(
+        f"pid {p.pid} {p.process_name} on GPU {uuids.get(p.gpu_uuid, p.gpu_uuid)}"
+        + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib is not None else "")
+        + (f" [{p.unit}]" if p.unit else "") for p in foreign[:4])
+    return [Finding("host.gpu_processes", Severity.ERROR, node.name, "GPU processes",
+                    expected=f"no process outside {' / '.join(own_units)} on the GPUs",
+                    actual=described + (" ..." if len(foreign) > 4 else ""),
+                    fix=f"stop the other jobs on {node.name}'s GPUs (or reserve the node for "
+                        "this replica) before starting",
+                    source="domain.md: shared-pool failure (GPUs held by another job)")]
+
+
+def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Finding]:
+    """The venv exists and holds vLLM (and Ray for the Ray backend).
+
+    Source: gpustack #2415 (Ray workers without vLLM in their Python: ``No module named
+    'vllm'``); research-vllm.md §3.4 (Ray is no longer a vLLM dependency since ~0.18).
+    """
+    findings = []
+    if not facts.venv_found:
+        findings.append(Finding(
+            "host.venv", Severity.ERROR, node.name, f"Python venv {venv}",
+            expected=f"{venv}/bin/python", actual=f"missing (probed with {facts.python_path})",
+            fix=f"create the venv {venv} with vLLM on {node.name} (or set vllm_venv)",
+            source="gpustack #2415"))
+        return findings
+    wanted = ["vllm"] + (["ray"] if backend == "ray" else [])
+    for package in wanted:
+        if facts.packages.get(package):
+            findings.append(Finding("host.venv", Severity.OK, node.name, f"{package} in {venv}",
+                                    expected="installed", actual=str(facts.packages[package])))
+        else:
+            findings.append(Finding(
+                "host.venv", Severity.ERROR, node.name, f"{package} in {venv}",
+                expected="installed", actual="not installed",
+                fix=f"install {package} in {venv} on {node.name}",
+                source="gpustack #2415; research-vllm.md §3.4"))
+    return findings
+
+
+def check_shm(node: Node, facts: HostFacts, min_mib: int) -> list[Finding]:
+    """/dev/shm is at least ``min_mib`` MiB.
+
+    Source: vllm #1710, #6574 (``ncclSystemError ... Error while creating shared memory
+    segment /dev/shm/nccl-*``: containers' 64 MB /dev/shm).
+    """
+    if facts.shm_bytes is None:
+        return [Finding("host.shm", Severity.WARNING, node.name, "/dev/shm size",
+                        expected=f">= {min_mib} MiB", actual="unknown (no /dev/shm?)",
+                        fix=f"mount a tmpfs on /dev/shm on {node.name}",
+                        source="vllm #1710, #6574")]
+    have = facts.shm_bytes // MIB
+    if have < min_mib:
+        return [Finding("host.shm", Severity.ERROR, node.name, "/dev/shm size",
+                        expected=f">= {min_mib} MiB (preflight_min_shm_mib)",
+                        actual=f"{have} MiB",
+                        fix=f"remount /dev/shm larger on {node.name} "
+                            f"(mount -o remount,size={max(min_mib, 1024) // 1024 or 1}G /dev/shm)",
+                        source="vllm #1710, #6574 (NCCL shm segments)")]
+    return [Finding("host.shm", Severity.OK, node.name, "/dev/shm size",
+                    expected=f">= {min_mib} MiB", actual=f"{have} MiB")]
+
+
+def check_remove_ipc(node: Node, facts: HostFacts) -> list[Finding]:
+    """logind ``RemoveIPC=yes`` with a non-system service user is an error.
+
+    Source: vllm #54259 (logind removed the unit user's /dev/shm segments when an SSH session
+    of the same user ended); logind.conf(5): RemoveIPC does not apply to system users.
+    """
+    user = facts.service_user
+    if user is None or not user.exists:
+        name = user.name if user else "the service user"
+        return [Finding("host.remove_ipc", Severity.OK, node.name, f"service user {name}",
+                        expected="a system user", actual="absent (the play creates it as a "
+                        "system user)")]
+    if facts.remove_ipc and not user.is_system:
+        return [Finding(
+            "host.remove_ipc", Severity.ERROR, node.name, f"service user {user.name}",
+            expected=f"a system user (uid <= {user.sys_uid_max}) while logind RemoveIPC=yes",
+            actual=f"uid {user.uid} (a login user)",
+            fix=f"run the units as a system user (useradd --system), or set RemoveIPC=no in "
+                f"/etc/systemd/logind.conf on {node.name}",
+            source="vllm #54259; logind.conf(5) RemoveIPC")]
+    return [Finding("host.remove_ipc", Severity.OK, node.name, f"service user {user.name}",
+                    expected="system user or RemoveIPC=no",
+                    actual=f"uid {user.uid}, RemoveIPC={'yes' if facts.remove_ipc else 'no'}")]
+
+
+def check_model_present(node: Node, facts: HostFacts) -> list[Finding]:
+    """The model path exists on the node (an absolute path: the same on every node).
+
+    Source: vllm #2289, dynamo #4941 (a worker without the model path tries to download it:
+    ``invalid repository id``).
+    """
+    if not facts.model_path:
+        return []
+    if facts.model_files is None or not facts.model_files:
+        return [Finding("host.model", Severity.ERROR, node.name, f"model {facts.model_path}",
+                        expected="a directory with the model files",
+                        actual="missing" if facts.model_files is None else "empty",
+                        fix=f"copy the model to {facts.model_path} on {node.name}",
+                        source="vllm #2289; ai-dynamo/dynamo #4941")]
+    total = sum(f.size for f in facts.model_files)
+    return [Finding("host.model", Severity.OK, node.name, f"model {facts.model_path}",
+                    expected="present", actual=f"{len(facts.model_files)} files, {total} bytes")]
+
+
+def check_memory(node: Node, facts: HostFacts, model_share_bytes: int) -> list[Finding]:
+    """Free RAM can hold this node's share of the weights while loading (warning).
+
+    Source: vllm #2669, ray #39723 (workers killed for low memory during weight loading).
+    """
+    if facts.mem_available_bytes is None or model_share_bytes <= 0:
+        return []
+    if facts.mem_available_bytes < model_share_bytes:
+        return [Finding("host.memory", Severity.WARNING, node.name, "available memory",
+                        expected=f">= {model_share_bytes // MIB} MiB (this node's share of "
+                                 "the weights)",
+                        actual=f"{facts.mem_available_bytes // MIB} MiB",
+                        fix=f"free memory on {node.name} before loading the model",
+                        source="vllm #2669; ray #39723")]
+    return [Finding("host.memory", Severity.OK, node.name, "available memory",
+                    expected=f">= {model_share_bytes // MIB} MiB",
+                    actual=f"{facts.mem_available_bytes // MIB} MiB")]

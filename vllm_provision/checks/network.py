@@ -1,0 +1,217 @@
+"""Network checks: cluster interface, VLLM_HOST_IP, routes, hostname, reachability and ports.
+
+Sources: vLLM docs ``serving/distributed_troubleshooting.md`` and research-vllm.md §7 (#1
+VLLM_HOST_IP vs the IP Ray registered, #3 Gloo/NCCL interface, #16 rendezvous unreachable,
+#17 EADDRINUSE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.facts.model import HostFacts, Interface
+from vllm_provision.models import Node, Replica
+
+RAY_HEAD_EXTRA_PORTS: tuple[tuple[int, str], ...] = ((8265, "Ray dashboard"),
+                                                     (10001, "Ray client server"))
+
+
+def interface_of(facts: HostFacts, address: str) -> Interface | None:
+    """Return the interface holding ``address``, or None."""
+    for interface in facts.interfaces.values():
+        if address in interface.addresses:
+            return interface
+    return None
+
+
+def check_interface(node: Node, facts: HostFacts, interface_name: str | None) -> list[Finding]:
+    """The cluster interface exists, is UP, and holds the node's VLLM_HOST_IP.
+
+    Source: NCCL docs "Troubleshooting: IP Network Interfaces" and vllm #7074 (Gloo/NCCL bind
+    to the interface named by ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME``); vllm #7815 (the
+    IP vLLM uses must be one the node has).
+    """
+    findings = []
+    holder = interface_of(facts, node.host_ip)
+    if interface_name:
+        interface = facts.interfaces.get(interface_name)
+        if interface is None:
+            return [Finding(
+                "network.interface", Severity.ERROR, node.name, f"interface {interface_name}",
+                expected="present", actual="absent (has: " + ", ".join(sorted(facts.interfaces))
+                + ")", fix=f"set vllm_cluster_interface to the interface of {node.host_ip} on "
+                           f"{node.name}" + (f" ({holder.name})" if holder else ""),
+                source="NCCL docs: NCCL_SOCKET_IFNAME")]
+    else:
+        interface = holder
+    if interface is None:
+        return [Finding(
+            "network.host_ip", Severity.ERROR, node.name, "VLLM_HOST_IP on an interface",
+            expected=f"{node.host_ip} on a local interface", actual="no interface has it",
+            fix=f"set vllm_host_ip of {node.name} to its cluster address",
+            source="vllm #7815 (VLLM_HOST_IP must be the node's cluster IP)")]
+    if not interface.is_up:
+        findings.append(Finding(
+            "network.interface", Severity.ERROR, node.name, f"interface {interface.name}",
+            expected="UP", actual=interface.state,
+            fix=f"bring {interface.name} up on {node.name} (ip link set {interface.name} up)",
+            source="NCCL docs: IP network interfaces"))
+    else:
+        findings.append(Finding("network.interface", Severity.OK, node.name,
+                                f"interface {interface.name}", expected="UP", actual="UP"))
+    if node.host_ip not in interface.addresses:
+        findings.append(Finding(
+            "network.host_ip", Severity.ERROR, node.name, "VLLM_HOST_IP",
+            expected=f"{node.host_ip} on {interface.name}",
+            actual=", ".join(interface.addresses) or "no address",
+            fix=f"set vllm_host_ip of {node.name} to the address of {interface.name}, or "
+                "vllm_cluster_interface to the interface holding it",
+            source="vllm #7815; research-vllm.md §7 #1"))
+    else:
+        findings.append(Finding("network.host_ip", Severity.OK, node.name, "VLLM_HOST_IP",
+                                expected=f"on {interface.name}", actual=node.host_ip))
+    return findings
+
+
+def check_host_ip_unique(replica: Replica) -> list[Finding]:
+    """VLLM_HOST_IP is unique per node.
+
+    Source: vLLM Ray executor: "Every node should have a unique IP address ... If you set
+    VLLM_HOST_IP environment variable, make sure it is unique for each node."
+    (``vllm/v1/executor/ray_executor.py``).
+    """
+    seen: dict[str, str] = {}
+    findings = []
+    for node in replica.nodes:
+        if node.host_ip in seen:
+            findings.append(Finding(
+                "network.host_ip_unique", Severity.ERROR, node.name, "VLLM_HOST_IP",
+                expected=f"unique (not {seen[node.host_ip]}'s)", actual=node.host_ip,
+                fix=f"give {node.name} its own vllm_host_ip",
+                source="vllm/v1/executor/ray_executor.py (unique IP per node)"))
+        seen.setdefault(node.host_ip, node.name)
+    if not findings:
+        findings.append(Finding("network.host_ip_unique", Severity.OK, "*", "VLLM_HOST_IP",
+                                expected="unique", actual=", ".join(seen)))
+    return findings
+
+
+def check_routes(replica: Replica, facts: Mapping[str, HostFacts],
+                 interface_name: str | None) -> list[Finding]:
+    """Traffic to each peer leaves through the cluster interface (warning otherwise).
+
+    Source: NCCL docs "IP Network Interfaces" (an interface that is UP but cannot reach the
+    other node hangs init); research-vllm.md §7 #15.
+    """
+    findings = []
+    for node in replica.nodes:
+        f = facts.get(node.name)
+        if f is None:
+            continue
+        expected_dev = interface_name or getattr(interface_of(f, node.host_ip), "name", "")
+        for peer, route in f.routes.items():
+            if route.error:
+                findings.append(Finding(
+                    "network.route", Severity.ERROR, node.name, f"route to {peer}",
+                    expected=f"via {expected_dev or 'the cluster interface'}",
+                    actual=route.error, fix=f"add a route to {peer} on {node.name}",
+                    source="NCCL docs: IP network interfaces"))
+            elif expected_dev and route.dev != expected_dev:
+                findings.append(Finding(
+                    "network.route", Severity.WARNING, node.name, f"route to {peer}",
+                    expected=f"via {expected_dev}", actual=f"via {route.dev}",
+                    fix=f"route the cluster network over {expected_dev} on {node.name}",
+                    source="NCCL docs: IP network interfaces"))
+    return findings
+
+
+def check_hostname(node: Node, facts: HostFacts) -> list[Finding]:
+    """The hostname resolves (warning): Gloo falls back to it without GLOO_SOCKET_IFNAME.
+
+    Source: vllm #7074 "Unable to resolve hostname to a (local) address".
+    """
+    if facts.hostname_addresses:
+        return [Finding("network.hostname", Severity.OK, node.name, "hostname resolves",
+                        expected="an address", actual=f"{facts.hostname} -> "
+                        + ", ".join(facts.hostname_addresses))]
+    return [Finding("network.hostname", Severity.WARNING, node.name, "hostname resolves",
+                    expected=f"{facts.hostname} resolves to an address", actual="unresolvable",
+                    fix=f"add {facts.hostname} to /etc/hosts on {node.name}",
+                    source="vllm #7074 (Gloo: unable to resolve hostname)")]
+
+
+def check_reachability(replica: Replica, facts: Mapping[str, HostFacts], port: int,
+                       what: str) -> list[Finding]:
+    """Every follower reached rank 0's rendezvous port over TCP during the probe.
+
+    Source: vllm #14340, #6650 (``DistNetworkError: The client socket has timed out ... while
+    trying to connect to (IP, port)``): firewall or wrong master address.
+
+    Args:
+        replica: the replica.
+        facts: facts by host name.
+        port: master_port (mp) or ray_port (Ray).
+        what: words for the port (``"master port"``).
+    """
+    findings = []
+    target = f"{replica.master_addr}:{port}"
+    for node in replica.followers:
+        f = facts.get(node.name)
+        if f is None:
+            continue
+        results = [r for r in f.reachability if r.address == replica.master_addr and r.port == port]
+        if not results:
+            continue
+        result = results[0]
+        if result.ok:
+            findings.append(Finding("network.reach", Severity.OK, node.name,
+                                    f"TCP to {what} {target}", expected="reachable",
+                                    actual=f"connected in {result.elapsed_s:g} s"))
+        else:
+            findings.append(Finding(
+                "network.reach", Severity.ERROR, node.name, f"TCP to {what} {target}",
+                expected="reachable", actual=result.error or "not reachable",
+                fix=f"open TCP {port} (and all ports between the nodes) from {node.name} to "
+                    f"{replica.master.name} on the cluster network",
+                source="vllm #14340, #6650 (rendezvous unreachable)"))
+    return findings
+
+
+def _owned(unit: str, own_units: Sequence[str]) -> bool:
+    return bool(unit) and unit in own_units
+
+
+def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
+                own_units: Sequence[str]) -> list[Finding]:
+    """Ports we will bind are free, or held by our own unit.
+
+    Source: research-vllm.md §7 #17 (EADDRINUSE on start: a stale process or a second
+    instance on master_port / 8000 / 6379).
+
+    Args:
+        node: the node.
+        facts: its facts.
+        ports: ``(port, what)`` pairs to check on this node.
+        own_units: unit names that may hold them (``vllm.service``, ``ray-head.service``).
+    """
+    findings = []
+    for port, what in ports:
+        holders = [s for s in facts.listening if s.port == port]
+        foreign = [s for s in holders if not _owned(s.unit, own_units)]
+        if foreign:
+            holder = foreign[0]
+            who = (f"{holder.process or 'a process'}"
+                   + (f" (pid {holder.pid}" + (f", {holder.unit}" if holder.unit else "") + ")"
+                      if holder.pid else ""))
+            findings.append(Finding(
+                "network.ports", Severity.ERROR, node.name, f"{what} {port}",
+                expected=f"free or held by {' / '.join(own_units)}",
+                actual=f"in use by {who} on {holder.address}",
+                fix=f"stop {who} on {node.name}, or choose another port",
+                source="research-vllm.md §7 #17 (EADDRINUSE)"))
+        else:
+            state = f"held by {holders[0].unit}" if holders else "free"
+            findings.append(Finding("network.ports", Severity.OK, node.name, f"{what} {port}",
+                                    expected="free or ours", actual=state))
+    return findings

@@ -1,0 +1,232 @@
+"""Run every preflight check of every replica: settings from the role defaults and inventory.
+
+``run_checks(inventory, facts)`` is the one entry point used by ``provision check`` and the
+``vllm_preflight`` task of ``provision up``; it is pure (facts in, findings out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_provision.checks import host as host_checks
+from vllm_provision.checks import network, parity, placement, topology
+from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.errors import ProvisionError
+from vllm_provision.facts.gather import ProbeOptions, host_var, reach_port
+from vllm_provision.facts.model import HostFacts
+from vllm_provision.models import Inventory, Replica
+
+ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
+DEFAULTS_FILE = ROLES_DIR / "preflight" / "defaults" / "main.yml"
+RAY_DEFAULTS_FILE = ROLES_DIR / "ray" / "defaults" / "main.yml"
+SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    except yaml.YAMLError as exc:
+        raise ProvisionError.single(str(path), "role defaults are not valid YAML",
+                                    actual=str(exc), fix=f"fix the YAML in {path}") from None
+    return dict(data or {})
+
+
+def load_defaults(path: Path = DEFAULTS_FILE) -> dict[str, Any]:
+    """Return the preflight role defaults (``roles/preflight/defaults/main.yml``).
+
+    Raises:
+        ProvisionError: the file is not valid YAML.
+    """
+    return _read_yaml(path)
+
+
+@dataclass(frozen=True)
+class PreflightSettings:
+    """Preflight settings of one replica (role defaults < inventory vars).
+
+    Attributes:
+        parity: item -> ``error`` | ``warning`` | ``off``.
+        min_shm_mib: smallest /dev/shm in MiB.
+        nccl_loaded: probe ``torch.cuda.nccl.version()``.
+        model_sha256: hash model files.
+        reach_timeout_s: seconds for the TCP reachability test.
+        skip_checks: check names (or prefixes such as ``parity``) to skip.
+        placement_bundles: custom Ray bundles to check, or None.
+        placement_strategy: their strategy.
+        own_units: units that may hold our ports and GPUs.
+    """
+
+    parity: Mapping[str, str] = field(default_factory=dict)
+    min_shm_mib: int = 1024
+    nccl_loaded: bool = False
+    model_sha256: bool = False
+    reach_timeout_s: float = 8.0
+    skip_checks: tuple[str, ...] = ()
+    placement_bundles: Any = None
+    placement_strategy: str = "PACK"
+    own_units: tuple[str, ...] = ("vllm.service", "ray-head.service", "ray-worker.service")
+
+    def probe_options(self) -> ProbeOptions:
+        """The probe options these settings ask for."""
+        return ProbeOptions(nccl_loaded=self.nccl_loaded, sha256=self.model_sha256,
+                            reach_timeout_s=self.reach_timeout_s)
+
+
+def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = None,
+                 ) -> PreflightSettings:
+    """Merge the role defaults with the replica's inventory vars (master's host vars win).
+
+    Args:
+        replica: the replica (None: defaults only).
+        defaults: role defaults (default: :func:`load_defaults`).
+    """
+    values: dict[str, Any] = dict(load_defaults() if defaults is None else defaults)
+    ray_defaults = _read_yaml(RAY_DEFAULTS_FILE)
+    if replica is not None:
+        merged = {**dict(replica.vars), **dict(replica.master.host.vars)}
+        for key, value in merged.items():
+            if key == "preflight_parity" and isinstance(value, Mapping):
+                values[key] = {**dict(values.get(key) or {}), **dict(value)}
+            elif key.startswith(("preflight_", "vllm_unit_name", "ray_head_unit_name",
+                                 "ray_worker_unit_name")):
+                values[key] = value
+    units = (str(values.get("vllm_unit_name", "vllm.service")),
+             str(values.get("ray_head_unit_name", ray_defaults.get("ray_head_unit_name",
+                                                                   "ray-head.service"))),
+             str(values.get("ray_worker_unit_name", ray_defaults.get("ray_worker_unit_name",
+                                                                     "ray-worker.service"))))
+    return PreflightSettings(
+        parity={str(k): str(v) for k, v in dict(values.get("preflight_parity") or {}).items()},
+        min_shm_mib=int(values.get("preflight_min_shm_mib", 1024)),
+        nccl_loaded=bool(values.get("preflight_nccl_loaded", False)),
+        model_sha256=bool(values.get("preflight_model_sha256", False)),
+        reach_timeout_s=float(values.get("preflight_reach_timeout_s", 8)),
+        skip_checks=tuple(str(s) for s in values.get("preflight_skip_checks") or ()),
+        placement_bundles=values.get("preflight_placement_bundles"),
+        placement_strategy=str(values.get("preflight_placement_strategy") or "PACK"),
+        own_units=units,
+    )
+
+
+def is_skipped(check: str, skip: Iterable[str]) -> bool:
+    """True when ``check`` equals a skip name or starts with ``<name>.`` (``parity`` skips all)."""
+    return any(check == name or check.startswith(name + ".") for name in skip)
+
+
+def _ports(replica: Replica, rank: int) -> list[tuple[int, str]]:
+    if rank != 0:
+        return []
+    ports = [(replica.engine.api_port, "API port")]
+    if replica.backend == "mp":
+        ports.append((replica.engine.master_port, "master port"))
+    else:
+        ports.append((reach_port(replica), "Ray GCS port"))
+        ports.extend(network.RAY_HEAD_EXTRA_PORTS)
+    return ports
+
+
+def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
+                  settings: PreflightSettings) -> list[Finding]:
+    """Every check for one replica (topology, placement, parity, pins, network, host).
+
+    Args:
+        replica: the replica.
+        facts: facts by host name (nodes without facts get no node-level findings).
+        settings: merged preflight settings.
+    """
+    gpu_counts = {name: len(f.gpus) for name, f in facts.items()}
+    findings = topology.check_topology(replica, gpu_counts)
+    if replica.backend == "ray":
+        resources = {}
+        for node in replica.nodes:
+            if node.name not in facts:
+                continue
+            declared = node.host.vars.get("ray_num_gpus")
+            resources[node.name] = placement.node_resources(
+                int(declared) if declared is not None else len(facts[node.name].gpus),
+                node.host_ip, facts[node.name].cpu_count)
+        if len(resources) == replica.nnodes:
+            findings += placement.check_placement(replica, resources, settings.placement_bundles,
+                                                  settings.placement_strategy)
+    findings += parity.check_parity(replica, facts, settings.parity)
+    pins = {name: replica.vars.get(name) for name in parity.PINS}
+    findings += parity.check_pins(replica, facts, pins)
+    findings += parity.check_driver_minimum(replica, facts)
+    interface = replica.vars.get("vllm_cluster_interface")
+    findings += network.check_host_ip_unique(replica)
+    findings += network.check_routes(replica, facts, interface)
+    findings += network.check_reachability(
+        replica, facts, reach_port(replica),
+        "master port" if replica.backend == "mp" else "Ray GCS port")
+    model_bytes = 0
+    master_facts = facts.get(replica.master.name)
+    if master_facts is not None and master_facts.model_files:
+        model_bytes = sum(f.size for f in master_facts.model_files)
+    for node in replica.nodes:
+        f = facts.get(node.name)
+        if f is None:
+            continue
+        node_interface = node.host.vars.get("vllm_cluster_interface", interface)
+        findings += network.check_interface(node, f, node_interface)
+        findings += network.check_hostname(node, f)
+        findings += network.check_ports(node, f, _ports(replica, node.rank), settings.own_units)
+        findings += host_checks.check_gpus_visible(node, f)
+        findings += host_checks.check_foreign_gpu_processes(node, f, settings.own_units)
+        findings += host_checks.check_venv(node, f, str(host_var(node.host, "vllm_venv")),
+                                           replica.backend)
+        findings += host_checks.check_shm(node, f, settings.min_shm_mib)
+        findings += host_checks.check_remove_ipc(node, f)
+        findings += host_checks.check_model_present(node, f)
+        findings += host_checks.check_memory(node, f, model_bytes // max(1, replica.nnodes))
+    return findings
+
+
+def unreachable_findings(errors: Mapping[str, ProvisionError]) -> list[Finding]:
+    """One ``facts`` error per host whose facts could not be gathered."""
+    findings = []
+    for name, error in errors.items():
+        problem = error.problems[0] if error.problems else None
+        findings.append(Finding(
+            "facts", Severity.ERROR, name, "facts",
+            expected="facts gathered over SSH",
+            actual=(problem.message + (f": {problem.actual}" if problem and problem.actual
+                                       else "")) if problem else str(error),
+            fix=(problem.fix if problem and problem.fix else
+                 f"check SSH access to {name} (provision facts -i INVENTORY --limit {name})")))
+    return findings
+
+
+def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
+               errors: Mapping[str, ProvisionError] | None = None,
+               skip: Sequence[str] = (), replicas: Sequence[Replica] | None = None,
+               defaults: Mapping[str, Any] | None = None) -> list[Finding]:
+    """Run all checks on the replicas and return findings sorted by severity, then host.
+
+    Args:
+        inventory: the inventory.
+        facts: facts by host name.
+        errors: hosts whose facts could not be gathered (each becomes an error finding).
+        skip: check names or prefixes to leave out (``--skip-check``), besides each replica's
+            ``preflight_skip_checks``.
+        replicas: the replicas to check (default: all of the inventory).
+        defaults: role defaults (default: read ``roles/preflight/defaults/main.yml``).
+    """
+    defaults = load_defaults() if defaults is None else defaults
+    findings = unreachable_findings(errors or {})
+    for replica in inventory.replicas if replicas is None else replicas:
+        settings = settings_for(replica, defaults)
+        skipped = (*skip, *settings.skip_checks)
+        findings += [f for f in check_replica(replica, facts, settings)
+                     if not is_skipped(f.check, skipped)]
+    findings = [f for f in findings if not is_skipped(f.check, skip)]
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.check, f.host))
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    """True when any finding is an error."""
+    return any(f.severity is Severity.ERROR for f in findings)

@@ -1,0 +1,232 @@
+"""Topology rules: parallel sizes, node ranks, GPUs per node and backend arguments of a replica.
+
+Pure functions from a :class:`~vllm_provision.models.Replica` (and per-node GPU counts) to
+findings. Each rule names its source: vLLM's ``ParallelConfig`` (``vllm/config/parallel.py``),
+the multi-node mp executor (PR #23691), the Ray executor (``vllm/v1/executor/ray_utils.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.models import Replica
+
+# ParallelConfig.__post_init__ (vllm/config/parallel.py, PR #30140): the error vLLM raises when
+# the backend is unset and the world size does not fit on this node.
+WORLD_SIZE_ERROR = (
+    "World size ({world}) is larger than the number of available GPUs ({gpus}) in this node. "
+    "If this is intentional and you are using:\n"
+    "- ray, set '--distributed-executor-backend ray'.\n"
+    "- multiprocessing, set '--nnodes' appropriately."
+)
+# ParallelConfig.__post_init__ (vllm/config/parallel.py): nnodes > 1 with any other backend.
+NNODES_BACKEND_ERROR = (
+    "nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher."
+)
+
+
+def local_world_size(replica: Replica) -> int:
+    """GPU workers per node: world size / nnodes (mp: ``world_size // nnodes``)."""
+    return replica.engine.world_size // max(1, replica.nnodes)
+
+
+def default_backend(world_size: int, nnodes: int, local_gpus: int) -> tuple[str | None, str]:
+    """The executor backend vLLM picks when ``--distributed-executor-backend`` is unset (CUDA).
+
+    Source: ``ParallelConfig.__post_init__`` in ``vllm/config/parallel.py`` (>= v0.11.1, PR
+    #25775 removed the silent fallback to Ray; PR #30140 added the two-bullet error).
+
+    Args:
+        world_size: TP x PP.
+        nnodes: ``--nnodes``.
+        local_gpus: GPUs visible on the node.
+
+    Returns:
+        ``(backend, "")`` or ``(None, vLLM's error text)``.
+    """
+    if world_size <= 1:
+        return "uni", ""
+    if nnodes > 1:
+        return "mp", ""
+    if local_gpus < world_size:
+        return None, WORLD_SIZE_ERROR.format(world=world_size, gpus=local_gpus)
+    return "mp", ""
+
+
+def check_parallel_sizes(replica: Replica) -> list[Finding]:
+    """TP and PP are >= 1 and TP x PP = world size = nnodes x local world size.
+
+    Source: ``ParallelConfig.world_size = pipeline_parallel_size * tensor_parallel_size``
+    (``vllm/config/parallel.py``); the mp executor gives every node ``world_size // nnodes``
+    workers (``vllm/v1/executor/multiproc_executor.py``, PR #23691), so the world size must be
+    a multiple of the node count or some GPUs get no worker and ranks do not line up.
+    """
+    engine = replica.engine
+    tp, pp, world, n = (engine.tensor_parallel_size, engine.pipeline_parallel_size,
+                        engine.world_size, replica.nnodes)
+    if tp < 1 or pp < 1:
+        return [Finding("topology.world_size", Severity.ERROR, "*", "parallel sizes",
+                        expected="tensor and pipeline parallel sizes >= 1",
+                        actual=f"TP={tp}, PP={pp}",
+                        fix="set vllm_tensor_parallel_size and vllm_pipeline_parallel_size >= 1",
+                        source="vllm/config/parallel.py")]
+    if world % n != 0:
+        return [Finding("topology.world_size", Severity.ERROR, "*", "world size per node",
+                        expected=f"TP x PP a multiple of the {n} nodes",
+                        actual=f"TP x PP = {tp} x {pp} = {world}, not divisible by {n}",
+                        fix=f"choose TP and PP so that TP x PP = {n} x GPUs per node "
+                            f"(e.g. TP=GPUs per node, PP={n})",
+                        source="vllm/v1/executor/multiproc_executor.py (PR #23691)")]
+    if world < n:
+        return [Finding("topology.world_size", Severity.ERROR, "*", "world size per node",
+                        expected=f"at least one GPU worker per node ({n} nodes)",
+                        actual=f"TP x PP = {world}",
+                        fix="raise TP/PP or remove nodes from the replica",
+                        source="vllm/v1/executor/multiproc_executor.py (PR #23691)")]
+    return [Finding("topology.world_size", Severity.OK, "*", "world size",
+                    expected="TP x PP = nodes x GPUs per node",
+                    actual=f"{tp} x {pp} = {world} = {n} nodes x {world // n}",
+                    source="vllm/config/parallel.py")]
+
+
+def check_gpus_per_node(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:
+    """Every node has at least ``local world size`` GPUs.
+
+    Source: vLLM asserts "local_world_size (16) must be less than or equal to the number of
+    visible devices (8)" (PR #28873); the Ray executor waits for world-size GPU bundles.
+
+    Args:
+        replica: the replica.
+        gpu_counts: GPUs found per host name (hosts without facts are left out).
+    """
+    need = local_world_size(replica)
+    findings = []
+    for node in replica.nodes:
+        if node.name not in gpu_counts:
+            continue
+        have = gpu_counts[node.name]
+        if have < need:
+            findings.append(Finding(
+                "topology.gpus", Severity.ERROR, node.name, "GPUs on the node",
+                expected=f">= {need} (world size {replica.engine.world_size} / {replica.nnodes} "
+                         "nodes)",
+                actual=str(have),
+                fix=f"lower TP x PP to {replica.nnodes} x {have}, or use nodes with {need} GPUs",
+                source="vLLM local_world_size assertion (PR #28873)"))
+        else:
+            findings.append(Finding("topology.gpus", Severity.OK, node.name, "GPUs on the node",
+                                    expected=f">= {need}", actual=str(have)))
+    return findings
+
+
+def check_tensor_parallel_in_node(replica: Replica) -> list[Finding]:
+    """TP should stay inside one node (warning when it would span nodes).
+
+    Source: vLLM's Ray executor warns "Tensor parallel workers can be spread out to 2+ nodes"
+    (``_verify_bundles`` in ``vllm/v1/executor/ray_utils.py``); docs
+    ``serving/parallelism_scaling.md``: TP inside a node, PP across nodes.
+    """
+    tp, local = replica.engine.tensor_parallel_size, local_world_size(replica)
+    if replica.nnodes > 1 and tp > local:
+        return [Finding("topology.tp_in_node", Severity.WARNING, "*", "tensor parallel group",
+                        expected=f"TP <= GPUs used per node ({local})",
+                        actual=f"TP={tp} spans {-(-tp // max(1, local))} nodes",
+                        fix=f"set TP={local} and PP={replica.engine.world_size // max(1, local)} "
+                            "so all-reduce stays on NVLink inside a node",
+                        source="vllm/v1/executor/ray_utils.py _verify_bundles")]
+    return [Finding("topology.tp_in_node", Severity.OK, "*", "tensor parallel group",
+                    expected=f"TP <= {local}", actual=f"TP={tp}")]
+
+
+def check_node_ranks(replica: Replica) -> list[Finding]:
+    """Node ranks are 0..N-1, unique and complete; exactly one master (rank 0).
+
+    Source: ``--node-rank`` / ``--nnodes`` of the mp multi-node path (PR #23691): rank 0 runs the
+    TCP store and the API server, every other rank is ``--headless``.
+    """
+    ranks = [node.rank for node in replica.nodes]
+    findings = []
+    duplicates = sorted({rank for rank in ranks if ranks.count(rank) > 1})
+    missing = sorted(set(range(len(ranks))) - set(ranks))
+    by_rank = ", ".join(f"{node.name}={node.rank}" for node in replica.nodes)
+    if duplicates or missing or sorted(ranks) != list(range(len(ranks))):
+        findings.append(Finding(
+            "topology.ranks", Severity.ERROR, "*", "node ranks",
+            expected=f"0..{len(ranks) - 1}, each once",
+            actual=by_rank + (f" (duplicate {duplicates})" if duplicates else "")
+            + (f" (missing {missing})" if missing else ""),
+            fix="give each host of the replica a distinct vllm_node_rank from 0 to N-1",
+            source="vLLM --node-rank/--nnodes (PR #23691)"))
+    masters = [node.name for node in replica.nodes if node.rank == 0]
+    if len(masters) != 1:
+        findings.append(Finding(
+            "topology.master", Severity.ERROR, "*", "master (rank 0)",
+            expected="exactly one node with vllm_node_rank 0",
+            actual=", ".join(masters) or "none",
+            fix="set vllm_node_rank: 0 on exactly one host of the replica",
+            source="vLLM --node-rank (PR #23691)"))
+    if not findings:
+        findings.append(Finding("topology.ranks", Severity.OK, "*", "node ranks",
+                                expected=f"0..{len(ranks) - 1}", actual=by_rank))
+    return findings
+
+
+def _flag_values(args: tuple[str, ...], flag: str) -> list[str]:
+    values = []
+    for position, word in enumerate(args):
+        if word == flag and position + 1 < len(args):
+            values.append(args[position + 1])
+        elif word.startswith(flag + "="):
+            values.append(word.split("=", 1)[1])
+    return values
+
+
+def check_backend_args(replica: Replica) -> list[Finding]:
+    """The backend is explicit and its arguments are consistent.
+
+    mp: every node gets ``--distributed-executor-backend mp`` and ``--nnodes`` (the unit
+    templates render them); nothing in ``vllm_extra_args`` may override them. Ray: never
+    ``--nnodes`` (vLLM: "nnodes > 1 can only be set when distributed executor backend is mp,
+    uni or external_launcher."). Source: ``ParallelConfig.__post_init__``,
+    ``vllm/config/parallel.py``; research-vllm.md §2.
+    """
+    args = replica.engine.extra_args
+    backend_overrides = _flag_values(args, "--distributed-executor-backend")
+    findings = []
+    for value in backend_overrides:
+        if value != replica.backend:
+            findings.append(Finding(
+                "topology.backend", Severity.ERROR, "*", "executor backend",
+                expected=f"--distributed-executor-backend {replica.backend} (vllm_backend)",
+                actual=f"vllm_extra_args sets --distributed-executor-backend {value}",
+                fix="remove --distributed-executor-backend from vllm_extra_args; set "
+                    "vllm_backend instead",
+                source="vllm/config/parallel.py"))
+    controlled = ("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port",
+                  "--headless", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp")
+    for flag in controlled:
+        if any(word == flag or word.startswith(flag + "=") for word in args):
+            text = (NNODES_BACKEND_ERROR if replica.backend == "ray" and flag in ("--nnodes", "-n")
+                    else f"{flag} is rendered from the inventory")
+            findings.append(Finding(
+                "topology.backend", Severity.ERROR, "*", f"{flag} in vllm_extra_args",
+                expected="not set by hand" if replica.backend == "mp" else
+                         "no --nnodes with the ray backend",
+                actual=text,
+                fix=f"remove {flag} from vllm_extra_args; the inventory's ranks and sizes "
+                    "give it",
+                source="vllm/config/parallel.py"))
+    if not findings:
+        findings.append(Finding(
+            "topology.backend", Severity.OK, "*", "executor backend",
+            expected="explicit", actual=f"--distributed-executor-backend {replica.backend}"
+            + (f" --nnodes {replica.nnodes}" if replica.backend == "mp" else "")))
+    return findings
+
+
+def check_topology(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:
+    """Run every topology rule on one replica (see the functions above for each source)."""
+    return (check_parallel_sizes(replica) + check_gpus_per_node(replica, gpu_counts)
+            + check_tensor_parallel_in_node(replica) + check_node_ranks(replica)
+            + check_backend_args(replica))
