@@ -1,0 +1,87 @@
+"""The lab spec and prepare_host: defaults, per-host overrides, what lands in a host root."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_provision.errors import LabError
+from vllm_provision.lab.gpu import prepare_host
+from vllm_provision.lab.gpu.spec import effective_spec, parse_assignments, write_overrides
+
+
+def test_defaults_are_the_reference_scenario(tmp_path: Path) -> None:
+    spec = effective_spec(tmp_path, "h1")
+    assert (spec["gpus"], spec["gpu_name"], spec["gpu_memory_mib"]) == (4, "NVIDIA H200", 143771)
+    assert (spec["driver"], spec["cuda"], spec["nccl"]) == ("580.95.05", "13.0", "2.28.9")
+    assert (spec["torch"], spec["torch_cuda"], spec["vllm"]) == ("2.14.0", "cu130", "0.33.0")
+    assert spec["python"] is None and spec["host"] == "h1"
+
+
+def test_per_host_values_override_only_that_host(tmp_path: Path) -> None:
+    (tmp_path / "spec.yml").write_text("load_s: 1\nhosts:\n  h2: {nccl: 2.27.3, gpus: 2}\n")
+    h1, h2 = effective_spec(tmp_path, "h1"), effective_spec(tmp_path, "h2")
+    assert (h1["nccl"], h1["gpus"], h1["load_s"]) == ("2.28.9", 4, 1.0)
+    assert (h2["nccl"], h2["gpus"], h2["load_s"]) == ("2.27.3", 2, 1.0)
+
+
+def test_lab_set_overrides_win_over_the_spec_file(tmp_path: Path) -> None:
+    (tmp_path / "spec.yml").write_text("hosts:\n  h2: {vllm: 0.32.0}\n")
+    write_overrides(tmp_path, {"h2": {"vllm": "0.33.1"}})
+    assert effective_spec(tmp_path, "h2")["vllm"] == "0.33.1"
+    assert effective_spec(tmp_path, "h1")["vllm"] == "0.33.0"
+
+
+@pytest.mark.parametrize("text", ["gpus: four\n", "bogus_key: 1\n", "load_s: -1\n"])
+def test_invalid_spec_values_are_rejected_with_the_key(tmp_path: Path, text: str) -> None:
+    (tmp_path / "spec.yml").write_text(text)
+    with pytest.raises(LabError) as caught:
+        effective_spec(tmp_path, "h1")
+    assert text.split(":")[0] in str(caught.value)
+
+
+def test_assignments_split_values_and_resets() -> None:
+    assert parse_assignments(["vllm=0.33.1", "nccl=default"]) == ({"vllm": "0.33.1"}, ["nccl"])
+    with pytest.raises(LabError):
+        parse_assignments(["vllm"])
+
+
+def _guest_python(root: Path, code: str) -> str:
+    site = root / "opt/vllm/lib/python3.11/site-packages"
+    env = dict(os.environ, VLLM_LAB_SPEC=str(root / "etc/vllm-lab/spec.json"))
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([sys.executable, "-S", "-c",
+                             f"import site; site.addsitedir({str(site)!r}); {code}"],
+                            env=env, capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
+def test_prepare_host_makes_the_venv_report_the_spec_versions(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "spec.yml").write_text("hosts:\n  h2: {vllm: 0.33.1, nccl: 2.27.3, "
+                                    "python: 3.11.1}\n")
+    root = tmp_path / "root"
+    prepare_host(root, "h2", state)
+    out = _guest_python(root, "import importlib.metadata as m, platform, sys; print(m.version("
+                        "'vllm'), m.version('torch'), m.version('nvidia-nccl-cu13'), "
+                        "platform.python_version(), sys.version_info.micro)")
+    assert out == "0.33.1 2.14.0+cu130 2.27.3 3.11.1 1"
+    assert json.loads((root / "etc/vllm-lab/spec.json").read_text())["host"] == "h2"
+    assert os.access(root / "usr/bin/nvidia-smi", os.X_OK)
+    assert os.access(root / "opt/vllm/bin/vllm", os.X_OK)
+    assert (root / "srv/models/lab-model/config.json").exists()
+
+
+def test_cuda_12_gets_the_cu12_nccl_distribution(tmp_path: Path) -> None:
+    (tmp_path / "spec.yml").write_text("cuda: '12.9'\n")
+    root = tmp_path / "root"
+    prepare_host(root, "h1", tmp_path)
+    out = _guest_python(root, "import importlib.metadata as m; print(m.version('torch'), "
+                        "m.version('nvidia-nccl-cu12'))")
+    assert out == "2.14.0+cu129 2.28.9"
