@@ -19,9 +19,11 @@ ROLES = Path(__file__).resolve().parents[2] / "roles"
 
 
 def _environment() -> jinja2.Environment:
-    # The same contract the engine's template module offers: loader rooted at roles/, the two
-    # quoting functions as filters, StrictUndefined.
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROLES)),
+    # The engine's contract (runner/templating.py): the play's role templates/ folders on the
+    # search path, the two quoting functions as filters, StrictUndefined.
+    dirs = [str(ROLES / role / "templates")
+            for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray")]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(dirs),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
     env.filters["env_file_line"] = quoting.env_file_line
@@ -54,7 +56,8 @@ def render(template: str, replica: Replica, rank: int, **extra: Any) -> str:
         "inventory_hostname": node.name, "replica": replica, "node": node,
         "engine": replica.engine, "ray_num_gpus": 4, "facts": None,
     } | extra
-    return _environment().get_template(template).render(values)
+    source = (ROLES / template).read_text()
+    return _environment().from_string(source).render(values)
 
 
 def exec_start(unit: str) -> list[str]:
