@@ -1,0 +1,151 @@
+"""The stand-in vLLM: vLLM's rejections, and an mp pair on localhost that serves only when whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from vllm_provision.lab.gpu.install import GUEST_PACKAGE
+from vllm_provision.lab.gpu.spec import effective_spec, write_overrides
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def host(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Start stand-in processes for lab host names; each host has its own spec and registry."""
+    procs: list[subprocess.Popen[str]] = []
+    (tmp_path / "model").mkdir()
+
+    def start(name: str, *args: str, **values: object) -> subprocess.Popen[str]:
+        write_overrides(tmp_path, {name: {"load_s": 0.2, "ttft_s": 0.05, "token_s": 0.1,
+                                          "init_timeout_s": 4, **values}})
+        spec_file = tmp_path / f"{name}.json"
+        spec_file.write_text(json.dumps(effective_spec(tmp_path, name)))
+        env = dict(os.environ, VLLM_LAB_SPEC=str(spec_file),
+                   VLLM_LAB_APPS_DIR=str(tmp_path / f"apps-{name}"),
+                   PYTHONPATH=str(GUEST_PACKAGE.parent))
+        proc = subprocess.Popen([sys.executable, "-m", "vllm_lab_standin", *args], env=env,
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # also the orphaned headless worker
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _get(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def _complete(port: int, body: dict[str, object],
+              headers: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _wait_for(condition, timeout_s: float = 10) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-tp", "4", "-pp", "2"], "World size (8) is larger than the number of available GPUs (4)"),
+    (["-tp", "4", "-pp", "2", "--nnodes", "2", "--distributed-executor-backend", "ray"],
+     "nnodes > 1 can only be set when distributed executor backend is mp, uni or"),
+    (["--headless", "--api-server-count", "1"], "--api-server-count=1 cannot be used with "
+     "--headless"),
+])
+def test_vllm_rejects_what_vllm_rejects(host, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
+    proc = host("h1", "serve", "model", *args)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1 and message in err
+
+
+def test_version_prints_the_spec_version_and_says_stand_in(host) -> None:  # type: ignore[no-untyped-def]
+    proc = host("h1", "--version", vllm="0.33.1")
+    out, err = proc.communicate(timeout=20)
+    assert out.strip() == "0.33.1" and "lab stand-in" in err
+
+
+def test_mp_pair_serves_only_after_both_joined_then_dies_like_vllm(host) -> None:  # type: ignore[no-untyped-def]
+    port, master = _free_port(), _free_port()
+    common = ["serve", "model", "-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(master), "--served-model-name", "tiny"]
+    rank0 = host("h1", *common, "--node-rank", "0", "--port", str(port), "--api-key", "k")
+    time.sleep(1.0)
+    assert _get(port, "/health") == 0  # no HTTP port while waiting for peers
+    rank1 = host("h2", *common, "--node-rank", "1", "--headless")
+    assert _wait_for(lambda: _get(port, "/health") == 200)
+    assert _get(port, "/v1/models") == 401  # --api-key protects /v1 only
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", headers={"Authorization": "Bearer k",
+                                                             "Content-Type": "application/json"},
+        data=json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 4,
+                         "stream": True}).encode())
+    start = time.monotonic()
+    with urllib.request.urlopen(request, timeout=10) as response:
+        arrivals = [time.monotonic() - start for line in response if line.startswith(b"data: {")]
+    assert len(arrivals) == 4
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    assert all(gap >= 0.08 for gap in gaps)  # token_s = 0.1 s
+    rank1.kill()  # the headless main process; its worker lives on as an orphan (measured)
+    rank1.wait()
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+    auth = {"Authorization": "Bearer k"}
+    assert _complete(port, body, auth)[0] == 200
+    os.killpg(rank1.pid, signal.SIGKILL)  # now the worker too (systemd's final SIGKILL)
+    time.sleep(0.3)
+    assert _get(port, "/health") == 200  # nothing notices without traffic
+    assert _complete(port, body, auth)[0] == 500
+    assert rank0.wait(timeout=10) == 0  # exits with status 0: Restart=on-failure won't fire
+
+
+def test_nccl_mismatch_never_serves(host) -> None:  # type: ignore[no-untyped-def]
+    port, master = _free_port(), _free_port()
+    common = ["serve", "model", "-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(master)]
+    rank0 = host("h1", *common, "--node-rank", "0", "--port", str(port), init_timeout_s=2)
+    rank1 = host("h2", *common, "--node-rank", "1", "--headless", nccl="2.27.3",
+                 init_timeout_s=2)
+    assert not _wait_for(lambda: _get(port, "/health") == 200, timeout_s=1.5)
+    _, err0 = rank0.communicate(timeout=20)
+    rank1.communicate(timeout=20)
+    assert rank0.returncode == 1 and "Watchdog caught collective operation timeout" in err0
+    assert rank1.returncode == 1
