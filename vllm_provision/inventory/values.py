@@ -20,6 +20,8 @@ _INVALID = object()
 
 def show(name: str, value: Any) -> str:
     """Render ``value`` for a message, masked when ``name`` is a secret."""
+    if value is None:
+        return "nothing (unset)"
     shown = variables.mask(name, value)
     return repr(shown) if not isinstance(shown, str) or shown != variables.MASK else shown
 
