@@ -1,0 +1,157 @@
+"""``provision facts``: probe every host (one SSH round trip each), show facts side by side."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import click
+
+from vllm_provision.facts.model import HostFacts
+
+MIB = 1024 * 1024
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value // MIB} MiB"
+
+
+def _ports(f: HostFacts) -> str:
+    return ", ".join(sorted({f"{s.port}" + (f" ({s.unit or s.process})" if s.unit or s.process
+                                            else "") for s in f.listening}))
+
+
+def _model(f: HostFacts) -> str:
+    if f.model_files is None:
+        return f"{f.model_path}: missing" if f.model_path else "-"
+    return (f"{f.model_path}: {len(f.model_files)} files, "
+            f"{sum(m.size for m in f.model_files)} bytes")
+
+
+def _user(f: HostFacts) -> str:
+    user = f.service_user
+    if user is None or not user.name:
+        return "-"
+    if not user.exists:
+        return f"{user.name}: absent"
+    return f"{user.name}: uid {user.uid} ({'system' if user.is_system else 'login'})"
+
+
+ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
+    ("python (probe)", lambda f: f"{f.python_path}" + ("" if f.venv_found else " (no venv)")),
+    ("python", lambda f: f.python_micro),
+    ("vllm", lambda f: str(f.packages.get("vllm"))),
+    ("torch", lambda f: str(f.packages.get("torch"))),
+    ("torch CUDA build", lambda f: str(f.torch_cuda)),
+    ("NCCL", lambda f: f"{f.nccl_version} ({f.nccl_package})" if f.nccl_version else "None"),
+    ("ray", lambda f: str(f.packages.get("ray"))),
+    ("transformers", lambda f: str(f.packages.get("transformers"))),
+    ("driver", lambda f: str(f.driver_version) if not f.nvidia_smi_error else f.nvidia_smi_error),
+    ("CUDA (driver)", lambda f: str(f.cuda_driver_version)),
+    ("GPUs", lambda f: f"{len(f.gpus)} x {f.gpu_model}" if f.gpus else "0"),
+    ("GPU memory", lambda f: ", ".join(sorted({f"{g.memory_total_mib} MiB" for g in f.gpus}))),
+    ("GPU processes", lambda f: ", ".join(
+        f"{p.pid} {p.process_name}" + (f" [{p.unit}]" if p.unit else "")
+        for p in f.gpu_processes) or "none"),
+    ("hostname", lambda f: f"{f.hostname} -> {', '.join(f.hostname_addresses) or '?'}"),
+    ("interfaces", lambda f: ", ".join(
+        f"{i.name} {i.state} {'/'.join(i.addresses)}" for i in f.interfaces.values()
+        if i.name != "lo")),
+    ("routes", lambda f: ", ".join(f"{p} via {r.dev or r.error}" for p, r in f.routes.items())),
+    ("/dev/shm", lambda f: _mib(f.shm_bytes)),
+    ("memory available", lambda f: _mib(f.mem_available_bytes)),
+    ("disk free (model fs)", lambda f: _mib(f.disk_free_bytes)),
+    ("CPUs", lambda f: str(f.cpu_count)),
+    ("model", _model),
+    ("listening TCP", _ports),
+    ("logind RemoveIPC", lambda f: "yes" if f.remove_ipc else "no"),
+    ("service user", _user),
+    ("NCCL_* env", lambda f: " ".join(f"{k}={v}" for k, v in sorted(f.nccl_env.items()))
+     or "none"),
+    ("/etc/nccl.conf", lambda f: "absent" if f.nccl_conf is None else
+     f.nccl_conf.strip().replace("\n", "; ") or "empty"),
+    ("NCCL net plugins", lambda f: ", ".join(f.nccl_net_plugins) or "none"),
+    ("systemd", lambda f: str(f.systemd_version)),
+    ("probe problems", lambda f: "; ".join(f.problems) or "none"),
+)
+# Rows whose values differ per host by nature: never highlighted.
+NOT_COMPARED = {"hostname", "interfaces", "routes", "memory available", "disk free (model fs)",
+                "listening TCP", "GPU processes", "python (probe)", "probe problems"}
+
+
+def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
+                     ) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """Rows of the facts table: (label, [(value, differs within the host's replica)] per host).
+
+    Args:
+        facts: facts by host name, in column order.
+        groups: host names per replica; a value is flagged when it differs from another host
+            of the same group.
+    """
+    names = list(facts)
+    group_of = {name: group for group in groups for name in group}
+    rows = []
+    for label, read in ROWS:
+        values = {name: read(facts[name]) for name in names}
+        cells = []
+        for name in names:
+            peers = [p for p in group_of.get(name, [name]) if p in values]
+            differs = (label not in NOT_COMPARED
+                       and len({values[p] for p in peers}) > 1)
+            cells.append((values[name], differs))
+        rows.append((label, cells))
+    return rows
+
+
+@click.command("facts")
+@click.option("-i", "--inventory", "inventory_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Inventory YAML file.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("-l", "--limit", default="all", metavar="PATTERN",
+              help="Ansible host pattern of the hosts to probe (default: all).")
+@click.option("--nccl-loaded", is_flag=True,
+              help="Also import torch and read the NCCL it loads (slow).")
+@click.option("--sha256", is_flag=True, help="Hash every model file (slow on big models).")
+def command(inventory_path: Path, as_json: bool, limit: str, nccl_loaded: bool,
+            sha256: bool) -> None:
+    """Probe every host in one SSH round trip each and print the facts, hosts as columns.
+
+    Values that differ between the nodes of one replica are highlighted.
+    """
+    from vllm_provision.facts.collect import collect_facts
+    from vllm_provision.facts.gather import ProbeOptions
+    from vllm_provision.inventory import load_inventory, select_hosts
+
+    inventory = load_inventory(inventory_path)
+    hosts = select_hosts(inventory, limit)
+    facts, errors = collect_facts(inventory, hosts, ProbeOptions(
+        nccl_loaded=nccl_loaded, sha256=sha256, reachability=False))
+    ordered = {h.name: facts[h.name] for h in hosts if h.name in facts}
+    if as_json:
+        click.echo(json.dumps({
+            "hosts": {name: f.to_json() for name, f in ordered.items()},
+            "errors": {name: e.render() for name, e in errors.items()},
+        }, indent=2, default=str))
+        sys.exit(1 if errors else 0)
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    groups = [[n.name for n in r.nodes] for r in inventory.replicas]
+    if ordered:
+        table = Table(title="facts (values differing within a replica in red)",
+                      title_justify="left", show_lines=False)
+        table.add_column("fact", style="bold")
+        for name in ordered:
+            table.add_column(name, overflow="fold")
+        for label, cells in facts_table_rows(ordered, groups):
+            table.add_row(label, *(Text(value, style="bold red" if differs else "")
+                                   for value, differs in cells))
+        console.print(table)
+    for name, error in errors.items():
+        console.print(Text(f"{name}: {error.render()}", style="bold red"))
+    sys.exit(1 if errors else 0)
