@@ -1,0 +1,89 @@
+"""``provision status``: per node unit state, main PID, since when, restarts; rank 0 health; Ray
+nodes and GPUs; one verdict line (serving / degraded / down)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vllm_provision.cli.up import parse_extra
+
+
+def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """Read one replica's units, rank 0's /health and (Ray) the cluster; return a JSON-ready dict.
+
+    Keys: ``replica``, ``backend``, ``units`` (host, unit, state, main_pid, since, restarts),
+    ``health`` (HTTP status or None), ``ray`` (nodes and GPUs, Ray only), ``verdict``.
+    """
+    from vllm_provision.modules.ray_wait_cluster import read_snapshot
+    from vllm_provision.modules.vllm_wait_ready import replica_units
+    from vllm_provision.verify import Endpoint, parse_show, show_command, verdict
+
+    states = []
+    for host, units in replica_units(replica, vars_).items():
+        result = connections[host].run(show_command(units), timeout_s=30)
+        states.extend(parse_show(host, result.stdout)[0])
+    health = Endpoint.for_replica(replica, timeout_s=5).health()
+    info: dict[str, Any] = {
+        "replica": replica.name, "backend": replica.backend, "health": health,
+        "units": [{"host": s.host, "unit": s.unit, "state": s.describe, "main_pid": s.main_pid,
+                   "since": _iso(s.started_at) if s.active_state == "active" else None,
+                   "restarts": s.restarts} for s in states]}
+    if replica.backend == "ray":
+        class _Ctx:  # read_snapshot needs the connections and vars only
+            pass
+        ctx = _Ctx()
+        ctx.connections, ctx.conn, ctx.vars = connections, None, vars_  # type: ignore[attr-defined]
+        snapshot, error = read_snapshot(ctx, replica)
+        info["ray"] = ({"nodes": snapshot.alive_ips, "gpus": snapshot.total.get("GPU", 0)}
+                       if snapshot else {"error": error or "no answer"})
+    info["verdict"] = verdict(states, health, expected_units=len(states))
+    return info
+
+
+def _iso(seconds: float | None) -> str | None:
+    return datetime.fromtimestamp(seconds, UTC).isoformat() if seconds else None
+
+
+@click.command("status")
+@click.option("-i", "--inventory", "inventory", required=True,
+              type=click.Path(exists=True, dir_okay=False), help="Inventory file.")
+@click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(inventory: str, extra: tuple[str, ...], as_json: bool) -> None:
+    """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict."""
+    from vllm_provision.connection import ConnectionOptions, HostConnection, close_all
+    from vllm_provision.inventory.loader import load_inventory
+
+    inv = load_inventory(Path(inventory), parse_extra(extra))
+    connections: dict[str, Any] = {}
+    replicas = []
+    try:
+        for replica in inv.replicas:
+            for node in replica.nodes:
+                conn = HostConnection(node.host, ConnectionOptions())
+                conn.open()
+                connections[node.name] = conn
+            replicas.append(replica_status(replica, connections, dict(replica.master.host.vars)))
+    finally:
+        close_all(connections)
+    if as_json:
+        click.echo(json.dumps({"replicas": replicas}))
+    else:
+        for info in replicas:
+            click.echo(f"replica {info['replica']} ({info['backend']})")
+            for unit in info["units"]:
+                click.echo(f"  {unit['host']:<12} {unit['unit']:<20} {unit['state']:<24} "
+                           f"pid {unit['main_pid']:<7} since {unit['since'] or '-'}  "
+                           f"restarts {unit['restarts']}")
+            click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}")
+            if "ray" in info:
+                click.echo(f"  ray: {info['ray']}")
+            click.echo(f"{info['replica']}: {info['verdict']}")
+    sys.exit(0 if all(i["verdict"] == "serving" for i in replicas) else 3)
