@@ -1,0 +1,81 @@
+"""Shared fixtures: the session's lab (``lab``) and testinfra hosts on it (``lab_host``).
+
+Lab tests (``@pytest.mark.lab``) are skipped with a reason when not run as root. The lab
+instance comes from ``VLLM_PROVISION_LAB_*`` (docs/architecture.md "Lab instances"); if it is
+already up it is used as is and left up, otherwise it is brought up (2 hosts) and taken down
+at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+
+NOT_ROOT_REASON = ("lab tests need root (the lab mounts overlays and creates network namespaces); "
+                   "run them as root, e.g. `sudo .venv/bin/pytest -m lab`")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip every ``lab``-marked test with a clear reason when not root."""
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason=NOT_ROOT_REASON)
+    for item in items:
+        if item.get_closest_marker("lab") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[object]:
+    """The session's :class:`vllm_provision.lab.Lab`, up with at least 2 hosts."""
+    if os.geteuid() != 0:
+        pytest.skip(NOT_ROOT_REASON)
+    from vllm_provision.lab import Lab
+
+    instance = Lab.from_env()
+    if instance.is_up():
+        yield instance
+        return
+    instance.up(hosts=2)
+    try:
+        yield instance
+    finally:
+        instance.down()
+
+
+@pytest.fixture
+def lab_host(lab: object) -> Iterator[Callable[..., object]]:
+    """Factory ``lab_host(name, user="root") -> testinfra.host.Host`` over paramiko.
+
+    testinfra's paramiko backend accepts unknown host keys (``WarningPolicy``) and ignores
+    ``UserKnownHostsFile``, so the fixture hands it an already-connected paramiko client with
+    ``RejectPolicy`` and the lab's known_hosts: host keys are checked strictly, as on real
+    servers. Each call makes a fresh connection (safe across a reboot); all are closed after.
+    """
+    import paramiko
+    import testinfra.backend
+    import testinfra.host
+
+    from vllm_provision.lab import Lab
+
+    assert isinstance(lab, Lab)
+    clients: list[paramiko.SSHClient] = []
+
+    def connect(name: str, user: str = "root") -> testinfra.host.Host:
+        address = next(h.address for h in lab.hosts if h.name == name)
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(lab.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(address, username=user, key_filename=str(lab.key_file),
+                       look_for_keys=False, allow_agent=False, timeout=10)
+        clients.append(client)
+        backend = testinfra.backend.get_backend(f"paramiko://{user}@{address}",
+                                                ssh_identity_file=str(lab.key_file))
+        backend.client = client  # type: ignore[attr-defined]  # fills the cached_property
+        return testinfra.host.Host(backend)
+
+    yield connect
+    for client in clients:
+        client.close()

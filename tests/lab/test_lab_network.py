@@ -1,0 +1,59 @@
+"""`lab delay` adds the asked one-way delay; `lab cut` blacks a host out until `lab heal`."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from vllm_provision.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+
+def _rtt_ms(lab: Lab, source: str, target: str) -> float:
+    """Average ping round trip from ``source`` to ``target`` in milliseconds."""
+    proc = lab.ssh(source, f"ping -c 5 -i 0.2 -q {target}")
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(r"= [\d.]+/([\d.]+)/", proc.stdout)
+    assert match, proc.stdout
+    return float(match.group(1))
+
+
+@pytest.fixture
+def no_delay(lab: Lab):
+    yield
+    lab.delay("h1", 0)
+
+
+def test_delay_raises_round_trip_by_the_asked_amount(lab: Lab, no_delay: None) -> None:
+    before = _rtt_ms(lab, "h2", "h1")
+    lab.delay("h1", 25)
+    delayed = _rtt_ms(lab, "h2", "h1")
+    assert 25 <= delayed - before < 25 + 10
+    lab.delay("h1", 0)
+    assert _rtt_ms(lab, "h2", "h1") < before + 5
+
+
+def test_delay_to_one_peer_leaves_others_alone(lab: Lab, no_delay: None) -> None:
+    lab.delay("h1", 30, peer="h2")
+    assert _rtt_ms(lab, "h2", "h1") >= 30
+    proc = lab.ssh("h1", f"ping -c 3 -i 0.2 -q {lab.config.bridge_address}")
+    assert float(re.search(r"= [\d.]+/([\d.]+)/", proc.stdout).group(1)) < 10  # type: ignore[union-attr]
+
+
+def test_cut_makes_ssh_time_out_and_heal_restores_it(lab: Lab) -> None:
+    lab.cut("h2")
+    try:
+        started = time.monotonic()
+        proc = lab.ssh("h2", "true", timeout_s=30)
+        waited = time.monotonic() - started
+        assert proc.returncode == 255
+        assert "timed out" in proc.stderr.lower()
+        assert waited >= 4  # a silent black hole: the connect waits out ConnectTimeout
+        assert [s.state for s in lab.status() if s.name == "h2"] == ["unreachable"]
+    finally:
+        lab.heal("h2")
+    assert lab.ssh("h2", "true").returncode == 0
+    assert [s.cut for s in lab.status() if s.name == "h2"] == [False]
