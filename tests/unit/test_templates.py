@@ -43,7 +43,10 @@ def _defaults(*roles: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for role in ("vllm_common", *roles):
         values.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
-    return values
+    # Defaults may refer to other variables (the engine renders them lazily, as Ansible does).
+    return {key: jinja2.Template(value).render(values)
+            if isinstance(value, str) and "{{" in value else value
+            for key, value in values.items()}
 
 
 def render(template: str, replica: Replica, rank: int, **extra: Any) -> str:
