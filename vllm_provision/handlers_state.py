@@ -51,8 +51,8 @@ def persist_script(notifications: Iterable[PendingNotification],
     for item in notifications:
         path = pending_path(item.handler, pending_dir)
         line = json.dumps({"handler": item.handler, "task": item.task})
-        commands.append(f"printf '%s\\n' {quote(line)} > {quote(path + '.tmp')} && "
-                        f"mv -f {quote(path + '.tmp')} {quote(path)}")
+        tmp = quote(path + ".tmp") + '."$$"'
+        commands.append(f"printf '%s\\n' {quote(line)} > {tmp} && mv -f {tmp} {quote(path)}")
     if not commands:
         return ""
     return f"mkdir -p {quote(pending_dir)} && " + " && ".join(commands)

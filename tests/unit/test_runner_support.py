@@ -1,0 +1,69 @@
+"""Test doubles for the engine (no tests here): hosts whose commands run locally in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vllm_provision.connection import CommandResult, LocalConnection, UnreachableError
+from vllm_provision.models import EngineArgs, Group, Host, Inventory, Node, Replica
+
+
+class FakeHost:
+    """A connection whose commands run locally (``/bin/sh``); counts round trips.
+
+    ``fail_after`` makes the N-th and later commands raise UnreachableError (a cut network).
+    """
+
+    def __init__(self, host: Host, *, unreachable: bool = False,
+                 fail_after: int | None = None) -> None:
+        self.name = host.name
+        self.host = host
+        self.unreachable = unreachable
+        self.fail_after = fail_after
+        self.local = LocalConnection(host.name)
+        self.commands: list[str] = []
+        self.opened = False
+
+    def open(self) -> None:
+        if self.unreachable:
+            raise UnreachableError.single(self.name, "connection refused (fake)")
+        self.opened = True
+
+    def close(self) -> None:
+        self.opened = False
+
+    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+            timeout_s: float | None = None, check: bool = False) -> CommandResult:
+        if self.fail_after is not None and len(self.commands) >= self.fail_after:
+            raise UnreachableError.single(self.name, "operation timed out (fake cut)")
+        self.commands.append(command)
+        return self.local.run(command, stdin=stdin, timeout_s=timeout_s, check=check)
+
+
+def make_inventory(tmp_path: Path, names: tuple[str, ...] = ("h1", "h2"), *,
+                   host_vars: dict[str, dict[str, Any]] | None = None,
+                   group_vars: dict[str, Any] | None = None,
+                   extra_vars: dict[str, Any] | None = None) -> Inventory:
+    """An inventory with one mp replica ``llama`` whose nodes are ``names`` (rank = position).
+
+    Every host's vars get ``root: <tmp_path>/<host>`` so "remote" files stay in the temp folder.
+    """
+    host_vars = host_vars or {}
+    hosts: dict[str, Host] = {}
+    for rank, name in enumerate(names):
+        (tmp_path / name).mkdir(exist_ok=True)
+        merged = {**(group_vars or {}), "vllm_node_rank": rank, "root": str(tmp_path / name),
+                  **host_vars.get(name, {}), **(extra_vars or {})}
+        hosts[name] = Host(name=name, address=f"10.0.0.{11 + rank}",
+                           groups=("all", "vllm_replicas", "llama"), vars=merged)
+    nodes = tuple(Node(hosts[n], rank, hosts[n].address) for rank, n in enumerate(names))
+    replica = Replica("llama", "mp", nodes, EngineArgs(model="/srv/models/tiny"))
+    groups = {
+        "all": Group("all", children=("vllm_replicas",)),
+        "vllm_replicas": Group("vllm_replicas", children=("llama",)),
+        "llama": Group("llama", hosts=names, vars=group_vars or {}),
+        "vllm_master": Group("vllm_master", hosts=names[:1]),
+        "vllm_followers": Group("vllm_followers", hosts=names[1:]),
+    }
+    return Inventory(tmp_path / "inventory.yml", hosts, groups, (replica,), extra_vars or {})

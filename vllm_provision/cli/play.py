@@ -1,0 +1,55 @@
+"""``provision play -i INVENTORY PLAYBOOK``: run any playbook, like ``ansible-playbook``.
+
+Exit codes: 0 success; 1 a task failed, a host was unreachable, or the input is invalid;
+with ``--check``: 0 nothing would change, 2 changes are pending.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vllm_provision.cli.options import CommonOptions, common_options
+
+
+@click.command("play")
+@common_options
+@click.argument("playbook", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--roles-path", "roles_paths", multiple=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="More folders holding roles (after the playbook's sibling roles/).")
+def command(playbook: Path, roles_paths: tuple[Path, ...], **kwargs: Any) -> None:
+    """Run PLAYBOOK against the inventory's hosts."""
+    opts = CommonOptions.from_kwargs(kwargs)
+    sys.exit(run_play(opts, playbook, roles_paths))
+
+
+def run_play(opts: CommonOptions, playbook: Path, roles_paths: tuple[Path, ...] = (),
+             extra: dict[str, Any] | None = None) -> int:
+    """Validate the inventory and playbook (no connection yet), run it, report; return the exit
+    code.
+
+    Raises:
+        ProvisionError: invalid inventory, limit or playbook (rendered by the CLI's main).
+    """
+    from vllm_provision import report
+    from vllm_provision.runner import Runner, RunOptions, load_playbook
+
+    inventory = opts.load_inventory()
+    plays = load_playbook(playbook, roles_paths)
+    stream = sys.stderr if opts.json else sys.stdout
+    reporter = report.HumanReporter(stream, diff_mode=opts.diff, verbosity=opts.verbosity)
+    runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
+                                          limit=opts.limit, roles_paths=roles_paths,
+                                          connection=opts.connection_options()), reporter)
+    outcome = runner.run_plays(plays)
+    summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
+                               duration_s=outcome.duration_s, extra={**outcome.extra,
+                                                                     **(extra or {})})
+    reporter.recap(summary)
+    if opts.json:
+        report.print_json(summary)
+    return report.exit_code(summary, check_mode=opts.check)
