@@ -126,16 +126,13 @@ class Variable:
         return "a string"
 
 
-PORT = {"minimum": 1, "maximum": 65535}
-POSITIVE = {"minimum": 1}
-
 _TABLE: tuple[Variable, ...] = (
     # Ansible connection variables (docs.ansible.com, "Connecting to hosts: behavioral inventory
     # parameters").
     Variable("ansible_host", str, None, "Address to connect to over SSH (default: the inventory "
              "name); also the default of `vllm_host_ip`.", "10.0.0.11", scope="host",
              check=check_ssh_word),
-    Variable("ansible_port", int, 22, "SSH port.", "22", scope="host", **PORT),
+    Variable("ansible_port", int, 22, "SSH port.", "22", scope="host", minimum=1, maximum=65535),
     Variable("ansible_user", str, None, "SSH user (default: ~/.ssh/config or the local user).",
              "deploy", scope="host", check=check_ssh_word),
     Variable("ansible_ssh_private_key_file", str, None, "SSH private key; `~` expanded, relative "
@@ -171,17 +168,17 @@ _TABLE: tuple[Variable, ...] = (
     Variable("vllm_served_model_name", str, None, "Name served by the API "
              "(`--served-model-name`).", "llama", engine_field="served_model_name"),
     Variable("vllm_tensor_parallel_size", int, 1, "`--tensor-parallel-size` (GPUs per pipeline "
-             "stage).", "4", engine_field="tensor_parallel_size", **POSITIVE),
+             "stage).", "4", engine_field="tensor_parallel_size", minimum=1),
     Variable("vllm_pipeline_parallel_size", int, 1, "`--pipeline-parallel-size` (pipeline "
-             "stages).", "2", engine_field="pipeline_parallel_size", **POSITIVE),
+             "stages).", "2", engine_field="pipeline_parallel_size", minimum=1),
     Variable("vllm_max_model_len", int, None, "`--max-model-len`, in tokens.", "8192",
-             engine_field="max_model_len", **POSITIVE),
+             engine_field="max_model_len", minimum=1),
     Variable("vllm_api_host", str, "0.0.0.0", "Address the master's HTTP server binds "
              "(`--host`).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
     Variable("vllm_api_port", int, 8000, "HTTP port of the master (`--port`).", "8000",
-             engine_field="api_port", **PORT),
+             engine_field="api_port", minimum=1, maximum=65535),
     Variable("vllm_master_port", int, 29501, "mp: TCP store port on rank 0 (`--master-port`).",
-             "29501", engine_field="master_port", **PORT),
+             "29501", engine_field="master_port", minimum=1, maximum=65535),
     Variable("vllm_extra_args", list, [], "More `vllm serve` arguments, one list item per word. "
              "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, nor options "
              "that have a variable here.", "[--max-num-seqs, '64']", engine_field="extra_args"),
@@ -199,17 +196,17 @@ _TABLE: tuple[Variable, ...] = (
     Variable("vllm_unit_name", str, "vllm.service", "systemd unit of the vLLM process.",
              "vllm.service", check=check_unit_name),
     Variable("vllm_ready_timeout_s", int, 1800, "Seconds to wait for the replica to serve.",
-             "1800", **POSITIVE),
+             "1800", minimum=1),
     # Ray.
-    Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", **PORT),
+    Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", minimum=1, maximum=65535),
     Variable("ray_num_gpus", int, None, "GPUs this node declares to Ray (default: GPUs found "
              "by facts).", "4", scope="host", minimum=0),
     Variable("ray_num_cpus", int, None, "CPUs this node declares to Ray.", "32", scope="host",
              minimum=0),
     Variable("ray_memory_bytes", int, None, "Ray `--memory`, in bytes.", "68719476736",
-             scope="host", **POSITIVE),
+             scope="host", minimum=1),
     Variable("ray_object_store_memory_bytes", int, None, "Ray `--object-store-memory`, in "
-             "bytes.", "17179869184", scope="host", **POSITIVE),
+             "bytes.", "17179869184", scope="host", minimum=1),
     # Version pins, checked by preflight on every node.
     Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
     Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",

@@ -74,3 +74,22 @@ def test_all_problems_of_a_file_are_reported_at_once(tmp_path: Path) -> None:
     assert wheres == [f"{inventory}:3: all.vars.ansible_port",
                       f"{inventory}:4: all.vars.vllm_api_prot",
                       f"{inventory}:7: all.hosts.h1.ansible_become"]
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["-i", str(BAD / "secret-with-newline.yml")], "vllm_api_key contains a newline"),
+    (["-i", str(BAD.parent / "good" / "mp-two-nodes" / "inventory.yml"), "--limit", "lama"],
+     "no host or group named 'lama'"),
+])
+def test_the_cli_prints_the_problem_without_a_traceback_and_exits_1(
+        args: list[str], fragment: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", "from vllm_provision.cli import main; main()", "check", *args],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "sk-live-1234" not in result.stdout + result.stderr

@@ -87,8 +87,8 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
                              "the replicas")
     for group in tree.groups.values():
         group.vars = _checked(group.vars, problems)
-    for host in tree.hosts.values():
-        host.vars = _checked(host.vars, problems)
+    for host_node in tree.hosts.values():
+        host_node.vars = _checked(host_node.vars, problems)
     base = path.absolute().parent
     group_files = {name: _checked(values, problems) for name, values in read_vars_dir(
         path.parent / "group_vars", tree.groups, problems, kind="group").items()}
