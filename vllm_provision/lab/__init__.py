@@ -222,6 +222,9 @@ class Lab:
         for path in (self.lab_file, self.known_hosts, self.ssh_config,
                      *(self.inventory_path(kind) for kind in KINDS)):
             path.unlink(missing_ok=True)
+        if self.inventory_path("mp").parent.is_dir() and \
+                not any(self.inventory_path("mp").parent.iterdir()):
+            self.inventory_path("mp").parent.rmdir()
 
     def _run_dir_hosts(self) -> list[str]:
         run_dir = self.config.run_dir
