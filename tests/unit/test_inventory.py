@@ -162,3 +162,33 @@ def test_a_variable_differing_per_node_names_both_hosts_and_values(tmp_path: Pat
     assert "vllm_api_key differs between nodes: h1 has nothing (unset)" in text
     assert "h2 has ********" in text
     assert "other-secret" not in text
+
+
+@pytest.mark.parametrize(("name", "hosts"), [
+    ("gpu1", ["gpu1"]),
+    ("gpu[1:3]", ["gpu1", "gpu2", "gpu3"]),
+    ("gpu[08:10].lab", ["gpu08.lab", "gpu09.lab", "gpu10.lab"]),
+    ("n[a:c]", ["na", "nb", "nc"]),
+    ("n[1:7:3]", ["n1", "n4", "n7"]),
+    ("r[1:2]-g[a:b]", ["r1-ga", "r1-gb", "r2-ga", "r2-gb"]),
+])
+def test_host_ranges_expand_as_in_ansible(name: str, hosts: list[str]) -> None:
+    from vllm_provision.inventory.tree import expand_host_range
+
+    assert expand_host_range(name) == hosts
+
+
+@pytest.mark.parametrize("name", ["gpu[1]", "gpu[1:]", "gpu[a:10]", "gpu[3:1]", "gpu[1:3:x]"])
+def test_invalid_host_ranges_are_refused(name: str) -> None:
+    from vllm_provision.inventory.tree import expand_host_range
+
+    with pytest.raises(ValueError):
+        expand_host_range(name)
+
+
+def test_a_host_range_in_an_inventory_defines_every_host(tmp_path: Path) -> None:
+    (tmp_path / "inventory.yml").write_text(
+        "all:\n  children:\n    gpus:\n      hosts:\n        gpu[01:03]: {ansible_user: ops}\n")
+    inventory = load_inventory(tmp_path / "inventory.yml")
+    assert list(inventory.hosts) == ["gpu01", "gpu02", "gpu03"]
+    assert inventory.hosts["gpu03"].user == "ops"

@@ -146,6 +146,11 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
     file = tree.file
     replicas: list[Replica] = []
     owner: dict[str, str] = {}
+    for host in tree.groups[REPLICAS_GROUP].hosts:
+        problems.add(f"{file}: " + ".".join(map(str, tree.hosts[host].key)),
+                     f"host {host} is directly in {REPLICAS_GROUP}, so it is in no replica",
+                     expected=f"hosts inside a child group of {REPLICAS_GROUP} (one per replica)",
+                     fix=f"move it to {REPLICAS_GROUP}.children.<replica>.hosts")
     for name in tree.groups[REPLICAS_GROUP].children:
         group = tree.groups[name]
         group_where = f"{file}: " + ".".join(str(k) for k in group.key)

@@ -9,6 +9,7 @@ host; its vars are merged, the later one winning.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,44 @@ class Tree:
         return sorted(names, key=lambda g: (self.depth.get(g, 0), g))
 
 
+# Ansible's host ranges (inventory "Adding ranges of hosts"): prefix[start:end(:step)]suffix,
+# numeric (zero padding kept from start) or single letters.
+_RANGE_RE = re.compile(r"^(?P<head>[^\[]*)\[(?P<range>[^\]]*)\](?P<tail>.*)$")
+
+
+def expand_host_range(name: str) -> list[str]:
+    """Expand an Ansible host range: ``gpu[01:03]`` -> gpu01, gpu02, gpu03; ``h[a:c]`` -> ha..hc.
+
+    Several ranges in one name are expanded left to right; a name without ``[`` is returned as
+    is. Source: ansible/inventory/helpers ``expand_hostname_range``.
+
+    Raises:
+        ValueError: a bracket that is not ``[start:end]`` or ``[start:end:step]``, or an empty
+            range (end before start).
+    """
+    match = _RANGE_RE.match(name)
+    if match is None:
+        return [name]
+    parts = match["range"].split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise ValueError(f"{name!r}: a range is [start:end] or [start:end:step]")
+    start, end = parts[0], parts[1]
+    step = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else 1
+    if len(parts) == 3 and not parts[2].isdigit():
+        raise ValueError(f"{name!r}: the step must be a positive integer")
+    if start.isdigit() and end.isdigit():
+        width = len(start) if start.startswith("0") else 0
+        values = [str(i).zfill(width) for i in range(int(start), int(end) + 1, max(step, 1))]
+    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
+        values = [chr(i) for i in range(ord(start), ord(end) + 1, max(step, 1))]
+    else:
+        raise ValueError(f"{name!r}: a range is numeric (01:10) or single letters (a:f)")
+    if not values:
+        raise ValueError(f"{name!r}: the range is empty (end before start)")
+    return [host for value in values
+            for host in expand_host_range(f"{match['head']}{value}{match['tail']}")]
+
+
 def _mapping_or_none(value: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
                      *, expected: str, fix: str) -> Mapping | None:
     if value is None or isinstance(value, Mapping):
@@ -121,6 +160,19 @@ def _parse_vars(values: Mapping, doc: YamlDocument, key: KeyPath,
     return parsed
 
 
+def _add_host(tree: Tree, group: GroupNode, host_name: str, host_vars: Any, doc: YamlDocument,
+              host_key: KeyPath, problems: Problems) -> None:
+    host = tree.hosts.setdefault(host_name, HostNode(host_name, key=host_key))
+    if host_name not in group.hosts:
+        group.hosts.append(host_name)
+    values = _mapping_or_none(
+        host_vars, doc, host_key, problems,
+        expected="a mapping of host variables (or nothing)",
+        fix=f"write '{host_name}: {{ansible_host: 10.0.0.11}}' or '{host_name}:'")
+    if values:
+        host.vars.update(_parse_vars(values, doc, host_key, problems))
+
+
 def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyPath,
                  problems: Problems) -> None:
     group = tree.group(name, key)
@@ -145,19 +197,19 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
                 value, doc, section_key, problems,
                 expected="a mapping of host names to their vars (or nothing)",
                 fix="write hosts as a mapping: 'hosts: {h1: {}, h2: {}}' (not a list)")
-            for host_name, host_vars in (hosts or {}).items():
-                host_key = (*section_key, host_name)
-                if not _valid_name(host_name, doc, host_key, problems, "host"):
+            for pattern, host_vars in (hosts or {}).items():
+                host_key = (*section_key, pattern)
+                if not _valid_name(pattern, doc, host_key, problems, "host"):
                     continue
-                host = tree.hosts.setdefault(host_name, HostNode(host_name, key=host_key))
-                if host_name not in group.hosts:
-                    group.hosts.append(host_name)
-                values = _mapping_or_none(
-                    host_vars, doc, host_key, problems,
-                    expected="a mapping of host variables (or nothing)",
-                    fix=f"write '{host_name}: {{ansible_host: 10.0.0.11}}' or '{host_name}:'")
-                if values:
-                    host.vars.update(_parse_vars(values, doc, host_key, problems))
+                try:
+                    names = expand_host_range(pattern)
+                except ValueError as exc:
+                    problems.add(doc.origin(host_key).where, f"invalid host range: {exc}",
+                                 expected="a range such as gpu[01:04] or node-[a:d]",
+                                 actual=repr(pattern), fix="correct the range in brackets")
+                    continue
+                for host_name in names:
+                    _add_host(tree, group, host_name, host_vars, doc, host_key, problems)
         elif section == "children":
             children = _mapping_or_none(
                 value, doc, section_key, problems,
