@@ -1,0 +1,198 @@
+"""Parity policy, pins, driver minimum, network and host checks on synthetic facts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllm_provision.checks import host, network, parity
+from vllm_provision.checks.finding import Severity
+from vllm_provision.checks.run import check_replica, is_skipped, load_defaults, settings_for
+from vllm_provision.facts.model import (
+    Gpu,
+    GpuProcess,
+    HostFacts,
+    Interface,
+    ListeningSocket,
+    ModelFile,
+    Reachability,
+    ServiceUser,
+)
+from vllm_provision.models import EngineArgs, Host, Node, Replica
+
+POLICY = load_defaults()["preflight_parity"]
+
+
+def make_replica(backend: str = "mp", vars: dict | None = None) -> Replica:
+    nodes = tuple(Node(Host(f"h{i + 1}", f"10.0.0.{11 + i}"), i, f"10.0.0.{11 + i}")
+                  for i in range(2))
+    return Replica("llama", backend, nodes,  # type: ignore[arg-type]
+                   EngineArgs(model="/srv/models/m", tensor_parallel_size=4,
+                              pipeline_parallel_size=2), vars=vars or {})
+
+
+def make_facts(name: str, ip: str, **changes) -> HostFacts:
+    base = HostFacts(
+        host=name, python_path="/opt/vllm/bin/python", venv_found=True,
+        python_version="3.11.2 (main) [GCC 12.2.0]", python_micro="3.11.2",
+        packages={"vllm": "0.33.0", "torch": "2.14.0+cu130", "ray": "2.60.0",
+                  "transformers": "5.19.0", "nvidia-nccl-cu13": "2.28.9",
+                  "nvidia-nccl-cu12": None},
+        torch_cuda="cu130", driver_version="580.95.05", cuda_driver_version="13.0",
+        gpus=tuple(Gpu(i, "NVIDIA H200", 143771, f"GPU-{name}-{i}") for i in range(4)),
+        hostname=name, hostname_addresses=(ip,),
+        interfaces={"eth0": Interface("eth0", "UP", ("UP", "LOWER_UP"), (ip,))},
+        shm_bytes=8 * 1024**3, mem_available_bytes=64 * 1024**3, cpu_count=32,
+        model_path="/srv/models/m",
+        model_files=(ModelFile("config.json", 700), ModelFile("model.safetensors", 1000)),
+        service_user=ServiceUser("vllm", True, 998, 999),
+    )
+    return replace(base, **changes)
+
+
+def clean_facts() -> dict[str, HostFacts]:
+    return {"h1": make_facts("h1", "10.0.0.11"), "h2": make_facts("h2", "10.0.0.12")}
+
+
+def errors_of(findings):
+    return [f for f in findings if f.severity is Severity.ERROR]
+
+
+def test_clean_replica_has_no_error_and_no_warning():
+    findings = check_replica(make_replica(), clean_facts(), settings_for(make_replica()))
+    assert [f for f in findings if f.severity is not Severity.OK] == []
+
+
+def test_nccl_difference_names_host_both_values_and_the_fix():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], packages={**facts["h2"].packages,
+                                                 "nvidia-nccl-cu13": "2.27.3"})
+    [finding] = errors_of(parity.check_parity(make_replica(), facts, POLICY))
+    assert (finding.check, finding.host) == ("parity.nccl", "h2")
+    assert finding.expected == "2.28.9 (as on h1)" and finding.actual == "2.27.3 (on h2)"
+    assert finding.fix == ("install nvidia-nccl-cu13==2.28.9 in /opt/vllm on h2, or pin every "
+                           "node to the same version")
+
+
+def test_policy_override_turns_an_item_into_a_warning_or_off():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], packages={**facts["h2"].packages, "transformers": "5.0"})
+    warn = parity.check_parity(make_replica(), facts, {**POLICY, "transformers": "warning"})
+    assert [f.severity for f in warn if f.check == "parity.transformers"] == [Severity.WARNING]
+    off = parity.check_parity(make_replica(), facts, {**POLICY, "transformers": "off"})
+    assert not [f for f in off if f.check == "parity.transformers"]
+
+
+def test_inventory_override_of_the_policy_merges_with_the_defaults():
+    settings = settings_for(make_replica(vars={"preflight_parity": {"transformers": "warning"}}))
+    assert settings.parity["transformers"] == "warning"
+    assert settings.parity["nccl"] == "error"
+
+
+def test_ray_version_is_compared_only_for_ray_replicas():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], packages={**facts["h2"].packages, "ray": "2.59.0"})
+    assert not errors_of(parity.check_parity(make_replica("mp"), facts, POLICY))
+    assert [f.check for f in errors_of(parity.check_parity(make_replica("ray"), facts, POLICY))
+            ] == ["parity.ray"]
+
+
+def test_driver_patch_difference_is_a_warning_and_branch_difference_an_error():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], driver_version="580.82.07")
+    findings = parity.check_parity(make_replica(), facts, POLICY)
+    assert [(f.check, f.severity) for f in findings if f.severity is not Severity.OK] == [
+        ("parity.driver_patch", Severity.WARNING)]
+    facts["h2"] = replace(facts["h2"], driver_version="570.86.15")
+    findings = parity.check_parity(make_replica(), facts, POLICY)
+    assert [(f.check, f.severity) for f in findings if f.severity is not Severity.OK] == [
+        ("parity.driver_branch", Severity.ERROR)]
+
+
+def test_missing_model_file_is_named():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], model_files=(ModelFile("model.safetensors", 1000),))
+    [finding] = errors_of(parity.check_parity(make_replica(), facts, POLICY))
+    assert finding.check == "parity.model_manifest" and "missing config.json" in finding.actual
+
+
+def test_pins_are_checked_on_every_node():
+    findings = parity.check_pins(make_replica(), clean_facts(), {"vllm_version": "0.34.0"})
+    assert [(f.host, f.severity) for f in findings] == [("h1", Severity.ERROR),
+                                                       ("h2", Severity.ERROR)]
+    assert findings[0].fix.startswith("install vllm==0.34.0 in /opt/vllm on h1")
+
+
+def test_cuda13_torch_needs_a_580_driver():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], driver_version="570.86.15")
+    [finding] = errors_of(parity.check_driver_minimum(make_replica(), facts))
+    assert finding.host == "h2" and finding.expected.startswith(">= 580")
+
+
+def test_interface_down_and_host_ip_not_on_it():
+    replica = make_replica()
+    f = replace(clean_facts()["h2"],
+                interfaces={"eth0": Interface("eth0", "DOWN", ("BROADCAST",), ("10.9.9.9",))})
+    checks = {x.check for x in errors_of(network.check_interface(replica.nodes[1], f, "eth0"))}
+    assert checks == {"network.interface", "network.host_ip"}
+    missing = network.check_interface(replica.nodes[1], f, "ib0")
+    assert errors_of(missing)[0].actual.startswith("absent")
+
+
+def test_unreachable_master_port_is_an_error_for_the_follower():
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], reachability=(
+        Reachability("10.0.0.11", 29501, False, "[Errno 111] Connection refused", 8.0),))
+    [finding] = network.check_reachability(make_replica(), facts, 29501, "master port")
+    assert finding.severity is Severity.ERROR and finding.host == "h2"
+
+
+def test_port_held_by_a_foreign_process_is_an_error_ours_is_ok():
+    node = make_replica().nodes[0]
+    f = replace(clean_facts()["h1"], listening=(
+        ListeningSocket("0.0.0.0", 29501, "python3", 4242, "stray.service"),
+        ListeningSocket("0.0.0.0", 8000, "python3", 812, "vllm.service")))
+    findings = network.check_ports(node, f, [(8000, "API port"), (29501, "master port")],
+                                   ("vllm.service",))
+    assert [(x.item, x.severity) for x in findings] == [("API port 8000", Severity.OK),
+                                                        ("master port 29501", Severity.ERROR)]
+    assert "pid 4242" in findings[1].actual
+
+
+def test_shm_too_small_is_an_error():
+    f = replace(clean_facts()["h1"], shm_bytes=64 * 1024 * 1024)
+    [finding] = host.check_shm(make_replica().nodes[0], f, 1024)
+    assert finding.severity is Severity.ERROR and finding.actual == "64 MiB"
+
+
+def test_remove_ipc_with_a_login_user_is_an_error_system_user_ok():
+    node = make_replica().nodes[0]
+    login = replace(clean_facts()["h1"], service_user=ServiceUser("vllm", True, 1001, 999))
+    assert host.check_remove_ipc(node, login)[0].severity is Severity.ERROR
+    assert host.check_remove_ipc(node, replace(login, remove_ipc=False))[0].severity is \
+        Severity.OK
+    assert host.check_remove_ipc(node, clean_facts()["h1"])[0].severity is Severity.OK
+
+
+def test_foreign_gpu_process_is_an_error_our_unit_is_not():
+    node = make_replica().nodes[1]
+    theirs = replace(clean_facts()["h2"], gpu_processes=(
+        GpuProcess(777, "python3", 40000, "GPU-h2-1", "batch.service"),))
+    [finding] = host.check_foreign_gpu_processes(node, theirs, ("vllm.service",))
+    assert finding.severity is Severity.ERROR and "pid 777" in finding.actual
+    ours = replace(theirs, gpu_processes=(GpuProcess(9, "python3", 1, "GPU-h2-1",
+                                                     "vllm.service"),))
+    assert host.check_foreign_gpu_processes(node, ours, ("vllm.service",))[0].severity is \
+        Severity.OK
+
+
+def test_missing_venv_is_an_error():
+    f = replace(clean_facts()["h1"], venv_found=False, python_path="/usr/bin/python3")
+    [finding] = host.check_venv(make_replica().nodes[0], f, "/opt/vllm", "mp")
+    assert finding.severity is Severity.ERROR and "/usr/bin/python3" in finding.actual
+
+
+def test_skip_names_match_exactly_or_as_prefix():
+    assert is_skipped("parity.nccl", ["parity"])
+    assert is_skipped("host.shm", ["host.shm"])
+    assert not is_skipped("host.shm_extra", ["host.shm"])

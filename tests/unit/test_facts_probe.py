@@ -1,0 +1,73 @@
+"""The probe runs locally through one connection call and returns parseable facts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from vllm_provision.connection import LocalConnection
+from vllm_provision.facts.gather import (
+    ProbeOptions,
+    gather_facts,
+    parse_probe_output,
+    probe_command,
+    probe_config,
+)
+from vllm_provision.models import EngineArgs, Group, Host, Inventory, Node, Replica
+
+
+def make_inventory(tmp_path: Path) -> Inventory:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    venv = str(Path(sys.executable).parent.parent)
+    hosts = {name: Host(name, "127.0.0.1", vars={"vllm_venv": venv, "vllm_service_user": "root"})
+             for name in ("h1", "h2")}
+    nodes = (Node(hosts["h1"], 0, "127.0.0.1"), Node(hosts["h2"], 1, "127.0.0.1"))
+    replica = Replica("r", "mp", nodes, EngineArgs(model=str(model), master_port=29777))
+    return Inventory(tmp_path / "inv.yml", hosts, {"all": Group("all", ("h1", "h2"))},
+                     (replica,))
+
+
+def test_probe_config_asks_master_to_listen_and_follower_to_connect(tmp_path):
+    inventory = make_inventory(tmp_path)
+    replica = inventory.replicas[0]
+    master = probe_config(inventory.hosts["h1"], replica, ProbeOptions())
+    follower = probe_config(inventory.hosts["h2"], replica, ProbeOptions())
+    assert master["listen"]["port"] == 29777 and master["listen"]["expect"] == 1
+    assert follower["connect"] == [{"address": "127.0.0.1", "port": 29777,
+                                    "timeout_s": ProbeOptions().reach_timeout_s}]
+    assert "listen" not in probe_config(inventory.hosts["h2"], replica,
+                                        ProbeOptions(reachability=False))
+
+
+def test_probe_command_falls_back_to_python3_when_the_venv_is_missing():
+    command = probe_command("/nonexistent/venv", {"packages": []})
+    conn = LocalConnection()
+    from vllm_provision.facts.gather import probe_source
+
+    result = conn.run(command, stdin=probe_source())
+    raw = json.loads(result.stdout)
+    assert raw["venv_found"] is False
+
+
+def test_gather_facts_is_one_call_per_host_and_proves_reachability(tmp_path):
+    inventory = make_inventory(tmp_path)
+    connections = {"h1": LocalConnection("h1"), "h2": LocalConnection("h2")}
+    facts, errors = gather_facts(inventory, connections, ProbeOptions(reach_timeout_s=5))
+    assert errors == {}
+    assert [len(c.calls) for c in connections.values()] == [1, 1]
+    assert facts["h1"].venv_found and facts["h1"].packages["vllm"] is None
+    assert facts["h1"].python_micro == ".".join(map(str, sys.version_info[:3]))
+    assert [f.name for f in facts["h1"].model_files or ()] == ["config.json"]
+    assert facts["h1"].listener is not None and facts["h1"].listener.bound
+    assert facts["h2"].reachability[0].ok
+    assert not any(s.port == 29777 for s in facts["h1"].listening)  # the probe's own listener
+
+
+def test_parse_probe_output_reports_missing_nvidia_smi():
+    raw = {"nvidia_smi": {"query_gpu": {"rc": 127, "stdout": "",
+                                        "stderr": "nvidia-smi: command not found"}}}
+    facts = parse_probe_output("h1", raw)
+    assert facts.nvidia_smi_error == "nvidia-smi: command not found" and facts.gpus == ()
