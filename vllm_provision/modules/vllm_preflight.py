@@ -1,0 +1,98 @@
+"""Gather facts and run every preflight check before anything is changed (controller module).
+
+Runs once per play batch on the controller: probes every node of the replicas in the play (one
+SSH round trip each, in parallel), stores the facts for later tasks (the ``facts`` variable),
+and fails every node of a replica that has an error finding, so ``provision up`` touches no
+host of it. Read-only: it runs the same in check mode.
+
+Arguments: ``skip_checks`` (list of check names or prefixes, as ``--skip-check``), merged with
+the ``preflight_skip_checks`` variable and the ``skip_checks`` extra variable.
+
+Example task::
+
+    - name: Check versions, topology, network and hosts of every node
+      vllm_preflight: {}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from vllm_provision.checks.finding import Severity
+from vllm_provision.checks.run import load_defaults, run_checks, settings_for
+from vllm_provision.facts.gather import gather_facts
+from vllm_provision.results import Status
+
+RUNS_ON = "controller"
+ARGUMENTS = ("skip_checks",)
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return [str(item) for item in value]
+
+
+def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+    """Probe the play's replicas, run the checks, store facts, fail on any error finding.
+
+    Args:
+        ctx: the runner's TaskContext (``connections``, ``inventory``, ``facts``, ``vars``).
+        args: ``skip_checks`` (optional list of check names or prefixes).
+
+    Returns:
+        ModuleResult: ``ok`` with per-host results, or ``failed`` on every node of a replica
+        with an error finding (the message lists them: host, item, expected, actual, fix).
+    """
+    from vllm_provision.modules import ModuleResult
+
+    inventory = ctx.inventory
+    replicas = [r for r in inventory.replicas
+                if any(node.name in ctx.connections for node in r.nodes)]
+    if not replicas:
+        return ModuleResult(Status.SKIPPED, "no replica among the play's hosts")
+    skip = (_as_list(args.get("skip_checks")) + _as_list(ctx.vars.get("skip_checks"))
+            + _as_list(ctx.vars.get("preflight_skip_checks")))
+    defaults = load_defaults()
+    settings = [settings_for(replica, defaults) for replica in replicas]
+    probe = settings[0].probe_options()
+    if any(s.nccl_loaded for s in settings):
+        probe = replace(probe, nccl_loaded=True)
+    names = [node.name for replica in replicas for node in replica.nodes
+             if node.name in ctx.connections]
+    facts, errors = gather_facts(inventory, ctx.connections, probe, hosts=names)
+    ctx.facts.update(facts)
+    findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
+                          defaults=defaults)
+    failing = [f for f in findings if f.severity is Severity.ERROR]
+    warnings = [f for f in findings if f.severity is Severity.WARNING]
+    data = {"errors": len(failing), "warnings": len(warnings),
+            "findings": [{"check": f.check, "severity": f.severity.value, "host": f.host,
+                          "item": f.item, "expected": f.expected, "actual": f.actual,
+                          "fix": f.fix} for f in findings if f.severity is not Severity.OK]}
+    host_results: dict[str, Any] = {}
+    for replica in replicas:
+        replica_hosts = {node.name for node in replica.nodes}
+        mine = [f for f in failing if f.host in replica_hosts or f.host == "*"]
+        for node in replica.nodes:
+            if node.name not in ctx.connections and node.name not in errors:
+                continue
+            if mine:
+                lines = [f"{f.host}: {f.item}: expected {f.expected}, got {f.actual}"
+                         + (f" (fix: {f.fix})" if f.fix else "") for f in mine]
+                host_results[node.name] = ModuleResult(
+                    Status.FAILED, f"preflight of replica {replica.name} found {len(mine)} "
+                                   "error(s); nothing was changed:\n" + "\n".join(lines))
+            else:
+                own = [f for f in warnings if f.host == node.name]
+                host_results[node.name] = ModuleResult(
+                    Status.OK, f"preflight passed ({len(own)} warning(s))" if own
+                    else "preflight passed")
+    status = Status.FAILED if failing else Status.OK
+    message = (f"{len(failing)} preflight error(s), {len(warnings)} warning(s)" if failing
+               else f"preflight passed, {len(warnings)} warning(s)")
+    return ModuleResult(status, message, data=data, host_results=host_results)
