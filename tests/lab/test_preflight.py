@@ -1,0 +1,174 @@
+"""`provision check` / `provision facts` against the lab: each mismatch is one test.
+
+Every test changes one thing on the lab, runs the real CLI over real SSH, and restores the lab
+(`provision lab set HOST key=default`, or undoing its own change) in a ``finally``. The product
+code never knows it talks to the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+PROVISION = [str(Path(sys.executable).parent / "provision")]
+
+
+def provision(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with the lab instance's environment (VLLM_PROVISION_LAB_*)."""
+    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=timeout,
+                          env=os.environ.copy(), check=False)
+
+
+def check(lab: Any, kind: str = "mp", *extra: str) -> tuple[int, list[dict[str, Any]]]:
+    result = provision("check", "-i", str(lab.inventory_path(kind)), "--json", *extra)
+    assert result.stdout.strip(), result.stderr
+    return result.returncode, json.loads(result.stdout)["findings"]
+
+
+def errors(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in findings if f["severity"] == "error"]
+
+
+@contextmanager
+def lab_set(host: str, key: str, value: str) -> Iterator[None]:
+    result = provision("lab", "set", host, f"{key}={value}")
+    assert result.returncode == 0, result.stderr
+    try:
+        yield
+    finally:
+        provision("lab", "set", host, f"{key}=default")
+
+
+def test_clean_lab_passes(lab):
+    code, findings = check(lab)
+    assert errors(findings) == []
+    assert code == 0
+
+
+@pytest.mark.parametrize(("key", "value", "check_name", "item"), [
+    ("nccl", "2.27.3", "parity.nccl", "NCCL version"),
+    ("vllm", "0.32.0", "parity.vllm", "vLLM version"),
+    ("torch", "2.13.0", "parity.torch", "torch version (with CUDA build)"),
+    ("python", "3.11.9", "parity.python", "Python version"),
+])
+def test_version_difference_on_h2_is_an_error_naming_both_values(lab, key, value, check_name,
+                                                                  item):
+    with lab_set("h2", key, value):
+        code, findings = check(lab)
+    [finding] = [f for f in errors(findings) if f["check"] == check_name]
+    assert code == 1
+    assert finding["host"] == "h2" and finding["item"] == item
+    assert "(as on h1)" in finding["expected"] and value in finding["actual"]
+    assert "h2" in finding["fix"]
+
+
+def test_nccl_fix_names_the_package_version_and_venv(lab):
+    with lab_set("h2", "nccl", "2.27.3"):
+        _, findings = check(lab)
+    [finding] = [f for f in errors(findings) if f["check"] == "parity.nccl"]
+    assert finding["fix"].startswith("install nvidia-nccl-cu13==") and "/opt/vllm on h2" in \
+        finding["fix"]
+
+
+def test_ray_version_difference_fails_the_ray_inventory_only(lab):
+    with lab_set("h2", "ray", "2.59.0"):
+        ray_code, ray_findings = check(lab, "ray")
+        _, mp_findings = check(lab, "mp")
+    assert ray_code == 1
+    assert [f["host"] for f in errors(ray_findings) if f["check"] == "parity.ray"] == ["h2"]
+    assert not [f for f in mp_findings if f["check"] == "parity.ray"]
+
+
+def test_driver_patch_difference_is_a_warning_and_exit_zero(lab):
+    with lab_set("h2", "driver", "580.82.07"):
+        code, findings = check(lab)
+    assert code == 0
+    assert [(f["host"], f["severity"]) for f in findings if f["check"] == "parity.driver_patch"
+            and f["severity"] != "ok"] == [("h2", "warning")]
+
+
+def test_missing_model_file_on_h2(lab):
+    model = "/srv/models/lab-model"
+    listing = lab.ssh("h2", f"ls {model}")
+    name = sorted(listing.stdout.split())[0]
+    lab.ssh("h2", f"mv {model}/{name} /root/{name}.preflight-test")
+    try:
+        code, findings = check(lab)
+    finally:
+        lab.ssh("h2", f"mv /root/{name}.preflight-test {model}/{name}")
+    [finding] = [f for f in errors(findings) if f["check"] == "parity.model_manifest"]
+    assert code == 1 and finding["host"] == "h2" and f"missing {name}" in finding["actual"]
+
+
+def test_taken_master_port_on_h1(lab):
+    lab.ssh("h1", "systemd-run --unit=preflight-squatter python3 -c "
+                  "'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29501)); "
+                  "s.listen(); time.sleep(600)'")
+    try:
+        lab.ssh("h1", "for i in $(seq 50); do ss -Hltn 'sport = :29501' | grep -q . && break; "
+                      "sleep 0.1; done")
+        code, findings = check(lab)
+    finally:
+        lab.ssh("h1", "systemctl stop preflight-squatter.service")
+    [finding] = [f for f in errors(findings) if f["check"] == "network.ports"]
+    assert code == 1 and finding["host"] == "h1" and "29501" in finding["item"]
+    assert "preflight-squatter.service" in finding["actual"]
+
+
+def test_too_small_dev_shm(lab):
+    size = lab.ssh("h2", "findmnt -no OPTIONS /dev/shm").stdout
+    original = next((o.split("=", 1)[1] for o in size.strip().split(",")
+                     if o.startswith("size=")), None)
+    lab.ssh("h2", "mount -o remount,size=64M /dev/shm")
+    try:
+        code, findings = check(lab)
+    finally:
+        restore = f"size={original}" if original else "size=50%"
+        lab.ssh("h2", f"mount -o remount,{restore} /dev/shm")
+    [finding] = [f for f in errors(findings) if f["check"] == "host.shm"]
+    assert code == 1 and finding["host"] == "h2" and finding["actual"] == "64 MiB"
+
+
+def test_foreign_process_on_h2_gpus(lab):
+    result = provision("lab", "occupy", "h2")
+    assert result.returncode == 0, result.stderr
+    try:
+        code, findings = check(lab)
+    finally:
+        provision("lab", "occupy", "h2", "--release")
+    [finding] = [f for f in errors(findings) if f["check"] == "host.gpu_processes"]
+    assert code == 1 and finding["host"] == "h2" and "pid" in finding["actual"]
+
+
+def test_facts_is_one_ssh_round_trip_per_host(lab, monkeypatch):
+    """Count SSH exec channels: exactly one per host after connecting."""
+    import paramiko
+
+    from vllm_provision.facts.collect import collect_facts
+    from vllm_provision.facts.gather import ProbeOptions
+    from vllm_provision.inventory import load_inventory
+
+    calls: list[str] = []
+    original = paramiko.Channel.exec_command
+
+    def counting(self: paramiko.Channel, command: str) -> None:
+        calls.append(command)
+        return original(self, command)
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", counting)
+    inventory = load_inventory(lab.inventory_path("mp"))
+    hosts = list(inventory.hosts.values())
+    facts, errs = collect_facts(inventory, hosts, ProbeOptions())
+    assert errs == {}
+    assert len(calls) == len(hosts) == len(facts)
+    assert all(f.gpus and f.packages.get("vllm") for f in facts.values())
