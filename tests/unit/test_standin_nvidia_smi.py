@@ -49,7 +49,8 @@ def test_csv_header_and_units_follow_the_real_format(smi) -> None:  # type: igno
 def test_list_gpus_matches_the_real_line_shape(smi) -> None:  # type: ignore[no-untyped-def]
     import re
     pattern = re.compile(r"^GPU \d+: .+ \(UUID: GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\)$")
-    assert all(pattern.match(line) for line in (DATA / "list-gpus-535.txt").read_text().splitlines())
+    real = (DATA / "list-gpus-535.txt").read_text().splitlines()
+    assert all(pattern.match(line) for line in real)
     lines = smi("-L").stdout.splitlines()
     assert len(lines) == 4 and all(pattern.match(line) for line in lines)
 

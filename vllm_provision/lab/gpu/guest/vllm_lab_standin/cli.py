@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_headless(config, spec)
         return serve(config, spec)
-    except (TimeoutError, ValueError, ConnectionError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - Ray's errors too; vLLM also ends with one line
         log("ERROR", "core.py:1", "EngineCore failed to start.")
         sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
         return 1

@@ -89,7 +89,7 @@ class RayEngine:
         group = placement_group(specs, strategy="PACK")
         timeout_s = pg_timeout_s(self.spec)
         start = time.monotonic()
-        interval = min(10.0, timeout_s)
+        interval = min(10.0, max(1.0, timeout_s / 4))
         while True:
             ready, _ = ray.wait([group.ready()], timeout=interval)
             if ready:
