@@ -45,10 +45,11 @@ def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
     if term in ("all", "*"):
         return set(inventory.hosts)
     found: set[str] = set()
-    if term in inventory.groups:
-        found |= _hosts_of_group(inventory, term)
     if term in inventory.hosts:
         found.add(term)
+    if term in inventory.groups:
+        # an existing but empty group (e.g. vllm_ray in an mp-only inventory) matches no host
+        return found | _hosts_of_group(inventory, term)
     if found:
         return found
     if term.startswith("~"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vllm_provision import handlers_state
+from vllm_provision import handlers_state, variables
 from vllm_provision.connection import (
     Connection,
     ConnectionOptions,
@@ -338,10 +338,11 @@ class Runner:
 
     def templar_for(self, play: Play, host: Host) -> Templar:
         """Return the Templar holding ``host``'s variables for ``play`` (precedence per
-        docs/runner-contract.md: role defaults < inventory < play vars < registered < -e)."""
+        docs/runner-contract.md: variables-table defaults < role defaults < inventory < play vars <
+        registered < -e)."""
         replica = self.inventory.replica_of(host.name)
         node = next((n for n in replica.nodes if n.name == host.name), None) if replica else None
-        layered: dict[str, Any] = {}
+        layered: dict[str, Any] = dict(variables.defaults())
         layered.update(play.role_defaults)
         layered.update(host.vars)
         layered.update(play.vars)
