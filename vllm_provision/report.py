@@ -68,7 +68,7 @@ class HumanReporter:
     def task_result(self, result: TaskResult) -> None:
         """Print one host's result line, its message and (diff mode) its diff."""
         style = STATUS_STYLE[result.status]
-        line = f"[{style}]{result.status.value}: [{_esc(result.host)}][/{style}]"
+        line = f"[{style}]{result.status.value}: {_esc('[' + result.host + ']')}[/{style}]"
         show_message = result.message and (
             self.verbosity > 0 or result.status in (Status.CHANGED, Status.FAILED,
                                                     Status.UNREACHABLE))
