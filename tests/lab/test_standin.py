@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -30,8 +31,8 @@ def _address(lab, name: str) -> str:  # type: ignore[no-untyped-def]
 
 
 def _provision(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vllm_provision.cli", *args], capture_output=True,
-                          text=True, check=False)
+    return subprocess.run([sys.executable, "-c", "from vllm_provision.cli import main; main()",
+                           *args], capture_output=True, text=True, check=False)
 
 
 def _curl(lab, host: str, url: str, data: dict | None = None, max_time: int = 10) -> str:  # type: ignore[no-untyped-def]
@@ -178,11 +179,14 @@ def test_streaming_returns_tokens_at_the_configured_pace(lab) -> None:  # type: 
                         "--served-model-name lab --port 8001")
         assert _wait_http(lab, "h1", "http://127.0.0.1:8001/health", 60)
         body = json.dumps({"model": "lab", "prompt": "hi", "max_tokens": 6, "stream": True})
-        script = ("import json,time,urllib.request as u; r=u.Request('http://127.0.0.1:8001/v1/"
-                  f"completions', data={body!r}.encode(), headers={{'Content-Type': "
-                  "'application/json'}); t=time.monotonic(); print(json.dumps([time.monotonic()"
-                  "-t for l in u.urlopen(r) if l.startswith(b'data: {')]))")
-        times = json.loads(_ssh(lab, "h1", f"python3 -c \"{script}\""))
+        script = ("import json, time, urllib.request as u\n"
+                  "r = u.Request('http://127.0.0.1:8001/v1/completions', "
+                  f"data={body!r}.encode(), headers={{'Content-Type': 'application/json'}})\n"
+                  "t = time.monotonic()\n"
+                  "print(json.dumps([time.monotonic() - t for line in u.urlopen(r) "
+                  "if line.startswith(b'data: {')]))\n")
+        encoded = base64.b64encode(script.encode()).decode()
+        times = json.loads(_ssh(lab, "h1", f"echo {encoded} | base64 -d | python3"))
         assert len(times) == 6
         assert times[-1] - times[0] >= 5 * 0.2 * 0.9
     finally:
