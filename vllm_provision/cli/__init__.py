@@ -8,6 +8,8 @@ and every command fast (heavy modules such as paramiko load only when needed).
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import sys
 
 import click
@@ -54,6 +56,9 @@ def main() -> None:
     """Console entry point: run the CLI and turn every known error into a message and exit code."""
     from vllm_provision.errors import ProvisionError
 
+    # paramiko logs transport-thread failures (with tracebacks) through logging's last-resort
+    # handler; connection errors reach the user as `unreachable` results instead.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -72,3 +77,10 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except Exception as exc:  # a bug of ours: say so in one block, the traceback only on request
+        if os.environ.get("VLLM_PROVISION_TRACEBACK"):
+            raise
+        click.echo(f"internal error: {type(exc).__name__}: {exc}\n"
+                   "  this is a bug in vllm-provision; rerun with VLLM_PROVISION_TRACEBACK=1 "
+                   "to see where, and report it", err=True)
+        sys.exit(1)

@@ -165,19 +165,23 @@ def pending_placement_problem(snapshot: RaySnapshot, where: str) -> Problem | No
 
 
 def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
-    """The shell command printing a :class:`RaySnapshot` from the head, as the service user."""
+    """The shell command printing a :class:`RaySnapshot` from the head, as the service user.
+
+    The script itself goes on stdin (``python -``): a multi-line argument would not survive the
+    quoting rules that refuse control characters in shell words.
+    """
     python = f"{vars_.get('vllm_venv', '/opt/vllm')}/bin/python"
     address = f"{replica.master.host_ip}:{vars_.get('ray_port', 6379)}"
     user = str(vars_.get("vllm_service_user", "vllm"))
     home = str(vars_.get("vllm_state_dir", "/var/lib/vllm"))
     return shell_join(["runuser", "-u", user, "--", "env", f"HOME={home}",
-                       "RAY_USAGE_STATS_ENABLED=0", python, "-c", SNAPSHOT_SCRIPT, address])
+                       "RAY_USAGE_STATS_ENABLED=0", python, "-", address])
 
 
 def read_snapshot(ctx: Any, replica: Replica) -> tuple[RaySnapshot | None, str]:
     """Run the snapshot on the head; returns (snapshot or None, error text)."""
     conn = ctx.connections.get(replica.master.name, ctx.conn)
-    result = conn.run(snapshot_command(replica, ctx.vars), timeout_s=90)
+    result = conn.run(snapshot_command(replica, ctx.vars), stdin=SNAPSHOT_SCRIPT, timeout_s=90)
     snapshot = parse_snapshot(result.stdout) if result.exit_code == 0 else None
     return snapshot, (result.stderr or result.stdout).strip()[-600:]
 
