@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_provision.errors import LabError
-from vllm_provision.lab import base, cgroups, hosts, network
+from vllm_provision.lab import base, cgroups, gpu, hosts, network
 from vllm_provision.lab.config import LabConfig, host_index, host_names
 from vllm_provision.lab.deps import ensure_packages
 from vllm_provision.lab.inventories import KINDS, InventoryKind, inventory_file, inventory_text
@@ -170,6 +170,7 @@ class Lab:
     def _boot(self, names: list[str], spec: Path | None) -> None:
         spec_file = self.state_dir / "spec.yml"
         spec_file.unlink(missing_ok=True)
+        gpu.clear_overrides(self.state_dir)  # fresh hosts: no `lab set` value of an earlier lab
         if spec is not None:
             shutil.copyfile(spec, spec_file)
         network.ensure_bridge(self.config)
@@ -178,7 +179,7 @@ class Lab:
             root = hosts.mount_root(self.config, name, self.base_dir)
             hosts.write_identity(self.config, root, name, names, public_key)
             network.add_host_network(self.config, name)
-            _prepare_gpu(root, name, self.state_dir)
+            gpu.prepare_host(root=root, host_name=name, state_dir=self.state_dir)
             hosts.start_boot_loop(self.config, name)
         self._write_access_files(names)
         with ThreadPoolExecutor(max_workers=len(names)) as pool:
@@ -363,15 +364,6 @@ class Lab:
             raise LabError.single(host, f"is not running in lab instance '{self.config.name}'",
                                   fix="run `provision lab status`, or `provision lab up`")
         return pid
-
-
-def _prepare_gpu(root: Path, host: str, state_dir: Path) -> None:
-    """Run the GPU stand-in hook (vllm_provision.lab.gpu.prepare_host) when it is installed."""
-    try:
-        from vllm_provision.lab.gpu import prepare_host  # type: ignore[attr-defined]
-    except ImportError:
-        return
-    prepare_host(root=root, host_name=host, state_dir=state_dir)
 
 
 def _raise_inotify_limit() -> None:
