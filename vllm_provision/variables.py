@@ -188,6 +188,14 @@ _TABLE: tuple[Variable, ...] = (
     Variable("vllm_env", dict, {}, "More environment for the vLLM unit (env file); values "
              "whose name contains token/password/secret/key are masked.",
              "{HF_HUB_OFFLINE: '1'}", check=check_env_mapping_names),
+    Variable("vllm_node_env", dict, {}, "More environment for this node's units only, added "
+             "after `vllm_env` (wins over it): settings that must differ per node, such as the "
+             "CPU build's `VLLM_CPU_OMP_THREADS_BIND`.", "{VLLM_CPU_OMP_THREADS_BIND: '0'}",
+             scope="host", check=check_env_mapping_names),
+    Variable("vllm_device", str, "cuda", "The accelerator the replica runs on: `cuda` (NVIDIA "
+             "GPUs, checked with nvidia-smi) or `cpu` (vLLM's CPU build: preflight counts CPU "
+             "cores as the node's devices and does not ask for GPUs).", "cpu",
+             choices=("cuda", "cpu")),
     # Service settings.
     Variable("vllm_venv", str, "/opt/vllm", "Python virtual environment holding vLLM.",
              "/opt/vllm", check=check_absolute_path),

