@@ -17,6 +17,15 @@ NOT_ROOT_REASON = ("lab tests need root (the lab mounts overlays and creates net
                    "run them as root, e.g. `sudo .venv/bin/pytest -m lab`")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options of the verify suite (tests/verify): the inventory of a deployed replica."""
+    group = parser.getgroup("vllm-provision verify suite")
+    group.addoption("--inventory", default=None,
+                    help="inventory of a deployed replica to verify (tests/verify)")
+    group.addoption("--verify-extra-vars", action="append", default=[], metavar="K=V",
+                    help="extra variables for the verify suite's inventory")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip every ``lab``-marked test with a clear reason when not root."""
     if os.geteuid() == 0:

@@ -1,0 +1,89 @@
+"""Verify a deployed replica the way an operator would: units, files, sockets, HTTP.
+
+The same suite runs on the lab (tests/lab/test_verify_suite.py) and on real servers
+(``pytest tests/verify --inventory INVENTORY``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_provision import variables
+from vllm_provision.models import Node, Replica
+
+
+def settings(replica: Replica) -> dict[str, Any]:
+    """The replica's variables over the variables table's and roles' defaults."""
+    merged: dict[str, Any] = dict(variables.defaults())
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray"):
+        defaults = roles / role / "defaults" / "main.yml"
+        if defaults.is_file():
+            merged.update(yaml.safe_load(defaults.read_text()) or {})
+    merged.update(replica.vars)
+    return merged
+
+
+def _units_of(replica: Replica, node: Node) -> list[str]:
+    values = settings(replica)
+    if replica.backend == "mp":
+        return [values["vllm_unit_name"]]
+    units = [values["ray_head_unit_name"] if node.rank == 0 else values["ray_worker_unit_name"]]
+    return units + ([values["vllm_unit_name"]] if node.rank == 0 else [])
+
+
+def _replica_of(node: Node, inventory: Any) -> Replica:
+    replica = inventory.replica_of(node.name)
+    assert replica is not None
+    return replica
+
+
+def test_units_are_enabled_and_running(node: Node, verify_inventory: Any, connect: Any) -> None:
+    host = connect(node.host)
+    for unit in _units_of(_replica_of(node, verify_inventory), node):
+        service = host.service(unit)
+        assert service.is_enabled, f"{node.name}: {unit} is not enabled (lost on reboot)"
+        assert service.is_running, f"{node.name}: {unit} is not running"
+
+
+def test_environment_file_is_root_only(node: Node, verify_inventory: Any, connect: Any) -> None:
+    replica = _replica_of(node, verify_inventory)
+    values = settings(replica)
+    path = values["vllm_env_file"] if (replica.backend == "mp" or node.rank == 0) \
+        else values["ray_env_file"]
+    env_file = connect(node.host).file(path)
+    assert env_file.exists and env_file.user == "root" and env_file.mode == 0o600
+    assert re.search(rf'^VLLM_HOST_IP="?{re.escape(node.host_ip)}"?$', env_file.content_string,
+                     re.MULTILINE), f"{node.name}: VLLM_HOST_IP is not {node.host_ip} in {path}"
+
+
+def test_unit_runs_as_the_system_user(node: Node, verify_inventory: Any, connect: Any) -> None:
+    replica = _replica_of(node, verify_inventory)
+    values = settings(replica)
+    user = connect(node.host).user(values["vllm_service_user"])
+    assert user.exists and user.uid < 1000, "the service user must be a system user (vllm #54259)"
+
+
+def test_master_listens_on_the_api_port(replica: Replica, connect: Any) -> None:
+    host = connect(replica.master.host)
+    port = replica.engine.api_port
+    assert any(host.socket(f"tcp://{address}:{port}").is_listening
+               for address in ("0.0.0.0", replica.engine.api_host, replica.master.host_ip))
+
+
+def test_master_is_healthy_and_serves_the_model(replica: Replica) -> None:
+    base = f"http://{replica.master.host_ip}:{replica.engine.api_port}"
+    with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
+        assert response.status == 200
+    request = urllib.request.Request(f"{base}/v1/models")
+    if replica.engine.api_key:
+        request.add_header("Authorization", f"Bearer {replica.engine.api_key}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        served = [m["id"] for m in json.load(response)["data"]]
+    assert (replica.engine.served_model_name or replica.engine.model) in served
