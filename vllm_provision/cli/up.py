@@ -40,6 +40,9 @@ def run_deploy_playbook(name: str, inventory_path: str, *, extra_vars: dict[str,
             extra.update({k: v for k, v in result.data.items()
                           if k in ("completion", "served_model", "ttft_s", "completion_s",
                                    "start_to_serving_s", "vllm_version", "already_serving")})
+    if (name == "up" and not check and not limit and "completion" in extra
+            and not any(r.failed for r in outcome.results)):
+        extra.update(_record_good_up(inventory, runner))
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=check,
                                duration_s=outcome.duration_s, extra=extra)
     if as_json:
@@ -53,6 +56,23 @@ def run_deploy_playbook(name: str, inventory_path: str, *, extra_vars: dict[str,
                        f"{' (already serving)' if extra.get('already_serving') else ''}; "
                        f"time to first token: {extra.get('ttft_s')} s")
     return summary
+
+
+def _record_good_up(inventory: Any, runner: Any) -> dict[str, str]:
+    """Write the state record of a verified `up` for `provision drift` (vllm_provision.state);
+    return ``state_record`` (controller path) or ``state_record_error`` (also on stderr)."""
+    from vllm_provision import state
+    from vllm_provision.errors import ProvisionError
+    from vllm_provision.runner.playbook import load_playbook
+
+    try:
+        return {"state_record": str(state.record_after_up(
+            inventory, runner.facts, load_playbook(PLAYBOOKS / "up.yml"),
+            runner.options.connection))}
+    except ProvisionError as exc:
+        click.echo(f"warning: the state record for `provision drift` was not written: {exc}",
+                   err=True)
+        return {"state_record_error": exc.render()}
 
 
 def common_options(func: Any) -> Any:

@@ -1,0 +1,380 @@
+"""The state record of the last good ``provision up``: what ran where, for ``provision drift``.
+
+Written only after ``provision up`` verified a served completion, in two places:
+
+- on every host of the inventory's replicas: ``/var/lib/vllm-provision/state.json`` (root:root,
+  0600, written to a temp file in the same folder, fsynced and renamed: rename(2) is atomic);
+- on the controller: ``$XDG_STATE_HOME/vllm-provision/<inventory stem>-<12 hex of the sha256 of
+  the inventory's absolute path>.json`` (``XDG_STATE_HOME`` defaults to ``~/.local/state``, XDG
+  Base Directory spec 0.8), 0600, also written atomically.
+
+Every copy holds the whole record (all hosts), so drift can fall back on any host's copy when
+the controller's is missing. The record holds no secret: the API key only as ``api_key_set``,
+installed files only as sha256 digests.
+
+Record shape (``schema`` 1)::
+
+    {"schema": 1, "time": "2025-01-01T12:00:00Z", "tool_version": "0.1.0",
+     "inventory": "/abs/inventory.yml",
+     "replicas": {"llama": {"backend": "mp", "nodes": ["h1", "h2"],
+                            "engine": {"model": "...", "tensor_parallel_size": 1, ...,
+                                       "api_key_set": false}}},
+     "hosts": {"h1": {"replica": "llama", "rank": 0,
+                      "facts": {"python": "3.11.2", "vllm": "0.11.0", "NCCL": "2.28.9", ...},
+                      "files": {"/etc/systemd/system/vllm.service": "<sha256>", ...}}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from vllm_provision import __version__
+from vllm_provision.connection import Connection, UnreachableError
+from vllm_provision.errors import ProvisionError
+from vllm_provision.facts.model import HostFacts
+from vllm_provision.models import EngineArgs, Inventory
+from vllm_provision.modules import STATE_DIR, quote
+
+SCHEMA = 1
+HOST_STATE_FILE = f"{STATE_DIR}/state.json"
+
+# Facts that must not change between two good `up`s without the operator knowing (the parity
+# items of docs/preflight.md): label -> reader. Labels match `provision facts` rows.
+PARITY_FACTS: tuple[tuple[str, Callable[[HostFacts], str | None]], ...] = (
+    ("python", lambda f: f.python_micro or None),
+    ("vllm", lambda f: f.packages.get("vllm")),
+    ("torch", lambda f: f.packages.get("torch")),
+    ("torch CUDA build", lambda f: f.torch_cuda),
+    ("NCCL", lambda f: f.nccl_version),
+    ("ray", lambda f: f.packages.get("ray")),
+    ("transformers", lambda f: f.packages.get("transformers")),
+    ("driver", lambda f: f.driver_version),
+    ("CUDA (driver)", lambda f: f.cuda_driver_version),
+    ("GPU model", lambda f: f.gpu_model),
+    ("GPU count", lambda f: str(len(f.gpus))),
+    ("model manifest", lambda f: model_manifest_digest(f)),
+)
+
+
+def model_manifest_digest(facts: HostFacts) -> str | None:
+    """sha256 (hex) of the model directory's manifest: one ``name<TAB>size<TAB>sha256`` line per
+    file, sorted by name; None when the model path was missing. File hashes are included only
+    when the probe hashed them, so the digest mostly tracks names and sizes (bytes)."""
+    if facts.model_files is None:
+        return None
+    lines = "".join(f"{m.name}\t{m.size}\t{m.sha256}\n"
+                    for m in sorted(facts.model_files, key=lambda m: m.name))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def parity_facts(facts: HostFacts) -> dict[str, str | None]:
+    """The facts of :data:`PARITY_FACTS` as ``label -> value`` (None = not found)."""
+    return {label: read(facts) for label, read in PARITY_FACTS}
+
+
+def engine_record(engine: EngineArgs) -> dict[str, Any]:
+    """The replica's engine arguments as JSON, the API key replaced by ``api_key_set`` (bool)."""
+    values = asdict(engine)
+    values["extra_args"] = list(engine.extra_args)
+    values["api_key_set"] = values.pop("api_key") is not None
+    return values
+
+
+def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
+                 files: Mapping[str, Mapping[str, str]], *,
+                 now: datetime | None = None) -> dict[str, Any]:
+    """Build the record (pure) for every node of every replica.
+
+    Args:
+        inventory: the inventory ``up`` ran with (extra vars merged).
+        facts: facts by host name, as preflight gathered them.
+        files: by host name, installed file path -> sha256 hex digest.
+        now: the time of the record (default: now, UTC).
+    """
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "time": moment.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "tool_version": __version__,
+        "inventory": str(Path(inventory.path).resolve()),
+        "replicas": {},
+        "hosts": {},
+    }
+    for replica in inventory.replicas:
+        record["replicas"][replica.name] = {
+            "backend": replica.backend,
+            "nodes": [node.name for node in replica.nodes],
+            "engine": engine_record(replica.engine),
+        }
+        for node in replica.nodes:
+            host_facts = facts.get(node.name)
+            record["hosts"][node.name] = {
+                "replica": replica.name,
+                "rank": node.rank,
+                "facts": parity_facts(host_facts) if host_facts else {},
+                "files": dict(sorted(files.get(node.name, {}).items())),
+            }
+    return record
+
+
+# -- the controller's copy ---------------------------------------------------------------------
+
+def controller_state_dir() -> Path:
+    """``$XDG_STATE_HOME/vllm-provision`` (``~/.local/state/vllm-provision`` by default)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "vllm-provision"
+
+
+def controller_state_path(inventory_path: Path) -> Path:
+    """Where the controller keeps the record of the inventory at ``inventory_path``.
+
+    The name carries the inventory's stem and 12 hex digits of the sha256 of its absolute path,
+    so two inventories with the same file name do not share a record.
+    """
+    absolute = str(Path(inventory_path).resolve())
+    tag = hashlib.sha256(absolute.encode()).hexdigest()[:12]
+    return controller_state_dir() / f"{Path(inventory_path).stem}-{tag}.json"
+
+
+def write_controller_record(inventory_path: Path, record: Mapping[str, Any]) -> Path:
+    """Write ``record`` atomically (temp file, fsync, rename) with mode 0600; return its path.
+
+    Raises:
+        ProvisionError: the folder or file cannot be written.
+    """
+    path = controller_state_path(inventory_path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, temp = tempfile.mkstemp(prefix=".state-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as stream:
+                json.dump(record, stream, indent=2, sort_keys=True)
+                stream.write("\n")
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(temp, 0o600)
+            os.replace(temp, path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise ProvisionError.single(str(path), f"cannot write the state record: {exc.strerror}",
+                                    fix="make the folder writable or set XDG_STATE_HOME") \
+            from None
+    return path
+
+
+def read_controller_record(inventory_path: Path) -> dict[str, Any] | None:
+    """Return the controller's record of this inventory, or None when there is none.
+
+    Raises:
+        ProvisionError: the file exists but is not a record (unreadable, not JSON, wrong schema).
+    """
+    path = controller_state_path(inventory_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ProvisionError.single(str(path), f"cannot read the state record: {exc.strerror}") \
+            from None
+    return parse_record(text, str(path))
+
+
+def parse_record(text: str, where: str) -> dict[str, Any]:
+    """Parse a record's JSON text and check its schema.
+
+    Raises:
+        ProvisionError: not JSON, not an object, or an unknown ``schema``.
+    """
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProvisionError.single(where, f"the state record is not JSON: {exc}",
+                                    fix="run `provision up` to write a new one") from None
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA \
+            or not isinstance(record.get("hosts"), dict):
+        raise ProvisionError.single(where, "not a state record this version can read",
+                                    expected=f"a JSON object with schema {SCHEMA} and hosts",
+                                    actual=str(record.get("schema") if isinstance(record, dict)
+                                               else type(record).__name__),
+                                    fix="run `provision up` to write a new one")
+    return record
+
+
+# -- the hosts' copies -------------------------------------------------------------------------
+
+def hash_files_script(paths: Sequence[str]) -> str:
+    """Shell printing ``<sha256> <path>`` for each existing path of ``paths`` (one round trip)."""
+    if not paths:
+        return "true"
+    quoted = " ".join(quote(p) for p in paths)
+    return f"for p in {quoted}; do [ -f \"$p\" ] && sha256sum \"$p\"; done; true"
+
+
+def parse_hashes(stdout: str) -> dict[str, str]:
+    """``sha256sum`` output -> path -> digest (pure)."""
+    hashes: dict[str, str] = {}
+    for line in stdout.splitlines():
+        digest, _, path = line.strip().partition(" ")
+        path = path.lstrip(" *")
+        if len(digest) == 64 and path:
+            hashes[path] = digest
+    return hashes
+
+
+def write_host_record_script(path: str = HOST_STATE_FILE) -> str:
+    """Shell that writes stdin to ``path`` atomically, root-only (folder 0755, file 0600)."""
+    folder = quote(os.path.dirname(path))
+    target = quote(path)
+    return (f"umask 077 && mkdir -p {folder} && tmp=$(mktemp {folder}/.state.XXXXXX) && "
+            f"cat > \"$tmp\" && sync \"$tmp\" && chmod 0600 \"$tmp\" && "
+            f"mv -f \"$tmp\" {target}")
+
+
+def write_host_record(conn: Connection, record: Mapping[str, Any],
+                      path: str = HOST_STATE_FILE) -> None:
+    """Write the record on one host (one round trip, as root through the host's ``become``).
+
+    Raises:
+        UnreachableError: the connection failed.
+        ProvisionError: the write failed on the host.
+    """
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    result = conn.run(write_host_record_script(path), stdin=text)
+    if not result.ok:
+        raise ProvisionError.single(getattr(conn, "name", "host"),
+                                    f"cannot write {path}",
+                                    actual=(result.stderr or result.stdout).strip()[-300:])
+
+
+def read_host_record(conn: Connection, path: str = HOST_STATE_FILE) -> dict[str, Any] | None:
+    """Read one host's copy of the record; None when it has none.
+
+    Raises:
+        UnreachableError: the connection failed.
+        ProvisionError: the file is not a record.
+    """
+    result = conn.run(f"cat {quote(path)} 2>/dev/null || echo __ABSENT__")
+    text = result.stdout.strip()
+    if not text or text == "__ABSENT__":
+        return None
+    return parse_record(text, f"{getattr(conn, 'name', 'host')}:{path}")
+
+
+def save_record(inventory: Inventory, record: Mapping[str, Any],
+                connections: Mapping[str, Connection]) -> tuple[Path, dict[str, ProvisionError]]:
+    """Write the record on every connected host, then on the controller.
+
+    Returns:
+        ``(controller path, errors by host)``: hosts whose copy could not be written.
+
+    Raises:
+        ProvisionError: the controller's copy could not be written.
+    """
+    errors: dict[str, ProvisionError] = {}
+    for name, conn in connections.items():
+        try:
+            write_host_record(conn, record)
+        except (UnreachableError, ProvisionError) as exc:
+            errors[name] = exc
+    return write_controller_record(inventory.path, record), errors
+
+
+# -- what `provision up` installs --------------------------------------------------------------
+
+# Modules whose plays only put files and units in place: the plays `provision drift` replays in
+# check mode (preflight, waiting and verification plays are left out).
+INSTALL_MODULES = frozenset({"template", "file", "systemd", "command"})
+
+
+def install_plays(plays: Sequence[Any]) -> list[Any]:
+    """The plays of ``plays`` (``runner.playbook.Play``) whose tasks only use
+    :data:`INSTALL_MODULES` and do not start anything: the install plays of ``playbooks/up.yml``.
+    """
+    chosen = []
+    for play in plays:
+        modules = {task.module for task in play.tasks}
+        starts = any(task.module == "systemd" and isinstance(task.args, Mapping)
+                     and task.args.get("state") in ("started", "restarted")
+                     for task in play.tasks)
+        if play.tasks and modules <= INSTALL_MODULES and not starts:
+            chosen.append(play)
+    return chosen
+
+
+def managed_files(inventory: Inventory, plays: Sequence[Any],
+                  limit: str | None = None) -> dict[str, dict[str, str]]:
+    """By host: task name -> destination path of every ``template`` task of ``plays`` that
+    applies to the host (its ``when`` is true, or cannot be told without running).
+
+    Pure apart from reading role defaults already loaded in ``plays``; no connection is opened.
+
+    Raises:
+        ProvisionError: a ``dest`` that does not render (undefined variable).
+    """
+    from vllm_provision.runner.engine import Runner
+    from vllm_provision.runner.selection import select_play_hosts
+
+    runner = Runner(inventory)
+    files: dict[str, dict[str, str]] = {}
+    for play in plays:
+        for host in select_play_hosts(inventory, play.hosts, limit):
+            templar = runner.templar_for(play, host)
+            for task in play.tasks:
+                if task.module != "template" or not isinstance(task.args, Mapping):
+                    continue
+                if task.when:
+                    try:
+                        if not templar.test(list(task.when), label=f"{task.name}: when"):
+                            continue
+                    except ProvisionError:
+                        pass
+                dest = templar.render_value(task.args.get("dest"), f"{task.name}: dest")
+                files.setdefault(host.name, {})[task.name] = str(dest)
+    return files
+
+
+def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
+                    plays: Sequence[Any], connection_options: Any) -> Path:
+    """After a verified ``provision up``: hash the installed files on every node (one round trip
+    each), then write the record on every node and on the controller; return the controller path.
+
+    Args:
+        inventory: the inventory ``up`` ran with.
+        facts: the facts preflight gathered (``Runner.facts``).
+        plays: the playbook's plays (the install plays among them name the files).
+        connection_options: ``connection.ConnectionOptions``.
+
+    Raises:
+        ProvisionError: a node could not be reached or written, or the controller's copy failed.
+    """
+    from vllm_provision.connection import close_all, open_connections
+
+    chosen = install_plays(plays)
+    files = managed_files(inventory, chosen)
+    hosts = [node.host for replica in inventory.replicas for node in replica.nodes]
+    connections, errors = open_connections(hosts, connection_options)
+    problems: list[Any] = [p for exc in errors.values() for p in exc.problems]
+    try:
+        hashes: dict[str, dict[str, str]] = {}
+        for name, conn in connections.items():
+            paths = sorted(set((files.get(name) or {}).values()))
+            result = conn.run(hash_files_script(paths))
+            hashes[name] = parse_hashes(result.stdout)
+        record = build_record(inventory, facts, hashes)
+        path, write_errors = save_record(inventory, record, connections)
+        problems += [p for exc in write_errors.values() for p in exc.problems]
+    finally:
+        close_all(connections)
+    if problems:
+        raise ProvisionError(problems)
+    return path
