@@ -190,7 +190,9 @@ def summary_line(changes: Sequence[Change], hosts: Sequence[str], record_time: s
         return (f"No drift: {', '.join(hosts) or 'no host'} match the last good "
                 f"`provision up` ({record_time}).")
     by_kind = {kind: sum(1 for c in changes if c.kind == kind) for kind in ("facts", "config")}
-    drifted = sorted({c.host for c in changes})
+    drifted = sorted({c.host for c in changes} - {"*"})
+    if any(c.host == "*" for c in changes):
+        drifted.insert(0, "the replica")
     return (f"Drift: {len(changes)} change(s) on {', '.join(drifted)} since the last good "
             f"`provision up` ({record_time}): {by_kind['facts']} in facts, "
             f"{by_kind['config']} in configuration.")

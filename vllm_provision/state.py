@@ -297,18 +297,13 @@ INSTALL_MODULES = frozenset({"template", "file", "systemd", "command"})
 
 
 def install_plays(plays: Sequence[Any]) -> list[Any]:
-    """The plays of ``plays`` (``runner.playbook.Play``) whose tasks only use
-    :data:`INSTALL_MODULES` and do not start anything: the install plays of ``playbooks/up.yml``.
+    """The plays of ``plays`` (``runner.playbook.Play``) that install files: at least one
+    ``template`` task and only :data:`INSTALL_MODULES` (the install plays of
+    ``playbooks/up.yml``; preflight, hold, start-in-order, wait and verify plays are left out).
     """
-    chosen = []
-    for play in plays:
-        modules = {task.module for task in play.tasks}
-        starts = any(task.module == "systemd" and isinstance(task.args, Mapping)
-                     and task.args.get("state") in ("started", "restarted")
-                     for task in play.tasks)
-        if play.tasks and modules <= INSTALL_MODULES and not starts:
-            chosen.append(play)
-    return chosen
+    return [play for play in plays
+            if any(task.module == "template" for task in play.tasks)
+            and all(task.module in INSTALL_MODULES for task in play.tasks)]
 
 
 def managed_files(inventory: Inventory, plays: Sequence[Any],

@@ -116,9 +116,11 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
     for failed in drift.failed_results(results):
         errors.setdefault(failed.host, f"{failed.task}: {failed.message}")
 
-    changes = (drift.compare_layout(record, inventory, names)
-               + drift.compare_facts(record, facts)
-               + drift.config_changes(results, record, files, reload_tasks))
+    order = {name: index for index, name in enumerate(["*", *names])}
+    changes = sorted(drift.compare_layout(record, inventory, names)
+                     + drift.compare_facts(record, facts)
+                     + drift.config_changes(results, record, files, reload_tasks),
+                     key=lambda c: (c.kind != "facts", order.get(c.host, len(order))))
     diffs = [{"host": r.host, "task": r.task, "diff": r.diff} for r in results
              if r.diff and r.status.value == "changed"]
     return {
