@@ -97,7 +97,7 @@ class Rule:
 
 @dataclass(frozen=True)
 class Binding:
-    """Local ``unit`` invocation ``invocation`` runs together with the peer's ``peer_invocation``."""
+    """Local ``unit`` invocation ``invocation`` runs with the peer's ``peer_invocation``."""
 
     unit: str
     invocation: str
