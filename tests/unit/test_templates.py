@@ -145,7 +145,7 @@ def test_mp_unit_settings_follow_the_measured_behaviour() -> None:
     for line in ("Wants=network-online.target", "After=network-online.target",
                  "StartLimitIntervalSec=600", "StartLimitBurst=20"):
         assert line in unit_section.splitlines()
-    for line in ("Type=exec", "Restart=always", "RestartSec=10", "TimeoutStopSec=30",
+    for line in ("Type=exec", "Restart=always", "RestartSec=5", "TimeoutStopSec=15",
                  "LimitMEMLOCK=infinity", "User=vllm", "WorkingDirectory=/var/lib/vllm",
                  "EnvironmentFile=/etc/vllm-provision/vllm.env", "StandardOutput=journal"):
         assert line in service.splitlines()
