@@ -123,3 +123,14 @@ def test_shim_names_the_distribution_vllm_with_cpu_in_its_version(tmp_path: Path
     (dist,) = [d for d in distributions(path=[str(tmp_path)])]
     assert dist.metadata["Name"] == "vllm"
     assert "cpu" in dist.version
+
+
+@pytest.mark.parametrize(("running", "wanted", "same"), [
+    ("0.32.0", "0.32.0+cpu", True), ("0.32.0+cpu", "0.32.0", True),
+    ("0.32.0", "0.32.0", True), ("0.32.0", "0.33.0+cpu", False),
+    ("0.32.0+cu129", "0.32.0+cpu", False), ("0.32.1", "0.32.0", False)])
+def test_verify_ignores_a_local_label_on_one_side_only(running: str, wanted: str,
+                                                        same: bool) -> None:
+    from vllm_provision.modules.vllm_verify import same_version
+
+    assert same_version(running, wanted) is same
