@@ -1,0 +1,117 @@
+"""`provision drift` on the lab: clean after a good `up`, then one kind of drift per test
+(a changed NCCL on h2, a hand-edited unit on h1, an inventory edit through -e), and no record
+at all. Each test undoes its own change; the replica is taken down at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+PROVISION = [str(Path(sys.executable).parent / "provision")]
+UNIT = "/etc/systemd/system/vllm.service"
+
+
+def provision(*args: str, state_home: Path, timeout: float = 600,
+              ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with the lab's environment and its own controller state folder."""
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The mp replica after a good `provision up` (its record in a private XDG_STATE_HOME)."""
+    state_home = tmp_path_factory.mktemp("state")
+    inventory = str(lab.inventory_path("mp"))
+    up = provision("up", "-i", inventory, state_home=state_home)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield inventory, state_home
+    finally:
+        down = provision("down", "-i", inventory, state_home=state_home)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def drift(deployed: tuple[str, Path], *extra: str) -> tuple[int, dict[str, Any]]:
+    inventory, state_home = deployed
+    result = provision("drift", "-i", inventory, "--json", *extra, state_home=state_home,
+                       timeout=300)
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_no_drift_right_after_up(deployed: tuple[str, Path]) -> None:
+    code, outcome = drift(deployed)
+    assert (code, outcome["drift"], outcome["changes"], outcome["errors"]) == (0, False, [], {})
+    assert outcome["record"]["source"].startswith(str(deployed[1]))
+
+
+def test_changed_nccl_on_h2_is_facts_drift(lab: Any, deployed: tuple[str, Path]) -> None:
+    inventory, state_home = deployed
+    assert provision("lab", "set", "h2", "nccl=2.27.3", state_home=state_home).returncode == 0
+    try:
+        code, outcome = drift(deployed)
+        human = provision("drift", "-i", inventory, state_home=state_home, timeout=300)
+    finally:
+        provision("lab", "set", "h2", "nccl=default", state_home=state_home)
+    assert code == 2
+    assert {"host": "h2", "item": "NCCL", "recorded": "2.28.9", "current": "2.27.3",
+            "kind": "facts"} in outcome["changes"]
+    assert human.returncode == 2
+    assert "~ h2  NCCL  2.28.9 -> 2.27.3" in human.stdout
+
+
+def test_hand_edited_unit_on_h1_is_config_drift(lab: Any, deployed: tuple[str, Path]) -> None:
+    edit = lab.ssh("h1", f"cp {UNIT} /root/vllm.service.orig && echo '# hand edit' >> {UNIT}")
+    assert edit.returncode == 0, edit.stderr
+    try:
+        code, outcome = drift(deployed)
+    finally:
+        lab.ssh("h1", f"mv /root/vllm.service.orig {UNIT}")
+    assert code == 2
+    assert [(c["host"], c["item"], c["kind"]) for c in outcome["changes"]] == [
+        ("h1", UNIT, "config")]
+    assert outcome["changes"][0]["current"].startswith("would change")
+    assert drift(deployed)[0] == 0
+
+
+def test_inventory_edit_shows_in_both_units(deployed: tuple[str, Path]) -> None:
+    code, outcome = drift(deployed, "-e", "vllm_max_model_len=1024")
+    assert code == 2
+    items = {(c["host"], c["item"]) for c in outcome["changes"]}
+    assert ("h1", UNIT) in items and ("h2", UNIT) in items
+    assert any(c["item"].startswith("engine max_model_len") and c["current"] == "1024"
+               for c in outcome["changes"])
+
+
+def test_no_record_anywhere_is_an_error(lab: Any, deployed: tuple[str, Path],
+                                        tmp_path: Path) -> None:
+    inventory, _ = deployed
+    for host in ("h1", "h2"):
+        lab.ssh(host, "mv /var/lib/vllm-provision/state.json /root/state.json.saved")
+    try:
+        result = provision("drift", "-i", inventory, state_home=tmp_path, timeout=300)
+    finally:
+        for host in ("h1", "h2"):
+            lab.ssh(host, "mv /root/state.json.saved /var/lib/vllm-provision/state.json")
+    assert result.returncode == 1
+    assert "no record of a good `provision up`; run it first" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_host_record_is_used_when_the_controller_has_none(deployed: tuple[str, Path],
+                                                          tmp_path: Path) -> None:
+    inventory, _ = deployed
+    result = provision("drift", "-i", inventory, "--json", state_home=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["record"]["source"].endswith(
+        ":/var/lib/vllm-provision/state.json")
