@@ -1,0 +1,369 @@
+"""`provision up/down/restart/status` on the lab, mp and Ray backends (issue 6, "Done when").
+
+One deployment per backend is shared by the read-only tests of its class (class-scoped
+fixture: purge both backends, then one real first ``provision up``); tests that change the
+replica put it back as they found it, and the fixture takes the replica down at the end, so the
+tests are order-independent. The CLI runs as a subprocess, as an operator would run it; unit
+states come from ``systemctl show`` over the lab's SSH and from pytest-testinfra.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+PROVISION = str(Path(sys.executable).parent / "provision")
+MODEL = "/srv/models/lab-model"
+# Properties that change whenever systemd starts the unit's main process again.
+START_PROPS = ("ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic", "InvocationID",
+               "MainPID", "NRestarts", "ActiveState")
+# host -> our units on it, per backend (playbooks/up.yml; roles' default unit names).
+UNITS = {"mp": {"h1": ["vllm.service"], "h2": ["vllm.service"]},
+         "ray": {"h1": ["ray-head.service", "vllm.service"], "h2": ["ray-worker.service"]}}
+ALL_UNITS = ("vllm.service", "ray-head.service", "ray-worker.service")
+
+# Run on the Ray head as the service user: each placement group with its bundles' node IPs,
+# and each node's GPUs (Ray's API: ray.nodes(), placement_group_table()).
+PG_SCRIPT = """
+import json, sys
+import ray
+from ray.util import placement_group_table
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+gpus = {n["NodeManagerAddress"]: n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]}
+groups = [{"state": pg["state"], "bundles": len(pg["bundles"]),
+           "nodes": [ips.get(n) for n in pg.get("bundles_to_node_id", {}).values()]}
+          for pg in placement_group_table().values()]
+print("RAY " + json.dumps({"gpus": gpus, "groups": groups}))
+"""
+
+
+@dataclass
+class Run:
+    """One ``provision`` run: exit code, output and wall time (seconds)."""
+
+    code: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def json(self) -> dict[str, Any]:
+        return dict(json.loads(self.stdout))
+
+
+def provision(*args: str, timeout_s: float = 300) -> Run:
+    """Run the ``provision`` CLI; return its :class:`Run`."""
+    started = time.monotonic()
+    proc = subprocess.run([PROVISION, *args], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+@dataclass
+class Deployment:
+    """A replica deployed by one real first ``provision up`` (``first``) on the lab."""
+
+    lab: Any
+    backend: str
+    first: Run
+
+    @property
+    def inventory(self) -> str:
+        return str(self.lab.inventory_path(self.backend))
+
+    def up(self, *args: str, timeout_s: float = 300) -> Run:
+        return provision("up", "-i", self.inventory, *args, timeout_s=timeout_s)
+
+    def down(self, *args: str) -> Run:
+        return provision("down", "-i", self.inventory, *args)
+
+    def status(self) -> Run:
+        return provision("status", "-i", self.inventory, "--json", timeout_s=120)
+
+    def ssh(self, host: str, command: str, timeout_s: float = 60) -> str:
+        result = self.lab.ssh(host, command, timeout_s=timeout_s)
+        assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+        return str(result.stdout)
+
+    def address(self, host: str) -> str:
+        return str(next(h.address for h in self.lab.hosts if h.name == host))
+
+    def units(self) -> dict[tuple[str, str], dict[str, str]]:
+        """(host, unit) -> the :data:`START_PROPS` of every unit of this backend."""
+        found = {}
+        for host, units in UNITS[self.backend].items():
+            for unit in units:
+                out = self.ssh(host, f"systemctl show -p {','.join(START_PROPS)} {unit}")
+                found[host, unit] = dict(line.split("=", 1) for line in out.splitlines()
+                                         if "=" in line)
+        return found
+
+    def starts_since(self, host: str, unit: str, since: int) -> int:
+        """How many times systemd logged ``Started`` for ``unit`` since ``since`` (epoch s)."""
+        out = self.ssh(host, f"journalctl -u {unit} --since @{since} -o cat --no-pager")
+        return sum(1 for line in out.splitlines() if line.startswith("Started "))
+
+
+def wait_a_second() -> int:
+    """Sleep past the current second (journal ``--since`` and timestamps have 1 s resolution)."""
+    time.sleep(1.1)
+    return int(time.time())
+
+
+def _clean(lab: Any) -> None:
+    """Take both backends down and remove their units, so the next up is a first install."""
+    for backend in ("ray", "mp"):
+        run = provision("down", "-i", str(lab.inventory_path(backend)), "--purge")
+        assert run.code == 0, run.output
+
+
+@pytest.fixture(scope="class")
+def deployed(request: pytest.FixtureRequest, lab: Any) -> Iterator[Deployment]:
+    """The class's backend (``backend`` class attribute) deployed once from nothing; down after."""
+    backend = request.cls.backend
+    _clean(lab)
+    first = provision("up", "-i", str(lab.inventory_path(backend)), timeout_s=300)
+    deployment = Deployment(lab, backend, first)
+    assert first.code == 0, first.output
+    yield deployment
+    deployment.down()
+
+
+def assert_serving_output(run: Run) -> None:
+    """The recap prints the completion, the served model and the start-to-serving time."""
+    assert run.code == 0, run.output
+    assert re.search(rf"completion from {re.escape(MODEL)}: '.+'", run.stdout), run.stdout
+    assert re.search(r"start to serving: \d+(\.\d+)? s", run.stdout), run.stdout
+
+
+class TestMp:
+    """mp backend: one vllm.service per node, rank 1 headless."""
+
+    backend = "mp"
+
+    def test_first_up_installs_and_prints_completion_and_start_to_serving(
+            self, deployed: Deployment) -> None:
+        assert_serving_output(deployed.first)
+        assert re.search(r"changed=[1-9]\d* ok=\d+ failed=0 unreachable=0", deployed.first.stdout)
+        assert "(already serving)" not in deployed.first.stdout
+
+    def test_units_run_with_0600_env_file_and_rank_0_listens(
+            self, deployed: Deployment, lab_host: Any) -> None:
+        for name in ("h1", "h2"):
+            host = lab_host(name)
+            assert host.service("vllm.service").is_running
+            assert host.service("vllm.service").is_enabled
+            env = host.file("/etc/vllm-provision/vllm.env")
+            assert env.mode == 0o600 and env.user == "root"
+            assert re.search(rf'^VLLM_HOST_IP="?{re.escape(deployed.address(name))}"?$',
+                             env.content_string, re.MULTILINE), env.content_string
+        assert lab_host("h1").socket("tcp://0.0.0.0:8000").is_listening
+        assert not lab_host("h2").socket("tcp://0.0.0.0:8000").is_listening  # headless
+
+    def test_second_up_changes_nothing_and_restarts_nothing(self, deployed: Deployment) -> None:
+        before = deployed.units()
+        run = deployed.up("--json")
+        assert run.code == 0, run.output
+        summary = run.json()
+        assert summary["changed"] == 0 and summary["failed"] == 0
+        assert summary["already_serving"] is True
+        assert deployed.units() == before
+
+    def test_up_json_has_completion_served_model_and_timings(
+            self, deployed: Deployment) -> None:
+        summary = deployed.up("--json").json()
+        assert summary["served_model"] == MODEL
+        assert summary["completion"].strip()
+        assert 0 < summary["ttft_s"] < 5
+        assert summary["start_to_serving_s"] > 0
+        assert summary["vllm_version"] == "0.33.0"
+
+    def test_status_says_serving_and_exits_0(self, deployed: Deployment) -> None:
+        run = deployed.status()
+        assert run.code == 0, run.output
+        (replica,) = run.json()["replicas"]
+        assert replica["verdict"] == "serving" and replica["health"] == 200
+        assert {(u["host"], u["state"]) for u in replica["units"]} == {
+            ("h1", "active (running)"), ("h2", "active (running)")}
+
+    def test_check_diff_on_deployed_replica_exits_0(self, deployed: Deployment) -> None:
+        run = deployed.up("--check", "--diff")
+        assert run.code == 0, run.output
+
+    def test_check_diff_on_changed_argument_exits_2_and_changes_nothing(
+            self, deployed: Deployment) -> None:
+        before = deployed.units()
+        unit_file = deployed.ssh("h1", "cat /etc/systemd/system/vllm.service")
+        run = deployed.up("--check", "--diff", "-e", "vllm_max_model_len=4096")
+        assert run.code == 2, run.output
+        assert "--max-model-len" in run.stdout and "4096" in run.stdout  # the diff
+        assert deployed.ssh("h1", "cat /etc/systemd/system/vllm.service") == unit_file
+        assert deployed.units() == before
+
+    def test_changed_engine_argument_restarts_each_node_once(self, deployed: Deployment) -> None:
+        before = deployed.units()
+        since = wait_a_second()
+        try:
+            run = deployed.up("-e", "vllm_max_model_len=4096")
+            assert_serving_output(run)
+            after = deployed.units()
+            for host in ("h1", "h2"):
+                assert "--max-model-len 4096" in deployed.ssh(
+                    host, "cat /etc/systemd/system/vllm.service")
+                assert deployed.starts_since(host, "vllm.service", since) == 1
+                old, new = before[host, "vllm.service"], after[host, "vllm.service"]
+                assert new["InvocationID"] != old["InvocationID"]
+                assert new["NRestarts"] == old["NRestarts"]  # stopped and started, no crash
+        finally:
+            assert_serving_output(deployed.up())  # back to the inventory's arguments
+
+    def test_restart_restarts_each_node_once_and_serves(self, deployed: Deployment) -> None:
+        before = deployed.units()
+        since = wait_a_second()
+        run = provision("restart", "-i", deployed.inventory)
+        assert_serving_output(run)
+        after = deployed.units()
+        for host in ("h1", "h2"):
+            assert deployed.starts_since(host, "vllm.service", since) == 1
+            assert after[host, "vllm.service"]["InvocationID"] != \
+                before[host, "vllm.service"]["InvocationID"]
+
+    def test_down_stops_everything_status_says_down_then_up_serves(
+            self, deployed: Deployment, lab_host: Any) -> None:
+        try:
+            run = deployed.down()
+            assert run.code == 0, run.output
+            for name in ("h1", "h2"):
+                host = lab_host(name)
+                for unit in ALL_UNITS:
+                    assert not host.service(unit).is_running, f"{name}:{unit}"
+                assert not host.service("vllm.service").is_enabled
+                assert host.file("/etc/systemd/system/vllm.service").exists  # no --purge
+            status = deployed.status()
+            assert status.code == 3, status.output
+            assert status.json()["replicas"][0]["verdict"] == "down"
+        finally:
+            again = deployed.up()
+        assert_serving_output(again)
+        assert "(already serving)" not in again.stdout
+        assert deployed.status().json()["replicas"][0]["verdict"] == "serving"
+
+    def test_unit_crashing_at_start_ends_wait_within_seconds_with_journal(
+            self, deployed: Deployment) -> None:
+        try:
+            run = deployed.up("-e", "vllm_extra_args=[--no-such-flag]",
+                              "-e", "vllm_ready_timeout_s=300")
+            assert run.code == 1, run.output
+            assert run.elapsed_s < 60  # not the 300 s timeout
+            assert "Wait until rank 0 serves" in run.stdout
+            assert "unrecognized arguments: --no-such-flag" in run.output  # its journal lines
+            assert "Traceback" not in run.output
+        finally:
+            assert_serving_output(deployed.up())
+
+
+class TestRay:
+    """Ray backend: ray-head + vllm.service on rank 0, ray-worker on rank 1."""
+
+    backend = "ray"
+
+    def ray_state(self, deployed: Deployment) -> dict[str, Any]:
+        """GPUs per node and placement groups, from Ray's API on the head."""
+        script = base64.b64encode(PG_SCRIPT.encode()).decode()
+        address = f"{deployed.address('h1')}:6379"
+        out = deployed.ssh("h1", f"echo {script} | base64 -d > /tmp/vp-pg.py && runuser -u vllm "
+                                 "-- env HOME=/var/lib/vllm RAY_USAGE_STATS_ENABLED=0 "
+                                 f"/opt/vllm/bin/python /tmp/vp-pg.py {address}", timeout_s=120)
+        line = next(x for x in out.splitlines() if x.startswith("RAY "))
+        return dict(json.loads(line[4:]))
+
+    def test_first_up_installs_and_prints_completion_and_start_to_serving(
+            self, deployed: Deployment) -> None:
+        assert_serving_output(deployed.first)
+        assert "(already serving)" not in deployed.first.stdout
+
+    def test_units_run_where_they_belong(self, deployed: Deployment, lab_host: Any) -> None:
+        h1, h2 = lab_host("h1"), lab_host("h2")
+        assert h1.service("ray-head.service").is_running
+        assert h1.service("vllm.service").is_running
+        assert h2.service("ray-worker.service").is_running
+        assert not h2.service("vllm.service").is_running  # vLLM runs on the head only
+        assert h1.socket("tcp://0.0.0.0:8000").is_listening
+        for host in (h1, h2):
+            env = host.file("/etc/vllm-provision/ray.env")
+            assert env.mode == 0o600
+            assert re.search(r'^RAY_memory_monitor_refresh_ms="?0"?$', env.content_string,
+                             re.MULTILINE), env.content_string
+
+    def test_cluster_has_two_nodes_of_four_gpus_and_eight_bundles_four_per_node(
+            self, deployed: Deployment) -> None:
+        state = self.ray_state(deployed)
+        ips = [deployed.address("h1"), deployed.address("h2")]
+        assert state["gpus"] == {ip: 4.0 for ip in ips}
+        placed = [g for g in state["groups"] if g["state"] == "CREATED"]
+        assert len(placed) == 1, state["groups"]
+        assert placed[0]["bundles"] == 8
+        assert sorted(placed[0]["nodes"]) == sorted(ips * 4)
+
+    def test_second_up_changes_nothing_and_restarts_nothing(self, deployed: Deployment) -> None:
+        before = deployed.units()
+        run = deployed.up("--json")
+        assert run.code == 0, run.output
+        summary = run.json()
+        assert summary["changed"] == 0 and summary["failed"] == 0
+        assert summary["completion"].strip() and summary["served_model"] == MODEL
+        assert deployed.units() == before
+
+    def test_status_says_serving_with_ray_nodes_and_gpus(self, deployed: Deployment) -> None:
+        run = deployed.status()
+        assert run.code == 0, run.output
+        (replica,) = run.json()["replicas"]
+        assert replica["verdict"] == "serving"
+        assert sorted(replica["ray"]["nodes"]) == sorted(
+            [deployed.address("h1"), deployed.address("h2")])
+        assert replica["ray"]["gpus"] == 8
+
+    def test_wrong_vllm_host_ip_ends_within_timeout_naming_the_mismatch(
+            self, deployed: Deployment) -> None:
+        wrong = deployed.address("h1").rsplit(".", 1)[0] + ".99"
+        try:
+            run = deployed.up("-e", f"vllm_env={{VLLM_HOST_IP: {wrong}}}",
+                              "-e", "vllm_ready_timeout_s=60", "-e", "ray_cluster_timeout_s=60")
+            assert run.code == 1, run.output
+            assert run.elapsed_s < 60 + 60  # the timeout plus install and Ray's restart
+            assert re.search(rf"VLLM_HOST_IP {re.escape(wrong)} is not the address of any Ray "
+                             "node", run.output), run.output
+            assert "Traceback" not in run.output
+        finally:
+            assert_serving_output(deployed.up())
+
+    def test_down_stops_every_unit_and_status_says_down(
+            self, deployed: Deployment, lab_host: Any) -> None:
+        try:
+            run = deployed.down()
+            assert run.code == 0, run.output
+            for name in ("h1", "h2"):
+                for unit in ALL_UNITS:
+                    assert not lab_host(name).service(unit).is_running, f"{name}:{unit}"
+            status = deployed.status()
+            assert status.code == 3, status.output
+            assert status.json()["replicas"][0]["verdict"] == "down"
+        finally:
+            again = deployed.up()
+        assert_serving_output(again)
