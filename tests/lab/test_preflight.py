@@ -115,7 +115,7 @@ def test_taken_master_port_on_h1(lab):
                   "'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29501)); "
                   "s.listen(); time.sleep(600)'")
     try:
-        lab.ssh("h1", "for i in $(seq 50); do ss -Hltn 'sport = :29501' | grep -q . && break; "
+        lab.ssh("h1", "for i in $(seq 300); do ss -Hltn 'sport = :29501' | grep -q . && break; "
                       "sleep 0.1; done")
         code, findings = check(lab)
     finally:
