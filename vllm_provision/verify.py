@@ -427,14 +427,18 @@ def mask(text: str, secrets: Iterable[str | None]) -> str:
     return text
 
 
-def verdict(states: Sequence[UnitState], health: int | None, expected_units: int) -> str:
+def verdict(states: Sequence[UnitState], health: int | None, expected_units: int,
+            whole: bool | None = None) -> str:
     """One word for the replica: ``serving``, ``degraded`` or ``down``.
 
-    ``serving``: every expected unit active and ``/health`` 200. ``down``: no unit active and no
-    answer. Anything between is ``degraded``.
+    ``serving``: every expected unit active, ``/health`` 200, and the replica not known to be
+    broken (``whole`` is not False: the peer watchdogs bound every node to running peers, and for
+    Ray every node is alive; docs/recovery.md). ``down``: no unit active and no answer. Anything
+    between is ``degraded``.
     """
     active = [s for s in states if s.active_state == "active"]
-    if len(active) == expected_units and expected_units > 0 and health == 200:
+    if (len(active) == expected_units and expected_units > 0 and health == 200
+            and whole is not False):
         return "serving"
     if not active and health is None:
         return "down"

@@ -1,5 +1,6 @@
-"""``provision status``: per node unit state, main PID, since when, restarts; rank 0 health; Ray
-nodes and GPUs; one verdict line (serving / degraded / down)."""
+"""``provision status``: per node unit state, main PID, since when, restarts, last failure; rank 0
+health; Ray nodes and GPUs; whether the replica is whole (peer watchdogs, docs/recovery.md); one
+verdict line (serving / degraded / down)."""
 
 from __future__ import annotations
 
@@ -18,24 +19,42 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
                    ) -> dict[str, Any]:
     """Read one replica's units, rank 0's /health and (Ray) the cluster; return a JSON-ready dict.
 
-    Keys: ``replica``, ``backend``, ``units`` (host, unit, state, main_pid, since, restarts),
-    ``health`` (HTTP status or None), ``ray`` (nodes and GPUs, Ray only), ``verdict``.
+    Keys: ``replica``, ``backend``, ``units`` (host, unit, state, main_pid, since, restarts,
+    result, exit_status, last_failure), ``health`` (HTTP status or None), ``ray`` (nodes and GPUs,
+    Ray only), ``watchdogs`` (host -> whole, held_until), ``whole`` (bool, None when unknown),
+    ``verdict``.
     """
     from vllm_provision.modules.ray_wait_cluster import read_snapshot
     from vllm_provision.modules.vllm_wait_ready import replica_units
+    from vllm_provision.recovery_status import node_command, parse_node, replica_whole
     from vllm_provision.verify import Endpoint, parse_show, show_command, verdict
 
     states = []
+    recovery = {}
     for host, units in replica_units(replica, vars_).items():
-        result = connections[host].run(show_command(units), timeout_s=30)
-        states.extend(parse_show(host, result.stdout)[0])
+        result = connections[host].run(show_command(units) + "; " + node_command(units),
+                                       timeout_s=30)
+        shown, _, rest = result.stdout.partition("== vllm-provision ")
+        states.extend(parse_show(host, shown)[0])
+        recovery[host] = parse_node("== vllm-provision " + rest if rest else "")
     health = Endpoint.for_replica(replica, timeout_s=5).health()
     info: dict[str, Any] = {
         "replica": replica.name, "backend": replica.backend, "health": health,
         "units": [{"host": s.host, "unit": s.unit, "state": s.describe, "main_pid": s.main_pid,
                    "since": _iso(s.started_at) if s.active_state == "active" else None,
-                   "restarts": s.restarts} for s in states]}
-    if replica.backend == "ray":
+                   "restarts": s.restarts, "result": s.result, "exit_status": s.exit_status,
+                   "last_failure": recovery[s.host].last_failure.get(s.unit, "")}
+                  for s in states],
+        "watchdogs": {host: {"whole": r.whole, "held_until": (r.watchdog or {}).get("held_until")}
+                      for host, r in recovery.items()}}
+    head_unit = str(vars_.get("ray_head_unit_name", "ray-head.service"))
+    head_active = any(s.host == replica.master.name and s.unit == head_unit
+                      and s.active_state == "active" for s in states)
+    if replica.backend == "ray" and not head_active:
+        # ray.init() against a head that is not running retries for minutes (GCS reconnect
+        # timeout); there is no cluster to ask.
+        info["ray"] = {"error": f"{head_unit} is not active on {replica.master.name}"}
+    elif replica.backend == "ray":
         class _Ctx:  # read_snapshot needs the connections and vars only
             pass
         ctx = _Ctx()
@@ -43,8 +62,17 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         snapshot, error = read_snapshot(ctx, replica)
         info["ray"] = ({"nodes": snapshot.alive_ips, "gpus": snapshot.total.get("GPU", 0)}
                        if snapshot else {"error": error or "no answer"})
-    info["verdict"] = verdict(states, health, expected_units=len(states))
+    ray_alive = len(info["ray"].get("nodes", [])) if "nodes" in info.get("ray", {}) else None
+    info["whole"] = replica_whole(recovery, ray_alive, replica.nnodes if ray_alive is not None
+                                  else None)
+    info["verdict"] = verdict(states, health, expected_units=len(states), whole=info["whole"])
     return info
+
+
+def _watchdog_word(state: dict[str, Any]) -> str:
+    if state["held_until"]:
+        return "held"
+    return {True: "bound", False: "unbound", None: "absent"}[state["whole"]]
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -81,9 +109,14 @@ def command(inventory: str, extra: tuple[str, ...], as_json: bool) -> None:
             for unit in info["units"]:
                 click.echo(f"  {unit['host']:<12} {unit['unit']:<20} {unit['state']:<24} "
                            f"pid {unit['main_pid']:<7} since {unit['since'] or '-'}  "
-                           f"restarts {unit['restarts']}")
+                           f"restarts {unit['restarts']}  result {unit['result']}")
+                if unit["last_failure"]:
+                    click.echo(f"    last failure: {unit['last_failure']}")
             click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}")
             if "ray" in info:
                 click.echo(f"  ray: {info['ray']}")
+            whole = {True: "yes", False: "no", None: "unknown (no watchdog state)"}[info["whole"]]
+            click.echo(f"  whole: {whole}  (watchdogs: " + ", ".join(
+                f"{h} {_watchdog_word(w)}" for h, w in info["watchdogs"].items()) + ")")
             click.echo(f"{info['replica']}: {info['verdict']}")
     sys.exit(0 if all(i["verdict"] == "serving" for i in replicas) else 3)

@@ -1,0 +1,55 @@
+"""`provision status` additions: last failure per unit, watchdog state, whole replica, verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from vllm_provision.recovery_status import NodeRecovery, node_command, parse_node, replica_whole
+from vllm_provision.verify import UnitState, verdict
+
+SAMPLE = (
+    "== vllm-provision unit vllm.service\n"
+    "2025-11-29T12:15:02+0000 h1 systemd[1]: vllm.service: Main process exited, code=killed, "
+    "status=9/KILL\n"
+    "== vllm-provision unit vllm-watchdog.service\n"
+    "-- No entries --\n"
+    "== vllm-provision watchdog\n"
+    + json.dumps({"node": "h1", "held_until": None, "whole": True, "bindings": [{}]}) + "\n")
+
+
+def test_parse_node_reads_the_last_failure_and_the_watchdog_state() -> None:
+    node = parse_node(SAMPLE)
+    assert "status=9/KILL" in node.last_failure["vllm.service"]
+    assert node.last_failure["vllm-watchdog.service"] == ""
+    assert node.whole is True and node.watchdog and node.watchdog["node"] == "h1"
+
+
+def test_parse_node_without_watchdog_or_with_garbage_knows_nothing() -> None:
+    assert parse_node("== vllm-provision watchdog\n").whole is None
+    assert parse_node("== vllm-provision watchdog\n{not json\n").watchdog is None
+    assert parse_node("").last_failure == {}
+
+
+def test_node_command_is_valid_shell_and_names_every_unit() -> None:
+    command = node_command(["ray-head.service", "vllm.service"])
+    assert subprocess.run(["sh", "-n", "-c", command], check=False).returncode == 0
+    for unit in ("ray-head.service", "vllm.service", "vllm-watchdog.service"):
+        assert f"unit {unit}" in command
+
+
+def test_replica_whole_needs_every_watchdog_and_every_ray_node() -> None:
+    bound, unbound = NodeRecovery(watchdog={"whole": True}), NodeRecovery(watchdog={"whole": 0})
+    assert replica_whole({"h1": bound, "h2": bound}) is True
+    assert replica_whole({"h1": bound, "h2": unbound}) is False
+    assert replica_whole({"h1": NodeRecovery(), "h2": NodeRecovery()}) is None
+    assert replica_whole({"h1": bound}, ray_alive=1, nnodes=2) is False
+    assert replica_whole({"h1": NodeRecovery()}, ray_alive=2, nnodes=2) is True
+
+
+def test_verdict_is_degraded_when_the_replica_is_known_not_whole() -> None:
+    states = [UnitState("h1", "vllm.service", active_state="active", sub_state="running"),
+              UnitState("h2", "vllm.service", active_state="active", sub_state="running")]
+    assert verdict(states, 200, 2) == "serving"
+    assert verdict(states, 200, 2, whole=None) == "serving"
+    assert verdict(states, 200, 2, whole=False) == "degraded"
