@@ -45,6 +45,9 @@ def build(out: str) -> None:
                          torch_dtype="float32")
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
+    # safetensors writes the weights 0600: the units run as the vllm system user, not root
+    for name in os.listdir(out):
+        os.chmod(os.path.join(out, name), 0o644)
     print("vocab", len(fast), "params", sum(p.numel() for p in model.parameters()), "->", out)
 
 

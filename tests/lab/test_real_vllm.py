@@ -1,0 +1,282 @@
+"""A multi-node mp replica end to end, and how vLLM behaves when a node fails (docs/real-vllm.md).
+
+Each test body runs against the lab's vLLM: the stand-in (``provision lab up``, inventory
+``lab-mp``) or real vLLM 0.32.0 on CPU (``provision lab up --vllm real``, inventory
+``lab-real``, marker ``real_vllm``). A parameter whose vLLM the running lab does not have is
+skipped, so one lab tier runs one half: ``pytest -m real_vllm`` on a real lab, ``-m lab`` on a
+stand-in lab. The tests of a module share one deployed replica and run in file order; each
+failure test brings the replica back with ``provision restart``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+UNIT = "vllm.service"
+# one completion per poll; the real CPU engine answers 8 tokens in well under a second
+COMPLETION_TIMEOUT_S = 60
+
+
+@dataclass
+class Replica:
+    """The deployed replica under test: the lab, which vLLM it runs, its inventory."""
+
+    lab: Any
+    kind: str
+    inventory: Path
+
+    @property
+    def api(self) -> str:
+        """rank 0's API base URL as the controller reaches it."""
+        return f"http://{self.address('h1')}:8000"
+
+    def address(self, host: str) -> str:
+        """The lab address of ``host``."""
+        return str(next(h.address for h in self.lab.hosts if h.name == host))
+
+    def provision(self, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
+        """Run ``provision ARGS -i <inventory>`` as a user would (a fresh process)."""
+        return subprocess.run(
+            [sys.executable, "-c", "from vllm_provision.cli import main; main()", *args,
+             "-i", str(self.inventory)], capture_output=True, text=True, timeout=timeout_s,
+            check=False)
+
+    def ssh(self, host: str, command: str, timeout_s: float = 60) -> str:
+        """Run ``command`` on ``host`` as root; return stdout (any exit status)."""
+        return str(self.lab.ssh(host, command, timeout_s=timeout_s).stdout)
+
+    def show(self, host: str) -> dict[str, str]:
+        """``systemctl show vllm.service`` properties of ``host``."""
+        out = self.ssh(host, f"systemctl show {UNIT} -p ActiveState -p SubState -p MainPID "
+                             "-p NRestarts -p Result -p ExecMainStatus -p ExecMainCode")
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def vllm_processes(self, host: str) -> list[str]:
+        """Processes of the service user on ``host`` (``pid comm``), i.e. vLLM's."""
+        return self.ssh(host, "ps -u vllm -o pid=,comm= || true").split("\n")[:-1]
+
+    def complete(self, timeout_s: float = COMPLETION_TIMEOUT_S) -> int | str:
+        """POST one 8-token completion to rank 0: the HTTP status, or the connection error."""
+        body = json.dumps({"model": self.model, "prompt": "hello", "max_tokens": 8,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"{self.api}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (urllib.error.URLError, OSError) as exc:
+            return type(getattr(exc, "reason", exc)).__name__
+
+    def health(self) -> int | str:
+        """GET /health on rank 0: the status, or the connection error's type name."""
+        try:
+            with urllib.request.urlopen(f"{self.api}/health", timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (urllib.error.URLError, OSError) as exc:
+            return type(getattr(exc, "reason", exc)).__name__
+
+    @property
+    def model(self) -> str:
+        """The served model name of the inventory."""
+        text = self.inventory.read_text()
+        match = re.search(r"vllm_served_model_name: (\S+)", text) or \
+            re.search(r"vllm_model: (\S+)", text)
+        assert match, "inventory names no model"
+        return match.group(1)
+
+    def up(self) -> dict[str, Any]:
+        """``provision up --json``; asserts exit 0 and returns the summary."""
+        proc = self.provision("up", "--json")
+        assert proc.returncode == 0, f"provision up failed:\n{proc.stdout[-3000:]}\n" \
+                                     f"{proc.stderr[-3000:]}"
+        return dict(json.loads(proc.stdout))
+
+    def hold_watchdog(self, seconds: int = 600) -> None:
+        """Hold the peer watchdogs (docs/recovery.md hold file) so what follows is vLLM's own
+        behaviour; ``provision restart``/``up`` release the hold."""
+        for host in ("h1", "h2"):
+            self.ssh(host, "mkdir -p /run/vllm-provision && echo $(( $(date +%s) + "
+                           f"{seconds} )) > /run/vllm-provision/watchdog.hold")
+
+    def restore(self) -> None:
+        """``provision restart`` until the replica serves again (asserting that it does)."""
+        proc = self.provision("restart", "--json")
+        assert proc.returncode == 0, f"provision restart failed:\n{proc.stdout[-2000:]}\n" \
+                                     f"{proc.stderr[-2000:]}"
+        assert self.complete() == 200
+
+
+KINDS = [pytest.param("standin", id="standin"),
+         pytest.param("real", id="real", marks=pytest.mark.real_vllm)]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def replica(request: pytest.FixtureRequest, lab: Any) -> Iterator[Replica]:
+    """The lab's replica of the parameter's kind, deployed by the first test; down at the end."""
+    kind = str(request.param)
+    if lab.vllm != kind:
+        pytest.skip(f"the lab runs the {lab.vllm} vLLM; this needs `provision lab up --vllm "
+                    f"{kind}`")
+    deployed = Replica(lab, kind, lab.inventory_path("real" if kind == "real" else "mp"))
+    yield deployed
+    deployed.provision("down")
+
+
+def _wait(predicate: Any, timeout_s: float, every_s: float = 0.5) -> float | None:
+    """Poll ``predicate()`` until true; the seconds it took, or None after ``timeout_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(every_s)
+    return None
+
+
+def _record(replica: Replica, name: str, **values: Any) -> None:
+    """Print a measured value (``pytest -s`` shows them; docs/real-vllm.md quotes them)."""
+    print(f"[{replica.kind}] {name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+def test_up_serves_a_completion_over_both_nodes_and_is_idempotent(replica: Replica) -> None:
+    replica.provision("down")
+    summary = replica.up()
+    assert summary["completion"], summary
+    assert summary["start_to_serving_s"] > 0
+    if replica.kind == "real":
+        assert str(summary["vllm_version"]).startswith("0.32.0")
+    rank0 = replica.ssh("h1", f"systemctl cat {UNIT}")
+    follower = replica.ssh("h2", f"systemctl cat {UNIT}")
+    assert "--node-rank 0" in rank0 and "--headless" not in rank0
+    assert "--node-rank 1" in follower and "--headless" in follower
+    assert replica.vllm_processes("h2"), "the headless node runs no vLLM process"
+    _record(replica, "up", start_to_serving_s=summary["start_to_serving_s"],
+            ttft_s=summary.get("ttft_s"), completion=repr(summary["completion"]))
+    again = replica.up()
+    assert again["changed"] == 0, again
+
+
+def test_status_shows_both_units_and_the_replica_serving(replica: Replica) -> None:
+    proc = replica.provision("status", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (info,) = json.loads(proc.stdout)["replicas"]
+    assert info["verdict"] == "serving"
+    assert info["health"] == 200
+    text = json.dumps(info)
+    assert "h1" in text and "h2" in text
+
+
+def test_restart_serves_again(replica: Replica) -> None:
+    before = replica.show("h2")["MainPID"]
+    started = time.monotonic()
+    replica.restore()
+    assert replica.show("h2")["MainPID"] != before
+    _record(replica, "restart", seconds=round(time.monotonic() - started, 1))
+
+
+def test_headless_node_killed_rank0_fails_the_next_request_and_exits_0(
+        replica: Replica) -> None:
+    """kill -9 of the headless main process: its worker lingers (SIGTERM-deaf) until systemd's
+    stop timeout; rank 0 notices only at a request: that request fails, then rank 0 exits 0."""
+    replica.hold_watchdog()
+    rank0_pid = replica.show("h1")["MainPID"]
+    pid = replica.show("h2")["MainPID"]
+    killed = time.monotonic()
+    replica.ssh("h2", f"kill -9 {pid}")
+    lingering = _wait(lambda: len(replica.vllm_processes("h2")) > 0
+                      and replica.show("h2")["MainPID"] in ("0", pid), 2)
+    leftovers = replica.vllm_processes("h2")
+    statuses: list[tuple[float, int | str]] = []
+
+    def request_failed() -> bool:
+        statuses.append((round(time.monotonic() - killed, 1), replica.complete(timeout_s=30)))
+        return statuses[-1][1] != 200
+
+    failed_after = _wait(request_failed, 120, every_s=3)
+    assert failed_after is not None, f"rank 0 kept serving after its peer died: {statuses}"
+    exits: list[dict[str, str]] = []
+
+    def rank0_exited() -> bool:
+        exits.append(replica.show("h1"))
+        return exits[-1]["MainPID"] != rank0_pid
+
+    exited_after = _wait(rank0_exited, 30, every_s=0.2)
+    assert exited_after is not None, f"rank 0 did not exit: {exits[-1]}"
+    last = exits[-1]
+    _record(replica, "headless killed", leftovers_after_kill=leftovers,
+            lingering=lingering is not None, requests=statuses,
+            rank0_exit_s_after_failed_request=round(exited_after, 1), rank0=last)
+    if last["MainPID"] == "0":  # still between exit and restart: the exit status is readable
+        assert last["ExecMainStatus"] == "0", last
+    replica.restore()
+
+
+def test_rank0_killed_the_headless_node_stays_up(replica: Replica) -> None:
+    """kill -9 of rank 0's main process: the headless node never exits on its own."""
+    replica.hold_watchdog()
+    follower_pid = replica.show("h2")["MainPID"]
+    replica.ssh("h1", f"kill -9 {replica.show('h1')['MainPID']}")
+    assert _wait(lambda: replica.health() != 200, 15) is not None
+    time.sleep(45)
+    state = replica.show("h2")
+    _record(replica, "rank 0 killed", follower_after_45s=state)
+    assert state["ActiveState"] == "active" and state["MainPID"] == follower_pid, state
+    replica.restore()
+
+
+def test_stop_of_the_headless_unit_rank0_fails_at_the_next_request(replica: Replica) -> None:
+    """``systemctl stop`` of the headless unit is clean and quick; rank 0 keeps /health 200
+    until a request, which fails."""
+    replica.hold_watchdog()
+    started = time.monotonic()
+    replica.ssh("h2", f"systemctl stop {UNIT}", timeout_s=120)
+    stop_s = time.monotonic() - started
+    assert replica.show("h2")["ActiveState"] == "inactive"
+    assert not replica.vllm_processes("h2")
+    health = replica.health()
+    status = replica.complete(timeout_s=30)
+    _record(replica, "stop headless", stop_s=round(stop_s, 1), health_after=health,
+            request_after=status)
+    assert stop_s < 25, "stopping a healthy headless node should not need the SIGKILL timeout"
+    assert status != 200 or _wait(lambda: replica.complete(timeout_s=30) != 200, 30, 3)
+    replica.restore()
+
+
+def test_rank0_alone_ignores_sigterm_and_down_leaves_no_process(replica: Replica) -> None:
+    """rank 0 started without its peers waits in init with no HTTP port and ignores SIGTERM;
+    ``provision down`` still leaves no vLLM process (systemd's stop timeout SIGKILLs it)."""
+    proc = replica.provision("down")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replica.ssh("h1", f"systemctl start {UNIT}")
+    listening = _wait(lambda: ":29501" in replica.ssh("h1", "ss -Hltn"), 180)
+    assert listening is not None, "rank 0 never opened its master port"
+    time.sleep(5)
+    assert replica.health() != 200
+    assert ":8000" not in replica.ssh("h1", "ss -Hltn")
+    started = time.monotonic()
+    proc = replica.provision("down")
+    down_s = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    show = replica.show("h1")
+    _record(replica, "rank 0 alone", master_port_after_s=round(listening, 1),
+            down_s=round(down_s, 1), result=show["Result"])
+    assert show["Result"] == "timeout", "SIGTERM was enough: rank 0 did not wait for its peers"
+    for host in ("h1", "h2"):
+        assert replica.vllm_processes(host) == [], host
