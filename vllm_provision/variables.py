@@ -8,10 +8,12 @@ table in ``docs/inventory.md`` (:func:`render_markdown_table`; a unit test keeps
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 Scope = Literal["host", "replica"]
@@ -227,6 +229,30 @@ VARIABLES: Mapping[str, Variable] = {v.name: v for v in _TABLE}
 
 # Prefixes we own: a variable with one of them that is not in the table is a typo.
 OWNED_PREFIXES = ("vllm_", "ray_", "provision_")
+
+
+ROLES_DIR = Path(__file__).resolve().parent.parent / "roles"
+
+
+@functools.cache
+def role_defaults() -> Mapping[str, Any]:
+    """Every variable defined in ``roles/*/defaults/main.yml`` (name -> default value).
+
+    These are the operator's knobs (unit names, RestartSec, timeouts, watchdog settings): an
+    inventory may override them like any Ansible role default, so the loader accepts their names
+    although they are not in :data:`VARIABLES`. Unreadable files count as empty.
+    """
+    import yaml
+
+    merged: dict[str, Any] = {}
+    for path in sorted(ROLES_DIR.glob("*/defaults/main.yml")):
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict):
+            merged.update({k: v for k, v in data.items() if isinstance(k, str)})
+    return merged
 
 
 def is_owned(name: str) -> bool:

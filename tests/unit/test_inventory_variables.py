@@ -99,3 +99,32 @@ def test_invalid_values_are_refused(name: str, value: object) -> None:
     problems = Problems()
     assert check_setting(name, Setting(value, ORIGIN), problems) is None
     assert len(problems.items) == 1 and problems.items[0].where == ORIGIN.where
+
+
+def test_role_defaults_can_be_overridden_from_the_inventory_or_the_command_line() -> None:
+    from pathlib import Path
+
+    from vllm_provision.inventory import load_inventory
+
+    lab = Path(__file__).resolve().parents[2] / "inventory" / "lab-mp.yml"
+    inventory = load_inventory(lab, extra_vars={"vllm_restart_sec": "3",
+                                                "ray_head_unit_name": "ray-gcs.service"})
+    assert inventory.hosts["h1"].vars["vllm_restart_sec"] == 3
+    assert inventory.hosts["h1"].vars["ray_head_unit_name"] == "ray-gcs.service"
+
+
+def test_a_role_default_override_of_the_wrong_kind_is_refused() -> None:
+    from pathlib import Path
+
+    import pytest
+
+    from vllm_provision.errors import InventoryError
+    from vllm_provision.inventory import load_inventory
+
+    lab = Path(__file__).resolve().parents[2] / "inventory" / "lab-mp.yml"
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(lab, extra_vars={"vllm_restart_sec": "soon"})
+    assert "vllm_restart_sec has the wrong type" in caught.value.render()
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(lab, extra_vars={"vllm_unit_name": "x.service\nExecStartPre=/bin/sh"})
+    assert "line break" in caught.value.render()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -88,6 +89,31 @@ def _strings_of(value: Any) -> list[tuple[str | int | None, str]]:
     return []
 
 
+def _check_role_default(name: str, setting: Setting, problems: Problems) -> Setting | None:
+    """Check an override of a role default (roles/*/defaults/main.yml): same kind of value as
+    the default (a number for a number), one line, no control characters."""
+    where = setting.origin.where
+    default, value = variables.role_defaults()[name], setting.value
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, str) \
+            and value.strip().lstrip("-").isdigit():
+        value = int(value)  # `-e vllm_restart_sec=3` arrives as text, as in Ansible
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))):
+        problems.add(where, f"{name} has the wrong type", expected="a number (as its role "
+                     f"default {default!r})", actual=show(name, value),
+                     fix=f"write e.g. {name}: {default}")
+        return None
+    for _sub_key, text in _strings_of(value):
+        found = find_control_chars(text)
+        if found is not None:
+            problems.add(where, f"{name} contains {found}; it would end up in a unit file, env "
+                         "file or shell command, where a line break can add a directive",
+                         expected="a single line without control characters",
+                         actual=show(name, text), fix="remove the line break or control character")
+            return None
+    return replace(setting, value=value)
+
+
 def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | None:
     """Validate one variable as written in one place and return it converted to its type.
 
@@ -106,6 +132,8 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
     """
     where = setting.origin.where
     var = variables.VARIABLES.get(name)
+    if var is None and name in variables.role_defaults():
+        return _check_role_default(name, setting, problems)
     if var is None:
         if variables.is_owned(name):
             guess = variables.suggest(name, variables.VARIABLES)
