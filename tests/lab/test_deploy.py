@@ -339,6 +339,21 @@ class TestRay:
             [deployed.address("h1"), deployed.address("h2")])
         assert replica["ray"]["gpus"] == 8
 
+    def test_changed_engine_argument_restarts_only_vllm_once(self, deployed: Deployment) -> None:
+        before = deployed.units()
+        since = wait_a_second()
+        try:
+            run = deployed.up("-e", "vllm_max_model_len=4096")
+            assert_serving_output(run)
+            after = deployed.units()
+            assert deployed.starts_since("h1", "vllm.service", since) == 1
+            assert after["h1", "vllm.service"]["InvocationID"] != \
+                before["h1", "vllm.service"]["InvocationID"]
+            for key in (("h1", "ray-head.service"), ("h2", "ray-worker.service")):
+                assert after[key] == before[key], key  # the Ray cluster is left alone
+        finally:
+            assert_serving_output(deployed.up())
+
     def test_wrong_vllm_host_ip_ends_within_timeout_naming_the_mismatch(
             self, deployed: Deployment) -> None:
         wrong = deployed.address("h1").rsplit(".", 1)[0] + ".99"
