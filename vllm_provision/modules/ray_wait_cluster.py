@@ -115,7 +115,7 @@ def placement_problem(snapshot: RaySnapshot, world_size: int, driver_ip: str,
                        ") can never be placed",
                        expected="one of Ray's node IPs: " + ", ".join(snapshot.alive_ips),
                        actual=driver_ip,
-                       fix="remove the VLLM_HOST_IP override from vllm_env, or make vllm_host_ip "
+                       fix="remove the VLLM_HOST_IP override from vllm_env / vllm_node_env, or make vllm_host_ip "
                            "the address Ray uses (--node-ip-address)")
     if snapshot.gpus_of(driver_ip) < 1:
         return Problem(where, "the Ray head has no GPU, but vLLM pins its first worker there",
@@ -257,6 +257,9 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
 
 
 def _driver_ip(ctx: Any, replica: Replica) -> str:
-    """VLLM_HOST_IP vLLM will use on the head: an operator override in vllm_env wins."""
-    env = replica.master.host.vars.get("vllm_env") or ctx.vars.get("vllm_env") or {}
+    """VLLM_HOST_IP vLLM will use on the head: an operator override in ``vllm_env`` or in the
+    head's ``vllm_node_env`` (written after ``vllm_env`` in the env file, so it wins) wins."""
+    head_vars = replica.master.host.vars
+    env = dict(head_vars.get("vllm_env") or ctx.vars.get("vllm_env") or {})
+    env.update(head_vars.get("vllm_node_env") or ctx.vars.get("vllm_node_env") or {})
     return str(env.get("VLLM_HOST_IP", replica.master.host_ip))
