@@ -115,8 +115,8 @@ def placement_problem(snapshot: RaySnapshot, world_size: int, driver_ip: str,
                        ") can never be placed",
                        expected="one of Ray's node IPs: " + ", ".join(snapshot.alive_ips),
                        actual=driver_ip,
-                       fix="remove the VLLM_HOST_IP override from vllm_env / vllm_node_env, or make vllm_host_ip "
-                           "the address Ray uses (--node-ip-address)")
+                       fix="remove the VLLM_HOST_IP override from vllm_env / vllm_node_env, or "
+                           "make vllm_host_ip the address Ray uses (--node-ip-address)")
     if snapshot.gpus_of(driver_ip) < 1:
         return Problem(where, "the Ray head has no GPU, but vLLM pins its first worker there",
                        expected=">= 1 GPU on " + driver_ip, actual="0",
