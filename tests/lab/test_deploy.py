@@ -359,7 +359,7 @@ class TestRay:
         wrong = deployed.address("h1").rsplit(".", 1)[0] + ".99"
         try:
             run = deployed.up("-e", f"vllm_env={{VLLM_HOST_IP: {wrong}}}",
-                              "-e", "vllm_ready_timeout_s=60")
+                              "-e", "vllm_ready_timeout_s=60", "-e", "ray_cluster_timeout_s=60")
             assert run.code == 1, run.output
             assert run.elapsed_s < 60 + 60  # the timeout plus install and Ray's restart
             assert re.search(rf"VLLM_HOST_IP {re.escape(wrong)} is not the address of any Ray "
