@@ -254,7 +254,8 @@ def test_stop_of_the_headless_unit_rank0_fails_at_the_next_request(replica: Repl
     status = replica.complete(timeout_s=30)
     _record(replica, "stop headless", stop_s=round(stop_s, 1), health_after=health,
             request_after=status)
-    assert stop_s < 25, "stopping a healthy headless node should not need the SIGKILL timeout"
+    # real vLLM 0.32.0: 4.0-5.7 s (docs/real-vllm.md); quicker than the unit's stop timeout
+    assert 2 <= stop_s < 14, "a healthy headless node stops in seconds, without SIGKILL"
     assert status != 200 or _wait(lambda: replica.complete(timeout_s=30) != 200, 30, 3)
     replica.restore()
 

@@ -65,6 +65,8 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("load_s", float, 5.0, "stand-in vLLM: seconds to 'load weights' before serving"),
     Key("ttft_s", float, 0.05, "stand-in vLLM: seconds to the first token"),
     Key("token_s", float, 0.02, "stand-in vLLM: seconds between tokens"),
+    Key("stop_s", float, 4.0, "stand-in vLLM: seconds a healthy headless node takes to stop "
+        "on SIGTERM (vLLM 0.32.0 CPU in the lab: 4.0-5.7 s, docs/real-vllm.md)"),
     Key("init_timeout_s", float, 600.0,
         "stand-in vLLM: torch.distributed/NCCL init timeout, seconds (PyTorch default 600)"),
     Key("pg_timeout_s", float, 1800.0,
