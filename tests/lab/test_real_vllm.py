@@ -248,14 +248,16 @@ def test_stop_of_the_headless_unit_rank0_fails_at_the_next_request(replica: Repl
     started = time.monotonic()
     replica.ssh("h2", f"systemctl stop {UNIT}", timeout_s=120)
     stop_s = time.monotonic() - started
-    assert replica.show("h2")["ActiveState"] == "inactive"
+    stopped = replica.show("h2")
+    assert stopped["ActiveState"] == "inactive"
     assert not replica.vllm_processes("h2")
     health = replica.health()
     status = replica.complete(timeout_s=30)
     _record(replica, "stop headless", stop_s=round(stop_s, 1), health_after=health,
             request_after=status)
-    # real vLLM 0.32.0: 4.0-5.7 s (docs/real-vllm.md); quicker than the unit's stop timeout
-    assert 2 <= stop_s < 14, "a healthy headless node stops in seconds, without SIGKILL"
+    # real vLLM 0.32.0: 4-8 s (docs/real-vllm.md), on SIGTERM alone: no SIGKILL at the timeout
+    assert stopped["Result"] == "success", stopped
+    assert stop_s >= 2, "a healthy headless node takes seconds to stop (real vLLM: 4-8 s)"
     assert status != 200 or _wait(lambda: replica.complete(timeout_s=30) != 200, 30, 3)
     replica.restore()
 
