@@ -248,7 +248,8 @@ def cmd_play(args: argparse.Namespace) -> None:
     lab = Lab.from_env()
     inventory = write_inventory(lab, args.hosts)
     tools = workload_tools(inventory, args.hosts, args.tools)
-    scenario = f"play-{args.hosts}h" + (f"-delay{args.delay_ms}ms" if args.delay_ms else "")
+    scenario = (f"play-{args.hosts}h" + (f"-delay{args.delay_ms}ms" if args.delay_ms else "")
+                + (f"-{args.label}" if args.label else ""))
     log = OUT / f"{scenario}.log"
     log.write_text("", encoding="utf-8")
     if args.delay_ms:
@@ -312,6 +313,7 @@ def main() -> None:
                                                       "ansible-tuned", "pyinfra"],
                       choices=["vllm-provision", "ansible", "ansible-tuned", "pyinfra"])
     play.add_argument("--skip-first", action="store_true", help="do not time first runs")
+    play.add_argument("--label", default="", help="suffix of the scenario's result file")
     play.set_defaults(func=cmd_play)
     product = steps.add_parser("product", help="time provision check and no-change up (lab-mp)")
     product.add_argument("--rounds", type=int, default=5)
