@@ -111,16 +111,21 @@ def test_missing_model_file_on_h2(lab):
 
 
 def test_taken_master_port_on_h1(lab):
-    lab.ssh("h1", "systemd-run --unit=preflight-squatter python3 -c "
-                  "'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", 29501)); "
-                  "s.listen(); time.sleep(600)'")
+    # SO_REUSEADDR: an earlier check's reachability listener leaves 29501 in TIME_WAIT
+    lab.ssh("h1", "systemctl reset-failed preflight-squatter.service 2>/dev/null; "
+                  "systemd-run --unit=preflight-squatter python3 -c "
+                  "'import socket,time; s=socket.socket(); "
+                  "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                  "s.bind((\"0.0.0.0\", 29501)); s.listen(); time.sleep(600)'")
     try:
         lab.ssh("h1", "for i in $(seq 300); do ss -Hltn 'sport = :29501' | grep -q . && break; "
                       "sleep 0.1; done")
         code, findings = check(lab)
     finally:
         lab.ssh("h1", "systemctl stop preflight-squatter.service")
-    [finding] = [f for f in errors(findings) if f["check"] == "network.ports"]
+    port_errors = [f for f in errors(findings) if f["check"] == "network.ports"]
+    assert len(port_errors) == 1, findings
+    [finding] = port_errors
     assert code == 1 and finding["host"] == "h1" and "29501" in finding["item"]
     assert "preflight-squatter.service" in finding["actual"]
 
