@@ -63,14 +63,14 @@ def test_role_template_is_changed_then_ok_and_handler_runs_once(tmp_path: Path) 
     assert (tmp_path / "h1" / "restarts").read_text() == "restarted\n"
 
 
-def test_no_change_costs_one_round_trip_per_host_per_task(tmp_path: Path) -> None:
+def test_no_change_costs_one_round_trip_per_host_per_play(tmp_path: Path) -> None:
     inventory = make_inventory(tmp_path)
     playbook = DATA / "playbooks" / "demo.yml"
     run(inventory, playbook)
     fakes: dict[str, FakeHost] = {}
     run(inventory, playbook, fakes=fakes)
-    # one read of pending notifications (the play has handlers) + one template read
-    assert len(fakes["h1"].commands) == 2
+    # the read of pending notifications (the play has handlers) and the template read, batched
+    assert len(fakes["h1"].commands) == 1
 
 
 def test_precedence_defaults_inventory_play_vars_extra_vars(tmp_path: Path) -> None:
@@ -234,9 +234,10 @@ def test_notification_survives_a_later_failure_and_runs_next_time(tmp_path: Path
 
 def test_notification_persisted_in_the_same_round_trip_as_the_change(tmp_path: Path) -> None:
     fakes: dict[str, FakeHost] = {}
-    # the template write is the 3rd command (pending read, template read, write): cut after it
+    # the template write is the 2nd command (pending read + template read batched, write): cut
+    # after it
     runner, summary = run(make_inventory(tmp_path, ("h1",)), DATA / "playbooks" / "demo.yml",
-                          fakes=fakes, h1={"fail_after": 3})
+                          fakes=fakes, h1={"fail_after": 2})
     assert statuses(runner, "Restart the app") == {"h1": "unreachable"}
     assert (tmp_path / "h1" / "app.conf").exists()
     pending = list((tmp_path / "pending").glob("*.pending"))

@@ -4,6 +4,10 @@ A module is ``vllm_provision/modules/<name>.py`` defining ``run(ctx, args) -> Mo
 (see docs/runner-contract.md). A module may set ``RUNS_ON = "controller"``: the runner then calls
 it once per play batch (not once per host) and it may return per-host results in
 ``ModuleResult.host_results``. Modules are imported on first use, so unused ones cost nothing.
+
+A module whose ``run`` first only READS the host may define ``read_command(ctx, args) -> str |
+None`` returning exactly that first command string; the runner then runs it ahead of time,
+batched with the play's other reads in one round trip per host (``runner/prefetch.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class ModuleSpec:
     run: ModuleFunction
     runs_on: str = "host"
     argument_names: frozenset[str] | None = field(default=None)
+    read_command: Callable[..., str | None] | None = field(default=None)
 
 
 def register_module(name: str, run: ModuleFunction, *, runs_on: str = "host") -> None:
@@ -106,7 +111,8 @@ def find_module(name: str) -> ModuleSpec | None:
             return None
         names = getattr(module, "ARGUMENTS", None)
         spec = ModuleSpec(name, run, getattr(module, "RUNS_ON", "host"),
-                          frozenset(names) if names is not None else None)
+                          frozenset(names) if names is not None else None,
+                          getattr(module, "read_command", None))
     _SPEC_CACHE[name] = spec
     return spec
 

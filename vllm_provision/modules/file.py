@@ -52,7 +52,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
     group = check_type(args, "group", "file", str)
     mode = parse_mode(args.get("mode"), "file")
     quoted = quote(path)
-    read = ctx.conn.run(f"stat -c '%F|%U|%G|%a' {quoted} 2>/dev/null || echo ABSENT")
+    read = ctx.conn.run(_stat_command(path))
     line = read.stdout.strip()
     exists = line != "ABSENT" and "|" in line
     kind, cur_owner, cur_group, cur_mode = (line.split("|") + ["", "", "", ""])[:4] \
@@ -106,3 +106,21 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
                                            f"{(result.stderr or result.stdout).strip()[-1000:]}")
     return ModuleResult(Status.CHANGED, ", ".join(changes), diff,
                         {"path": path, "state": state}, persisted_notify=bool(notify))
+
+
+def read_command(ctx: Any, args: Mapping[str, Any]) -> str | None:
+    """Return the read-only ``stat`` command :func:`run` sends first, or None when ``path`` is
+    not usable; the runner batches it (runner/prefetch.py).
+
+    Args:
+        ctx: the task context (unused; part of the module read protocol).
+        args: the task's rendered arguments.
+    """
+    path = args.get("path") if isinstance(args, Mapping) else None
+    if not isinstance(path, str) or not posixpath.isabs(path):
+        return None
+    return _stat_command(path)
+
+
+def _stat_command(path: str) -> str:
+    return f"stat -c '%F|%U|%G|%a' {quote(path)} 2>/dev/null || echo ABSENT"

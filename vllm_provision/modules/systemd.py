@@ -65,10 +65,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
         raise ProvisionError.single("systemd: name", "not a unit name",
                                     expected="e.g. vllm.service (systemd.unit(5))", actual=name)
     marker = quote(DAEMON_RELOAD_MARKER)
-    read = f"if [ -e {marker} ]; then echo Marker=yes; fi"
-    if name is not None:
-        read = (f"systemctl show -p {','.join(PROPERTIES)} -- {quote(name)}; " + read)
-    result = ctx.conn.run(read)
+    result = ctx.conn.run(_show_command(name))
     if not result.ok:
         raise ProvisionError.single(ctx.host.name, "systemctl show failed",
                                     actual=(result.stderr or result.stdout).strip()[-500:])
@@ -128,6 +125,27 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
         return ModuleResult(Status.FAILED, f"{', '.join(actions)} failed: {detail}", data=data)
     return ModuleResult(Status.CHANGED, ", ".join(actions), data=data,
                         persisted_notify=bool(notify))
+
+
+def read_command(ctx: Any, args: Mapping[str, Any]) -> str | None:
+    """Return the read-only ``systemctl show`` command :func:`run` sends first, or None when
+    ``name`` is not a unit name; the runner batches it (runner/prefetch.py).
+
+    Args:
+        ctx: the task context (unused; part of the module read protocol).
+        args: the task's rendered arguments.
+    """
+    name = args.get("name") if isinstance(args, Mapping) else None
+    if name is not None and (not isinstance(name, str) or not _UNIT_RE.match(name)):
+        return None
+    return _show_command(name)
+
+
+def _show_command(name: str | None) -> str:
+    read = f"if [ -e {quote(DAEMON_RELOAD_MARKER)} ]; then echo Marker=yes; fi"
+    if name is not None:
+        read = f"systemctl show -p {','.join(PROPERTIES)} -- {quote(name)}; " + read
+    return read
 
 
 def ctx_timeout(ctx: Any) -> float:

@@ -120,12 +120,29 @@ def _oct(mode: int | None) -> str:
     return "none" if mode is None else f"0{mode:o}"
 
 
-def _read_state(ctx: Any, dest: str) -> dict[str, Any]:
+def read_command(ctx: Any, args: Mapping[str, Any]) -> str | None:
+    """Return the read-only command :func:`run` sends first (sha256 and owner/group/mode of
+    ``dest``), or None when ``dest`` is not usable; the runner batches it (runner/prefetch.py).
+
+    Args:
+        ctx: the task context (unused; part of the module read protocol).
+        args: the task's rendered arguments.
+    """
+    dest = args.get("dest") if isinstance(args, Mapping) else None
+    if not isinstance(dest, str) or not posixpath.isabs(dest):
+        return None
+    return _state_command(dest)
+
+
+def _state_command(dest: str) -> str:
     path = quote(dest)
     # one round trip: hash computed ON the host, then owner, group, octal mode
-    command = (f"if [ -f {path} ]; then sha256sum < {path} | cut -d' ' -f1 && "
-               f"stat -c '%U %G %a' {path}; else echo ABSENT; fi")
-    result = ctx.conn.run(command)
+    return (f"if [ -f {path} ]; then sha256sum < {path} | cut -d' ' -f1 && "
+            f"stat -c '%U %G %a' {path}; else echo ABSENT; fi")
+
+
+def _read_state(ctx: Any, dest: str) -> dict[str, Any]:
+    result = ctx.conn.run(_state_command(dest))
     lines = result.stdout.split()
     if not result.ok:
         raise ProvisionError.single(ctx.host.name, f"cannot read {dest}",

@@ -8,6 +8,7 @@ with two extensions: notifications are persisted on the host until their handler
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -32,6 +33,7 @@ from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.masking import Masker
 from vllm_provision.runner.playbook import Play, Task, load_playbook
+from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.selection import select_play_hosts
 from vllm_provision.runner.templating import Templar, make_environment
 
@@ -129,6 +131,7 @@ class Runner:
         self.registered: dict[str, dict[str, Any]] = {}
         self.facts: dict[str, Any] = {}
         self.masker = Masker.from_inventory(inventory)
+        self._no_prefetch: set[str] = set()  # hosts that changed or failed in this play batch
         self.outcome = RunOutcome(check_mode=self.options.check_mode)
         self._aborted = False
 
@@ -178,15 +181,18 @@ class Runner:
                 return
             self._connect(batch)
             batch = [h for h in batch if h.name not in self.dropped]
+            self._no_prefetch = set()
+            self._prefetch(play, batch)
             notified: dict[str, dict[str, str]] = {}  # target -> host -> notifying task
             self._load_pending(play, batch, notified)
-            for task in play.tasks:
+            for index, task in enumerate(play.tasks):
                 if self._aborted:
                     return
                 batch = [h for h in batch if h.name not in self.dropped]
                 if not batch:
                     break
-                self._run_task(play, task, batch, notified)
+                self._run_task(play, task, batch, notified, index)
+            self._drop_prefetched(batch)
             if not self._aborted:
                 self._run_handlers(play, [h for h in batch if h.name not in self.dropped],
                                    notified)
@@ -197,11 +203,104 @@ class Runner:
             return
         opened, errors = open_connections(missing, self.options.connection,
                                           self.connection_factory)
-        self.connections.update(opened)
+        self.connections.update({name: PrefetchingConnection(conn)
+                                 for name, conn in opened.items()})
         for name, error in errors.items():
             self._record(TaskResult(name, "Connect", Status.UNREACHABLE,
                                     self.masker.text(error.render())))
             self.dropped[name] = Status.UNREACHABLE
+
+    # -- batched reads (docs/engine.md "Round trips") -------------------------------------------
+
+    def _prefetch(self, play: Play, batch: list[Host]) -> None:
+        """Run, per host and in parallel, the pending-notifications read and the read commands
+        of the play's tasks in ONE round trip; modules asking for the same commands are then
+        answered from the host's cache (``runner/prefetch.py``). A failure here is not reported:
+        the live command that follows reports it as usual."""
+
+        def one(host: Host) -> None:
+            conn = self.connections.get(host.name)
+            if not isinstance(conn, PrefetchingConnection):
+                return
+            try:
+                commands = self._read_commands(play, host, conn, 0)
+            except Exception:  # noqa: BLE001 - an optimisation only; tasks report it live
+                commands = []
+            if play.handlers:
+                commands.insert(0, handlers_state.read_script(self.options.pending_dir))
+            try:
+                conn.prefetch(commands)
+            except UnreachableError:
+                conn.drop()
+
+        list(self._pool.map(one, batch))
+
+    def _refill(self, play: Play, host: Host, index: int) -> None:
+        """Before task ``index`` on ``host``: when a live command (e.g. an unchanged ``command``
+        task) dropped the cache and nothing changed or failed on the host in this batch yet,
+        batch the reads of the remaining tasks again (they run after that command, so they see
+        its effects)."""
+        conn = self.connections.get(host.name)
+        if (not isinstance(conn, PrefetchingConnection) or not conn.ran_live
+                or host.name in self._no_prefetch):
+            return
+        try:
+            commands = self._read_commands(play, host, conn, index)
+        except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+            commands = []
+        if len(commands) < 2:
+            conn.ran_live = False  # one read costs the same live; look again after the next
+            return
+        try:
+            conn.prefetch(commands)
+        except UnreachableError:
+            conn.drop()
+
+    def _read_commands(self, play: Play, host: Host, conn: PrefetchingConnection,
+                       start: int) -> list[str]:
+        """Return the read commands ``host``'s tasks ``play.tasks[start:]`` will send first, in
+        task order, up to the first task that will run something else (a later read would be
+        dropped)."""
+        commands: list[str] = []
+        registers = {t.register for t in play.tasks if t.register}
+        pattern = (re.compile(r"\b(" + "|".join(re.escape(r) for r in sorted(registers)) + r")\b")
+                   if registers else None)
+        templar = self.templar_for(play, host)
+        resolved: dict[str, Any] | None = None
+        for task in play.tasks[start:]:
+            spec = find_module(task.module)
+            if pattern is not None and pattern.search(repr((task.when, task.args))):
+                continue  # depends on a value this play registers: cannot be known up front
+            try:
+                if task.when and not templar.test(list(task.when), f"{task.where}.when"):
+                    continue  # skipped: sends nothing
+            except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+                continue
+            if (spec is None or spec.read_command is None or spec.runs_on != "host"
+                    or task.run_once or task.delegate_to):
+                break
+            if task.become is not None and task.become != getattr(conn.inner, "become", None):
+                continue
+            try:
+                args = templar.render_value(task.args, f"{task.where}.{task.module}")
+                if resolved is None:
+                    resolved = templar.resolved()
+                ctx = self._task_context(play, task, host, templar, conn, resolved)
+                command = spec.read_command(ctx, args)
+            except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+                log.debug("%s: no prefetch for task %s", host.name, task.name, exc_info=True)
+                continue
+            if command:
+                commands.append(command)
+        return commands
+
+    def _drop_prefetched(self, hosts: Sequence[Host] | Sequence[str]) -> None:
+        for host in hosts:
+            name = host if isinstance(host, str) else host.name
+            self._no_prefetch.add(name)
+            conn = self.connections.get(name)
+            if isinstance(conn, PrefetchingConnection):
+                conn.drop()
 
     def _load_pending(self, play: Play, batch: list[Host],
                       notified: dict[str, dict[str, str]]) -> None:
@@ -232,7 +331,7 @@ class Runner:
     # -- tasks ----------------------------------------------------------------------------------
 
     def _run_task(self, play: Play, task: Task, batch: list[Host],
-                  notified: dict[str, dict[str, str]]) -> None:
+                  notified: dict[str, dict[str, str]], index: int = 0) -> None:
         self.reporter.task_started(task.name)
         spec = find_module(task.module)
         assert spec is not None  # validated at load time
@@ -246,7 +345,7 @@ class Runner:
                     self.registered.setdefault(host.name, {})[task.register] = value
             outcomes = [first]
         else:
-            futures = [self._pool.submit(self._run_on_host, play, task, host, batch)
+            futures = [self._pool.submit(self._refill_and_run, play, task, host, batch, index)
                        for host in batch]
             outcomes = []
             for future in as_completed(futures):
@@ -260,8 +359,15 @@ class Runner:
         if failed_any and play.any_errors_fatal:
             self._aborted = True
 
+    def _refill_and_run(self, play: Play, task: Task, host: Host, batch: list[Host],
+                        index: int) -> list[TaskResult]:
+        self._refill(play, host, index)
+        return self._run_on_host(play, task, host, batch)
+
     def _after_result(self, task: Task, result: TaskResult,
                       notified: dict[str, dict[str, str]]) -> None:
+        if result.status in (Status.CHANGED, Status.FAILED, Status.UNREACHABLE):
+            self._drop_prefetched([result.host])  # a write may change what a later read sees
         if result.status is Status.CHANGED:
             for target in task.notify:
                 notified.setdefault(target, {}).setdefault(result.host, task.name)
@@ -375,17 +481,7 @@ class Runner:
         assert spec is not None
         args = templar.render_value(task.args, f"{task.where}.{task.module}")
         conn = self._connection_for(task, host)
-        check = self._check_mode(task)
-        ctx = TaskContext(
-            host=host, conn=conn, connections=self.connections, inventory=self.inventory,
-            replica=self.inventory.replica_of(host.name),
-            node=_node_of(self.inventory, host.name), vars=templar.resolved(),
-            check_mode=check, diff_mode=self.options.diff_mode, templar=templar,
-            role_path=task.role_path, template_dirs=play.template_dirs,
-            host_state=self.host_state.setdefault(host.name, {}),
-            notify_script="" if check or not task.notify else self._notify_script(task),
-            task_name=task.name, no_log=task.no_log, facts=self.facts,
-        )
+        ctx = self._task_context(play, task, host, templar, conn, templar.resolved())
         result = spec.run(ctx, args)
         if not isinstance(result, ModuleResult):
             raise ProvisionError.single(task.where, f"module {task.module} returned "
@@ -393,6 +489,20 @@ class Runner:
         result = self._apply_conditions(task, templar, result)
         self._register_module(task, host.name, result)
         return result, ctx.notify_used or result.persisted_notify
+
+    def _task_context(self, play: Play, task: Task, host: Host, templar: Templar, conn: Any,
+                      resolved: dict[str, Any]) -> TaskContext:
+        check = self._check_mode(task)
+        return TaskContext(
+            host=host, conn=conn, connections=self.connections, inventory=self.inventory,
+            replica=self.inventory.replica_of(host.name),
+            node=_node_of(self.inventory, host.name), vars=resolved,
+            check_mode=check, diff_mode=self.options.diff_mode, templar=templar,
+            role_path=task.role_path, template_dirs=play.template_dirs,
+            host_state=self.host_state.setdefault(host.name, {}),
+            notify_script="" if check or not task.notify else self._notify_script(task),
+            task_name=task.name, no_log=task.no_log, facts=self.facts,
+        )
 
     def _apply_conditions(self, task: Task, templar: Templar,
                           result: ModuleResult) -> ModuleResult:

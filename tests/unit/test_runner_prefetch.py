@@ -1,0 +1,217 @@
+"""Batched reads: a no-change play costs one round trip per host; a change falls back to live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_runner import run, write_playbook
+from test_runner_support import FakeHost, make_inventory
+
+from vllm_provision.connection import CommandResult, LocalConnection
+from vllm_provision.runner import prefetch
+from vllm_provision.runner.prefetch import PrefetchingConnection, batch_script, split_batch
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# stands in for systemctl: `show` prints a running, enabled unit; anything else is logged
+if [ "$1" = show ]; then
+  printf 'LoadState=loaded\\nActiveState=active\\nSubState=running\\n'
+  printf 'UnitFileState=enabled\\nNeedDaemonReload=no\\nExecMainStartTimestamp=\\n'
+  exit 0
+fi
+echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
+"""
+
+PLAY = """
+- hosts: all
+  tasks:
+    - name: State folder
+      file: {path: "{{ root }}/etc", state: directory, mode: "0755"}
+    - name: First config
+      template: {src: a.j2, dest: "{{ root }}/etc/a.conf", mode: "0644"}
+      notify: Restart
+    - name: Second config
+      template: {src: b.j2, dest: "{{ root }}/etc/b.conf", mode: "0640"}
+    - name: Second config is a file
+      file: {path: "{{ root }}/etc/b.conf", state: file}
+    - name: The unit runs
+      systemd: {name: app.service, state: started, enabled: true}
+  handlers:
+    - name: Restart
+      command: "echo restarted >> {{ root }}/restarts"
+"""
+
+
+@pytest.fixture
+def playbook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(tmp_path / "systemctl.log"))
+    path = write_playbook(tmp_path, PLAY)
+    templates = path.parent / "templates"
+    templates.mkdir()
+    (templates / "a.j2").write_text("a={{ inventory_hostname }}\n")
+    (templates / "b.j2").write_text("b=2")
+    return path
+
+
+def results(runner: object) -> list[tuple[str, str, str, str]]:
+    return sorted((r.host, r.task, r.status.value, r.message + r.diff)
+                  for r in runner.outcome.results)  # type: ignore[attr-defined]
+
+
+def test_no_change_play_is_one_remote_command_per_host(tmp_path: Path, playbook: Path) -> None:
+    inventory = make_inventory(tmp_path)
+    first, _ = run(inventory, playbook)
+    assert {r.status.value for r in first.outcome.results} >= {"changed"}
+    fakes: dict[str, FakeHost] = {}
+    second, summary = run(inventory, playbook, fakes=fakes)
+    assert summary["changed"] == 0 and summary["failed"] == 0
+    assert summary["ok"] == 10  # 5 tasks x 2 hosts
+    assert [len(f.commands) for f in fakes.values()] == [1, 1]
+
+
+def test_reads_after_a_change_are_live(tmp_path: Path, playbook: Path) -> None:
+    inventory = make_inventory(tmp_path, ("h1",))
+    run(inventory, playbook)
+    (tmp_path / "h1" / "etc" / "b.conf").unlink()  # task 3 must write, task 4 must see it
+    fakes: dict[str, FakeHost] = {}
+    runner, summary = run(inventory, playbook, fakes=fakes)
+    by_task = {r.task: r.status.value for r in runner.outcome.results}
+    # without dropping the cache, task 4 would get the prefetched "ABSENT" and fail
+    assert by_task == {"State folder": "ok", "First config": "ok", "Second config": "changed",
+                       "Second config is a file": "ok", "The unit runs": "ok"}
+    commands = fakes["h1"].commands
+    assert len(commands) == 4  # batch, write of b.conf, live stat, live systemctl show
+    assert commands[2].startswith("stat -c") and "b.conf" in commands[2]
+    assert commands[3].startswith("systemctl show")
+
+
+def test_an_unchanged_command_splits_the_play_into_two_batches(tmp_path: Path,
+                                                               playbook: Path) -> None:
+    path = write_playbook(tmp_path, """
+- hosts: all
+  tasks:
+    - name: State folder
+      file: {path: "{{ root }}/etc", state: directory}
+    - name: Leave a marker
+      command: "touch {{ root }}/etc/marker"
+      changed_when: false
+    - name: The marker is a file
+      file: {path: "{{ root }}/etc/marker", state: file, mode: "0600"}
+    - name: Config
+      template: {src: a.j2, dest: "{{ root }}/etc/a.conf"}
+""", "split.yml")
+    inventory = make_inventory(tmp_path, ("h1",))
+    run(inventory, path)
+    (tmp_path / "h1" / "etc" / "marker").unlink()
+    (tmp_path / "h1" / "etc" / "a.conf").chmod(0o644)
+    fakes: dict[str, FakeHost] = {}
+    runner, summary = run(inventory, path, fakes=fakes)
+    # the reads after the command were batched AFTER it ran: the new marker is seen (and chmod-ed)
+    by_task = {r.task: r.status.value for r in runner.outcome.results}
+    assert by_task == {"State folder": "ok", "Leave a marker": "ok",
+                       "The marker is a file": "changed", "Config": "ok"}
+    # batch (1 read), command, batch (2 reads), chmod, then the template read live after the change
+    assert len(fakes["h1"].commands) == 5
+    assert fakes["h1"].commands[4].startswith("if [ -f ")
+    fakes = {}
+    runner, summary = run(inventory, path, fakes=fakes)
+    assert summary["changed"] == 0 and summary["failed"] == 0
+    assert len(fakes["h1"].commands) == 3  # batch, command, batch
+
+
+def test_batched_and_live_runs_give_identical_results(tmp_path: Path, playbook: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    batched_root, live_root = tmp_path / "batched", tmp_path / "live"
+    batched_root.mkdir()
+    live_root.mkdir()
+    outcomes: dict[str, list[list[tuple[str, str, str, str]]]] = {"batched": [], "live": []}
+    for label, root in (("batched", batched_root), ("live", live_root)):
+        with monkeypatch.context() as patch:
+            if label == "live":
+                patch.setattr(PrefetchingConnection, "prefetch", lambda self, commands: 0)
+            inventory = make_inventory(root)
+            for step in ("first", "second", "drift", "check"):
+                if step == "drift":
+                    (root / "h2" / "etc" / "a.conf").write_text("drifted\n")
+                    (root / "h1" / "etc" / "b.conf").chmod(0o600)
+                    continue
+                runner, _ = run(inventory, playbook, check=step == "check", diff=True)
+                outcomes[label].append([(h, t, s, m.replace(str(root), "ROOT"))
+                                        for h, t, s, m in results(runner)])
+    assert outcomes["batched"] == outcomes["live"]
+    statuses = {s for run_results in outcomes["batched"] for _, _, s, _ in run_results}
+    assert statuses >= {"ok", "changed"}
+    # check mode wrote nothing in either tree
+    assert (batched_root / "h2" / "etc" / "a.conf").read_text() == "drifted\n"
+    assert (live_root / "h2" / "etc" / "a.conf").read_text() == "drifted\n"
+
+
+def test_split_batch_keeps_each_commands_output_and_exit_code() -> None:
+    commands = ["printf 'no newline'", "echo out; echo err >&2; exit 3", "true",
+                "printf 'two\\nlines\\n'"]
+    nonce = "abc123"
+    done = LocalConnection("h").run(batch_script(commands, nonce))
+    parts = split_batch(done.stdout, done.stderr, len(commands), nonce)
+    assert parts is not None
+    assert [(p.exit_code, p.stdout, p.stderr) for p in parts] == [
+        (0, "no newline", ""), (3, "out\n", "err\n"), (0, "", ""), (0, "two\nlines\n", "")]
+    assert split_batch(done.stdout[:-20], done.stderr, len(commands), nonce) is None
+
+
+class Counting:
+    """An inner connection that counts and answers every command with its own text."""
+
+    def __init__(self) -> None:
+        self.name = "h"
+        self.sent: list[str] = []
+
+    def run(self, command: str, **_: object) -> CommandResult:
+        self.sent.append(command)
+        return LocalConnection("h").run(command)
+
+
+def test_cache_hit_only_for_same_command_default_sudo_no_stdin() -> None:
+    inner = Counting()
+    conn = PrefetchingConnection(inner)
+    assert conn.prefetch(["echo a", "echo b", "echo c"]) == 3
+    assert conn.run("echo a").stdout == "a\n" and len(inner.sent) == 1
+    assert conn.run("echo b", sudo=True).stdout == "b\n" and len(inner.sent) == 2
+    # the live command dropped the cache: "echo c" is read live too
+    assert conn.run("echo c").stdout == "c\n" and len(inner.sent) == 3
+
+
+def test_the_same_read_asked_twice_is_answered_twice() -> None:
+    inner = Counting()
+    conn = PrefetchingConnection(inner)
+    conn.prefetch(["echo a", "echo b"])
+    assert [conn.run(c).stdout for c in ("echo a", "echo b", "echo a")] == ["a\n", "b\n", "a\n"]
+    assert len(inner.sent) == 1
+
+
+def test_cache_dropped_by_a_write_and_by_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    inner = Counting()
+    conn = PrefetchingConnection(inner)
+    conn.prefetch(["echo a", "echo b"])
+    conn.run("touch /dev/null")
+    conn.run("echo a")
+    assert len(inner.sent) == 3
+    conn.prefetch(["echo a"])
+    clock = [prefetch.time.monotonic() + prefetch.MAX_AGE_S + 1]
+    monkeypatch.setattr(prefetch.time, "monotonic", lambda: clock[0])
+    conn.run("echo a")
+    assert len(inner.sent) == 5
+
+
+def test_a_read_that_fails_is_answered_with_its_exit_code(tmp_path: Path) -> None:
+    inner = Counting()
+    conn = PrefetchingConnection(inner)
+    missing = tmp_path / "missing"
+    conn.prefetch([f"cat {missing}"])
+    answer = conn.run(f"cat {missing}")
+    assert answer.exit_code != 0 and "No such file" in answer.stderr and len(inner.sent) == 1
