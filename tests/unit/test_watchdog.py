@@ -227,7 +227,7 @@ def test_ray_config_makes_vllm_and_workers_depend_on_the_head_one_way() -> None:
 
 def test_watchdog_unit_is_enabled_ordered_after_its_units_and_never_gives_up() -> None:
     unit = render("vllm-watchdog.service.j2", _replica("ray", nodes=2), 0)
-    assert "After=network-online.target ray-head.service vllm.service" in unit
+    assert "Before=ray-head.service vllm.service" in unit  # stop after them: peers see it at once
     assert "StartLimitIntervalSec=0" in unit and "Restart=always" in unit
     assert "WantedBy=multi-user.target" in unit
     assert "ExecStart=/opt/vllm/bin/python3 /usr/local/lib/vllm-provision/vllm_watchdog.py " \
