@@ -37,8 +37,6 @@ def inventory_text(config: LabConfig, kind: InventoryKind) -> str:
     """
     if kind not in KINDS:
         raise ValueError(f"inventory kind must be one of {KINDS}, got {kind!r}")
-    key_file = config.state_dir / "id_ed25519"
-    known_hosts = config.state_dir / "known_hosts"
     hosts = "".join(
         f"            {name}: {{ansible_host: {config.address(name)}, vllm_node_rank: {rank}}}\n"
         for rank, name in enumerate(NODES))
@@ -47,16 +45,7 @@ def inventory_text(config: LabConfig, kind: InventoryKind) -> str:
         f"# state dir {config.state_dir}). Written by `provision lab up`; the committed\n"
         f"# inventory/lab-{kind}.yml is the default instance's copy\n"
         "# (tests/unit/test_lab_inventories.py keeps them equal).\n"
-        "all:\n"
-        "  vars:\n"
-        "    ansible_user: root\n"
-        "    ansible_port: 22\n"
-        f"    ansible_ssh_private_key_file: {key_file}\n"
-        f"    ansible_ssh_common_args: -o UserKnownHostsFile={known_hosts}\n"
-        "  children:\n"
-        "    vllm_replicas:\n"
-        "      children:\n"
-        f"        {REPLICA_GROUP}:\n"
+        + _connection_and_replica_head(config) +
         "          vars:\n"
         f"            vllm_backend: {kind}\n"
         f"            vllm_model: {LAB_MODEL}\n"
@@ -65,6 +54,22 @@ def inventory_text(config: LabConfig, kind: InventoryKind) -> str:
         "            vllm_cluster_interface: eth0\n"
         "          hosts:\n"
         f"{hosts}")
+
+
+def _connection_and_replica_head(config: LabConfig) -> str:
+    """The part every lab inventory shares: how to reach the hosts (the lab's key and
+    known_hosts, strict host keys) and the opening of the replica group."""
+    known_hosts = config.state_dir / "known_hosts"
+    return ("all:\n"
+            "  vars:\n"
+            "    ansible_user: root\n"
+            "    ansible_port: 22\n"
+            f"    ansible_ssh_private_key_file: {config.state_dir / 'id_ed25519'}\n"
+            f"    ansible_ssh_common_args: -o UserKnownHostsFile={known_hosts}\n"
+            "  children:\n"
+            "    vllm_replicas:\n"
+            "      children:\n"
+            f"        {REPLICA_GROUP}:\n")
 
 
 def real_inventory_text(config: LabConfig) -> str:
@@ -78,8 +83,6 @@ def real_inventory_text(config: LabConfig) -> str:
     the guests for the TP>1 embedding's torch.compile); ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB);
     GLOO_SOCKET_IFNAME from ``vllm_cluster_interface``; ``--enforce-eager``, float32.
     """
-    key_file = config.state_dir / "id_ed25519"
-    known_hosts = config.state_dir / "known_hosts"
     hosts = "".join(
         f"            {name}:\n"
         f"              ansible_host: {config.address(name)}\n"
@@ -92,16 +95,7 @@ def real_inventory_text(config: LabConfig) -> str:
         "# Needs `provision lab up --vllm real`.\n"
         "# Written by `provision lab up`; the committed inventory/lab-real.yml is the default\n"
         "# instance's copy (tests/unit/test_lab_real.py keeps them equal). docs/real-vllm.md.\n"
-        "all:\n"
-        "  vars:\n"
-        "    ansible_user: root\n"
-        "    ansible_port: 22\n"
-        f"    ansible_ssh_private_key_file: {key_file}\n"
-        f"    ansible_ssh_common_args: -o UserKnownHostsFile={known_hosts}\n"
-        "  children:\n"
-        "    vllm_replicas:\n"
-        "      children:\n"
-        f"        {REPLICA_GROUP}:\n"
+        + _connection_and_replica_head(config) +
         "          vars:\n"
         "            vllm_backend: mp\n"
         "            vllm_device: cpu\n"
