@@ -39,7 +39,9 @@ class Problem:
 
 @dataclass
 class ProvisionError(Exception):
-    """Raised for any failure the user must act on; rendered once by ``report``, never as a traceback.
+    """Raised for any failure the user must act on.
+
+    Rendered once by ``report``, never as a traceback.
 
     Attributes:
         problems: one or more problems; at least one.

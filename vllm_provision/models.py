@@ -25,7 +25,8 @@ class Host:
         user: SSH user (``ansible_user``; None = ~/.ssh/config or the local user).
         key_file: ``ansible_ssh_private_key_file`` (None = agent / ~/.ssh/config / default keys).
         known_hosts_files: extra known_hosts files (from ``UserKnownHostsFile`` in
-            ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` or ``provision_known_hosts_file``),
+            ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` or
+            ``provision_known_hosts_file``),
             read in addition to the system and user files.
         become: run privileged commands through ``sudo`` (``ansible_become``).
         become_user: the sudo target user (``ansible_become_user``, default ``root``).

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 class Status(enum.StrEnum):
     """Outcome of one task on one host, with Ansible's vocabulary.
 
-    ``ok``: nothing needed changing; ``changed``: the host was changed (or, in check mode, would be);
-    ``failed``: the task failed; ``skipped``: a condition was false; ``unreachable``: the host
-    could not be reached over SSH (connect or an operation timed out).
+    ``ok``: nothing needed changing; ``changed``: the host was changed (or, in check mode,
+    would be); ``failed``: the task failed; ``skipped``: a condition was false;
+    ``unreachable``: the host could not be reached over SSH (connect or an operation timed out).
     """
 
     OK = "ok"

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 
 class Severity(enum.StrEnum):
-    """How bad a finding is: ``error`` stops ``provision up``; ``warning`` is shown; ``ok`` passed."""
+    """How bad a finding is.
+
+    ``error`` stops ``provision up``; ``warning`` is shown; ``ok`` passed.
+    """
 
     ERROR = "error"
     WARNING = "warning"

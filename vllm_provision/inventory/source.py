@@ -222,7 +222,8 @@ def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | No
         return None
     lines: dict[KeyPath, int] = {}
     duplicates: list[tuple[KeyPath, int, int]] = []
-    _walk(node, (), lines, duplicates)
+    if node is not None:  # data is not None, so the document has a root node
+        _walk(node, (), lines, duplicates)
     for key, first, second in duplicates:
         problems.add(f"{path}:{second}: {render_key_path(key)}",
                      f"duplicate key (also on line {first}); YAML would silently keep only "

@@ -62,7 +62,7 @@ def remove_host_network(config: LabConfig, host: str) -> None:
 def leftover_hosts(config: LabConfig) -> list[str]:
     """Return host names of this instance that still have a netns or a host-side veth."""
     pattern = re.compile(rf"^{re.escape(config.name)}-(h\d+)$")
-    names = set()
+    names: set[str] = set()
     if NETNS_DIR.is_dir():
         names.update(m.group(1) for p in NETNS_DIR.iterdir() if (m := pattern.match(p.name)))
     names.update(m.group(1) for p in Path("/sys/class/net").iterdir()

@@ -455,7 +455,7 @@ class Runner:
         layered.update(self.registered.get(host.name, {}))
         layered.update(self.inventory.extra_vars)
         groups = {name: list(_group_hosts(self.inventory, name)) for name in self.inventory.groups}
-        fixed = {
+        fixed: dict[str, Any] = {
             "inventory_hostname": host.name,
             "groups": groups,
             "hostvars": {name: dict(h.vars) for name, h in self.inventory.hosts.items()},

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+import zlib
 
 SPEC_PATH = os.environ.get("VLLM_LAB_SPEC", "/etc/vllm-lab/spec.json")
 APPS_DIR = os.environ.get("VLLM_LAB_APPS_DIR", "/run/vllm-lab/compute-apps")
@@ -42,7 +43,7 @@ def gpus(spec: dict) -> list[dict]:
         result.append({
             "index": index, "name": spec["gpu_name"], "bus_id": f"00000000:{bus}:00.0",
             "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{spec['host']}.gpu{index}")),
-            "serial": f"16523230{abs(hash(spec['host'])) % 10000:04d}{index:02d}",
+            "serial": f"16523230{zlib.crc32(spec['host'].encode()) % 10000:04d}{index:02d}",
             "total": total, "used": used_mib, "free": total - used_mib,
         })
     return result
@@ -50,7 +51,7 @@ def gpus(spec: dict) -> list[dict]:
 
 def compute_apps() -> list[dict]:
     """Return live registry entries: pid, process_name, gpus (indexes), used_memory_mib."""
-    apps = []
+    apps: list[dict] = []
     try:
         names = sorted(os.listdir(APPS_DIR))
     except OSError:
@@ -167,7 +168,7 @@ def select(all_gpus: list[dict], ids: str | None) -> list[dict] | None:
     """Filter by ``-i`` (indexes, UUIDs or bus ids, comma separated); None when one is unknown."""
     if ids is None:
         return all_gpus
-    chosen = []
+    chosen: list[dict] = []
     for token in ids.split(","):
         token = token.strip()
         match = [g for g in all_gpus

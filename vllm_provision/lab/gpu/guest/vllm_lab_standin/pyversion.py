@@ -37,7 +37,7 @@ def _apply() -> None:
     if len(parts) != 3 or str(wanted) == real:
         return
     sys.version = str(wanted) + sys.version[len(real):]
-    sys.version_info = _VersionInfo((*parts, sys.version_info[3], sys.version_info[4]))
+    sys.version_info = _VersionInfo((*parts, sys.version_info[3], sys.version_info[4]))  # type: ignore[assignment]
 
 
 _apply()
