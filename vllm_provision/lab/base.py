@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from vllm_provision.errors import LabError
+from vllm_provision.lab.chroot import VENV, chroot_mounts, run_in_chroot
 from vllm_provision.lab.deps import MERGED_USR_HOOK
 from vllm_provision.lab.system import run
 
@@ -30,7 +31,6 @@ PACKAGES: tuple[str, ...] = (
 )
 # one pinned Ray on every host: Ray refuses nodes whose Ray/Python differ (domain.md)
 RAY_PIN = "ray==2.60.0"
-VENV = "/opt/vllm"
 # bump when customise() changes, so cached bases are rebuilt
 CUSTOMISATION_VERSION = 3
 DEPLOY_USER = "deploy"
@@ -196,67 +196,6 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(mode)
-
-
-# (source on the main machine, target inside the build root, read-only)
-_CHROOT_BINDS = (("/dev", "dev", False), ("/etc/resolv.conf", "etc/resolv.conf", True),
-                 # pip in the chroot must verify TLS with the main machine's CA bundle (probe G2)
-                 ("/etc/ssl/certs/ca-certificates.crt", "etc/ssl/certs/ca-certificates.crt", True))
-
-
-@contextlib.contextmanager
-def chroot_mounts(root: Path, extra_binds: tuple[tuple[str, str], ...] = ()) -> Iterator[None]:
-    """Mount /proc, /dev, the resolver and the CA bundle into ``root`` for pip (probe G2).
-
-    Args:
-        root: a build root.
-        extra_binds: more (source dir on the main machine, target relative to ``root``) pairs,
-            bind-mounted read-only (e.g. a local wheel folder).
-
-    Raises:
-        LabError: a mount failed (what was mounted is unmounted again).
-    """
-    mounted: list[Path] = []
-    try:
-        target = root / "proc"
-        run(["mount", "-t", "proc", "proc", str(target)])
-        mounted.append(target)
-        binds = [*_CHROOT_BINDS, *((src, rel, True) for src, rel in extra_binds)]
-        for source, relative, read_only in binds:
-            target = root / relative
-            if Path(source).is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif not target.exists():
-                target.touch()
-            run(["mount", "--bind", source, str(target)])
-            mounted.append(target)
-            if read_only:
-                run(["mount", "-o", "remount,bind,ro", str(target)])
-        yield
-    finally:
-        for target in reversed(mounted):
-            run(["umount", "-l", str(target)], check=False)
-
-
-# env -i: the main machine's PIP_* variables point at its own paths (probe G1)
-CHROOT_ENV = ("env", "-i", "HOME=/root", "LANG=C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK=1",
-              "PIP_DEFAULT_TIMEOUT=180", "PIP_NO_CACHE_DIR=1",
-              "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-
-
-def run_in_chroot(root: Path, argv: list[str], log_file: Path, fix: str,
-                  timeout_s: float = 900) -> None:
-    """Run ``argv`` inside ``root`` with a clean environment, appending its output to ``log_file``.
-
-    Raises:
-        LabError: it exited non-zero (the last stderr lines and ``fix`` are in the message).
-    """
-    proc = run([*CHROOT_ENV, "chroot", str(root), *argv], check=False, timeout_s=timeout_s)
-    with open(log_file, "a") as handle:
-        handle.write(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
-    if proc.returncode != 0:
-        raise LabError.single(" ".join(argv), f"failed in the base (log: {log_file})",
-                              actual="\n".join(proc.stderr.strip().splitlines()[-5:]), fix=fix)
 
 
 def _install_ray(root: Path, log_file: Path) -> None:

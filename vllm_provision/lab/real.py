@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_provision.errors import LabError
+from vllm_provision.lab.chroot import VENV, chroot_mounts, run_in_chroot
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,6 @@ def install(root: Path, log_file: Path) -> None:
     Raises:
         LabError: no torch CPU build is reachable, or a pip step or the model build failed.
     """
-    from vllm_provision.lab.base import VENV, chroot_mounts, run_in_chroot
 
     source = torch_source()
     log.info("real vLLM base: torch 2.13.0+cpu from the %s (%s)", source.kind, source.where)
