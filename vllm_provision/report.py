@@ -103,7 +103,10 @@ class HumanReporter:
             table.add_row(_esc(host), *cells)
         self.console.print(table)
         mode = " (check mode: nothing was changed)" if summary["check_mode"] else ""
-        self.console.print(f"total time {summary['duration_s']:.1f} s{mode}")
+        totals = " ".join(f"{key}={summary[key]}" for key in
+                          ("changed", "ok", "failed", "unreachable", "skipped"))
+        self.console.print(f"{totals}; total time {summary['duration_s']:.1f} s{mode}",
+                           highlight=False)
 
 
 class QuietReporter:

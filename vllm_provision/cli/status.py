@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import click
 
-from vllm_provision.cli.up import parse_extra
+from vllm_provision.cli.options import CommonOptions, common_options
 
 
 def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any]
@@ -80,22 +79,24 @@ def _iso(seconds: float | None) -> str | None:
 
 
 @click.command("status")
-@click.option("-i", "--inventory", "inventory", required=True,
-              type=click.Path(exists=True, dir_okay=False), help="Inventory file.")
-@click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def command(inventory: str, extra: tuple[str, ...], as_json: bool) -> None:
-    """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict."""
-    from vllm_provision.connection import ConnectionOptions, HostConnection, close_all
-    from vllm_provision.inventory.loader import load_inventory
+@common_options
+def command(**kwargs: Any) -> None:
+    """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.
 
-    inv = load_inventory(Path(inventory), parse_extra(extra))
+    Exit code: 0 when every replica serves, 3 otherwise (as ``systemctl status``), 1 on an
+    invalid inventory or an unreachable host.
+    """
+    from vllm_provision.connection import HostConnection, close_all
+
+    opts = CommonOptions.from_kwargs(kwargs)
+    inv = opts.load_inventory()
+    as_json = opts.json
     connections: dict[str, Any] = {}
     replicas = []
     try:
         for replica in inv.replicas:
             for node in replica.nodes:
-                conn = HostConnection(node.host, ConnectionOptions())
+                conn = HostConnection(node.host, opts.connection_options())
                 conn.open()
                 connections[node.name] = conn
             replicas.append(replica_status(replica, connections, dict(replica.master.host.vars)))
