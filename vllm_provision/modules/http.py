@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.error
@@ -117,7 +118,11 @@ def _send(request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _send_remote(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    result = ctx.conn.run(f"python3 -c {quote(_REMOTE)}", stdin=json.dumps(request),
+    # The script travels base64-encoded: shell words may not hold line breaks (quoting rules),
+    # and stdin carries the request.
+    script = base64.b64encode(_REMOTE.encode()).decode()
+    loader = f"import base64; exec(base64.b64decode('{script}'))"
+    result = ctx.conn.run(f"python3 -c {quote(loader)}", stdin=json.dumps(request),
                           timeout_s=float(request["timeout"]) + 30)
     try:
         return dict(json.loads(result.stdout.strip().splitlines()[-1]))
