@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,10 +48,8 @@ def host(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     yield start
     for proc in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # also the orphaned headless worker
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 

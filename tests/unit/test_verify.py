@@ -39,7 +39,7 @@ class FakeVllm:
 def _handler(fake: FakeVllm) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
-            pass
+            """Keep the test output free of the server's request log."""
 
         def _send(self, code: int, body: Any) -> None:
             data = json.dumps(body).encode()
