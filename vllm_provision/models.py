@@ -161,6 +161,22 @@ class Inventory:
     replicas: tuple[Replica, ...] = ()
     extra_vars: Mapping[str, Any] = field(default_factory=dict)
 
+    def hosts_in_group(self, name: str) -> list[str]:
+        """Names of every host in group ``name`` or its descendant groups, in inventory order
+        (``all``: every host; an unknown name: none)."""
+        if name == "all":
+            return list(self.hosts)
+        members: set[str] = set()
+        stack, seen = [name], set()
+        while stack:
+            current = stack.pop()
+            if current in seen or current not in self.groups:
+                continue
+            seen.add(current)
+            members.update(self.groups[current].hosts)
+            stack.extend(self.groups[current].children)
+        return [host for host in self.hosts if host in members]
+
     def replica_of(self, host_name: str) -> Replica | None:
         """Return the replica ``host_name`` belongs to, or None."""
         for replica in self.replicas:

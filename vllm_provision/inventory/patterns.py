@@ -28,19 +28,6 @@ def split_pattern(pattern: str) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
-def _hosts_of_group(inventory: Inventory, name: str) -> set[str]:
-    members: set[str] = set()
-    stack, seen = [name], set()
-    while stack:
-        current = stack.pop()
-        if current in seen or current not in inventory.groups:
-            continue
-        seen.add(current)
-        members.update(inventory.groups[current].hosts)
-        stack.extend(inventory.groups[current].children)
-    return members
-
-
 def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
     if term in ("all", "*"):
         return set(inventory.hosts)
@@ -49,7 +36,7 @@ def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
         found.add(term)
     if term in inventory.groups:
         # an existing but empty group (e.g. vllm_ray in an mp-only inventory) matches no host
-        return found | _hosts_of_group(inventory, term)
+        return found | set(inventory.hosts_in_group(term))
     if found:
         return found
     if term.startswith("~"):
@@ -65,7 +52,7 @@ def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
     else:
         names = []
     for name in names:
-        found |= _hosts_of_group(inventory, name) if name in inventory.groups else {name}
+        found |= set(inventory.hosts_in_group(name)) if name in inventory.groups else {name}
     if not names:
         known_groups = sorted(g for g in inventory.groups if g not in ("all",))
         guess = variables.suggest(term, [*inventory.groups, *inventory.hosts])

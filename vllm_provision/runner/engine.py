@@ -454,7 +454,7 @@ class Runner:
         layered.update(play.vars)
         layered.update(self.registered.get(host.name, {}))
         layered.update(self.inventory.extra_vars)
-        groups = {name: list(_group_hosts(self.inventory, name)) for name in self.inventory.groups}
+        groups = {name: self.inventory.hosts_in_group(name) for name in self.inventory.groups}
         fixed: dict[str, Any] = {
             "inventory_hostname": host.name,
             "groups": groups,
@@ -696,15 +696,3 @@ def _node_of(inventory: Inventory, host_name: str) -> Any:
     return next((n for n in replica.nodes if n.name == host_name), None)
 
 
-def _group_hosts(inventory: Inventory, group: str, seen: set[str] | None = None) -> list[str]:
-    seen = seen if seen is not None else set()
-    if group in seen or group not in inventory.groups:
-        return []
-    seen.add(group)
-    if group == "all":
-        return list(inventory.hosts)
-    entry = inventory.groups[group]
-    names = list(entry.hosts)
-    for child in entry.children:
-        names.extend(n for n in _group_hosts(inventory, child, seen) if n not in names)
-    return [n for n in inventory.hosts if n in names]
