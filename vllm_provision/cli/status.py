@@ -1,6 +1,6 @@
 """``provision status``: per node unit state, main PID, since when, restarts, last failure; rank 0
 health; Ray nodes and GPUs; whether the replica is whole (peer watchdogs, docs/recovery.md); one
-verdict line (serving / degraded / down)."""
+verdict line (serving / degraded / down). A node it cannot reach is reported, not fatal."""
 
 from __future__ import annotations
 
@@ -12,27 +12,48 @@ from typing import Any
 import click
 
 from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.errors import ProvisionError
 
 
-def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any]
-                   ) -> dict[str, Any]:
+def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any],
+                   unreachable: dict[str, str] | None = None) -> dict[str, Any]:
     """Read one replica's units, rank 0's /health and (Ray) the cluster; return a JSON-ready dict.
 
+    Args:
+        replica: the :class:`~vllm_provision.models.Replica`.
+        connections: host name -> open connection, for the nodes that could be reached.
+        vars_: rank 0's variables (unit names).
+        unreachable: host name -> one-line reason, for nodes whose connection failed to open;
+            a node in neither mapping, or whose command fails with
+            :class:`~vllm_provision.connection.UnreachableError`, joins them.
+
     Keys: ``replica``, ``backend``, ``units`` (host, unit, state, main_pid, since, restarts,
-    result, exit_status, last_failure), ``health`` (HTTP status or None), ``ray`` (nodes and GPUs,
-    Ray only), ``watchdogs`` (host -> whole, held_until), ``whole`` (bool, None when unknown),
-    ``verdict``.
+    result, exit_status, last_failure; state ``unreachable`` and the rest None for the units of an
+    unreachable node), ``unreachable`` (host -> reason, one line naming host and address),
+    ``health`` (HTTP status or None), ``ray`` (nodes and GPUs, Ray only), ``watchdogs`` (host ->
+    whole, held_until), ``whole`` (bool, None when unknown; False when a node is unreachable),
+    ``verdict`` (never ``serving`` when a node is unreachable).
     """
+    from vllm_provision.connection import UnreachableError
     from vllm_provision.modules.ray_wait_cluster import read_snapshot
     from vllm_provision.modules.vllm_wait_ready import replica_units
     from vllm_provision.recovery_status import node_command, parse_node, replica_whole
     from vllm_provision.verify import Endpoint, parse_show, show_command, verdict
 
+    expected = replica_units(replica, vars_)
+    lost = {host: reason for host, reason in (unreachable or {}).items() if host in expected}
     states = []
     recovery = {}
-    for host, units in replica_units(replica, vars_).items():
-        result = connections[host].run(show_command(units) + "; " + node_command(units),
-                                       timeout_s=30)
+    for host, units in expected.items():
+        if host in lost or host not in connections:
+            lost.setdefault(host, f"{host}: no connection")
+            continue
+        try:
+            result = connections[host].run(show_command(units) + "; " + node_command(units),
+                                           timeout_s=30)
+        except UnreachableError as exc:
+            lost[host] = one_line(exc)
+            continue
         shown, _, rest = result.stdout.partition("== vllm-provision ")
         states.extend(parse_show(host, shown)[0])
         recovery[host] = parse_node("== vllm-provision " + rest if rest else "")
@@ -43,13 +64,19 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
                    "since": _iso(s.started_at) if s.active_state == "active" else None,
                    "restarts": s.restarts, "result": s.result, "exit_status": s.exit_status,
                    "last_failure": recovery[s.host].last_failure.get(s.unit, "")}
-                  for s in states],
+                  for s in states]
+        + [{"host": host, "unit": unit, "state": "unreachable", "main_pid": None, "since": None,
+            "restarts": None, "result": None, "exit_status": None, "last_failure": ""}
+           for host in lost for unit in expected[host]],
+        "unreachable": lost,
         "watchdogs": {host: {"whole": r.whole, "held_until": (r.watchdog or {}).get("held_until")}
                       for host, r in recovery.items()}}
     head_unit = str(vars_.get("ray_head_unit_name", "ray-head.service"))
     head_active = any(s.host == replica.master.name and s.unit == head_unit
                       and s.active_state == "active" for s in states)
-    if replica.backend == "ray" and not head_active:
+    if replica.backend == "ray" and replica.master.name in lost:
+        info["ray"] = {"error": lost[replica.master.name]}
+    elif replica.backend == "ray" and not head_active:
         # ray.init() against a head that is not running retries for minutes (GCS reconnect
         # timeout); there is no cluster to ask.
         info["ray"] = {"error": f"{head_unit} is not active on {replica.master.name}"}
@@ -58,14 +85,25 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
             pass
         ctx = _Ctx()
         ctx.connections, ctx.conn, ctx.vars = connections, None, vars_  # type: ignore[attr-defined]
-        snapshot, error = read_snapshot(ctx, replica)
+        try:
+            snapshot, error = read_snapshot(ctx, replica)
+        except UnreachableError as exc:  # lost after its units were read: say so, keep them
+            lost[replica.master.name] = error = one_line(exc)
+            snapshot = None
         info["ray"] = ({"nodes": snapshot.alive_ips, "gpus": snapshot.total.get("GPU", 0)}
                        if snapshot else {"error": error or "no answer"})
     ray_alive = len(info["ray"].get("nodes", [])) if "nodes" in info.get("ray", {}) else None
-    info["whole"] = replica_whole(recovery, ray_alive, replica.nnodes if ray_alive is not None
-                                  else None)
-    info["verdict"] = verdict(states, health, expected_units=len(states), whole=info["whole"])
+    info["whole"] = False if lost else replica_whole(
+        recovery, ray_alive, replica.nnodes if ray_alive is not None else None)
+    info["verdict"] = verdict(states, health, whole=info["whole"],
+                              expected_units=sum(len(units) for units in expected.values()))
     return info
+
+
+def one_line(error: ProvisionError) -> str:
+    """``host: message`` of each problem of a :class:`~vllm_provision.errors.ProvisionError`, on
+    one line (``; `` between problems), without the fix: the reason a node is unreachable."""
+    return "; ".join(f"{p.where}: {' '.join(p.message.split())}" for p in error.problems)
 
 
 def _watchdog_word(state: dict[str, Any]) -> str:
@@ -83,23 +121,24 @@ def _iso(seconds: float | None) -> str | None:
 def command(**kwargs: Any) -> None:
     """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.
 
+    A node that cannot be reached (SSH refused or timed out, authentication or host key refused)
+    is reported as ``unreachable`` with the reason; the others are read as usual.
+
     Exit code: 0 when every replica serves, 3 otherwise (as ``systemctl status``), 1 on an
-    invalid inventory or an unreachable host.
+    invalid inventory or when a node is unreachable (the report is printed first).
     """
-    from vllm_provision.connection import HostConnection, close_all
+    from vllm_provision.connection import close_all, open_connections
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory()
     as_json = opts.json
-    connections: dict[str, Any] = {}
-    replicas = []
+    hosts = {node.name: node.host for replica in inv.replicas for node in replica.nodes}
+    connections, errors = open_connections(hosts.values(), opts.connection_options())
+    unreachable = {host: one_line(error) for host, error in errors.items()}
     try:
-        for replica in inv.replicas:
-            for node in replica.nodes:
-                conn = HostConnection(node.host, opts.connection_options())
-                conn.open()
-                connections[node.name] = conn
-            replicas.append(replica_status(replica, connections, dict(replica.master.host.vars)))
+        replicas = [replica_status(replica, connections, dict(replica.master.host.vars),
+                                   unreachable)
+                    for replica in inv.replicas]
     finally:
         close_all(connections)
     if as_json:
@@ -108,16 +147,24 @@ def command(**kwargs: Any) -> None:
         for info in replicas:
             click.echo(f"replica {info['replica']} ({info['backend']})")
             for unit in info["units"]:
+                if unit["state"] == "unreachable":  # one line per node below, with the reason
+                    continue
                 click.echo(f"  {unit['host']:<12} {unit['unit']:<20} {unit['state']:<24} "
                            f"pid {unit['main_pid']:<7} since {unit['since'] or '-'}  "
                            f"restarts {unit['restarts']}  result {unit['result']}")
                 if unit["last_failure"]:
                     click.echo(f"    last failure: {unit['last_failure']}")
+            for host, reason in info["unreachable"].items():
+                click.echo(f"  {host:<12} {'unreachable':<20} {reason}")
             click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}")
             if "ray" in info:
                 click.echo(f"  ray: {info['ray']}")
             whole = {True: "yes", False: "no", None: "unknown (no watchdog state)"}[info["whole"]]
             click.echo(f"  whole: {whole}  (watchdogs: " + ", ".join(
-                f"{h} {_watchdog_word(w)}" for h, w in info["watchdogs"].items()) + ")")
+                [f"{h} {_watchdog_word(w)}" for h, w in info["watchdogs"].items()
+                 if h not in info["unreachable"]]
+                + [f"{h} unreachable" for h in info["unreachable"]]) + ")")
             click.echo(f"{info['replica']}: {info['verdict']}")
+    if any(info["unreachable"] for info in replicas):
+        sys.exit(1)
     sys.exit(0 if all(i["verdict"] == "serving" for i in replicas) else 3)
