@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from vllm_provision.checks import host, network, parity
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import check_replica, is_skipped, load_defaults, settings_for
@@ -157,6 +159,78 @@ def test_port_held_by_a_foreign_process_is_an_error_ours_is_ok():
     assert [(x.item, x.severity) for x in findings] == [("API port 8000", Severity.OK),
                                                         ("master port 29501", Severity.ERROR)]
     assert "pid 4242" in findings[1].actual
+
+
+def watchdog_port_findings(listening: dict[str, tuple[ListeningSocket, ...]],
+                           backend: str = "mp", vars: dict | None = None,
+                           host_vars: dict[str, dict] | None = None):
+    """``network.ports`` findings about the watchdog port of the two-node replica."""
+    replica = make_replica(backend, vars)
+    if host_vars:
+        replica = replace(replica, nodes=tuple(
+            replace(node, host=replace(node.host, vars=host_vars.get(node.name, {})))
+            for node in replica.nodes))
+    facts = {name: replace(f, listening=listening.get(name, ()))
+             for name, f in clean_facts().items()}
+    return [f for f in check_replica(replica, facts, settings_for(replica))
+            if f.check == "network.ports" and f.item.startswith("watchdog port")]
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_watchdog_port_is_checked_on_every_node_free_or_ours_is_ok(backend):
+    findings = watchdog_port_findings({"h1": (ListeningSocket(
+        "10.0.0.11", 29510, "python3", 77, "vllm-watchdog.service"),)}, backend)
+    assert [(f.host, f.item, f.severity, f.actual) for f in findings] == [
+        ("h1", "watchdog port 29510", Severity.OK, "held by vllm-watchdog.service"),
+        ("h2", "watchdog port 29510", Severity.OK, "free")]
+
+
+def test_watchdog_port_held_by_a_foreign_process_names_host_port_process_and_fix():
+    [error] = [f for f in watchdog_port_findings({"h2": (ListeningSocket(
+        "0.0.0.0", 29510, "node", 4242, "grafana-agent.service"),)})
+        if f.severity is Severity.ERROR]
+    assert (error.host, error.item) == ("h2", "watchdog port 29510")
+    assert error.actual == "in use by node (pid 4242, grafana-agent.service) on 0.0.0.0"
+    assert error.expected == "free or held by vllm-watchdog.service"
+    assert error.fix.startswith("stop node (pid 4242, grafana-agent.service) on h2, or set "
+                                "vllm_watchdog_port")
+    assert "docs/recovery.md" in error.source
+
+
+def test_watchdog_port_held_by_our_vllm_unit_is_an_error():
+    # Only the watchdog may hold its port: vLLM there means two of our ports are the same.
+    [finding] = [f for f in watchdog_port_findings({"h1": (ListeningSocket(
+        "0.0.0.0", 29510, "python3", 812, "vllm.service"),)}) if f.host == "h1"]
+    assert finding.severity is Severity.ERROR and "vllm.service" in finding.actual
+
+
+def test_watchdog_port_held_by_a_process_ss_could_not_name_is_an_error():
+    [finding] = [f for f in watchdog_port_findings(
+        {"h2": (ListeningSocket("*", 29510),)}) if f.host == "h2"]
+    assert finding.severity is Severity.ERROR
+    assert finding.actual == "in use by a process on *"
+
+
+def test_watchdog_port_and_unit_come_from_group_vars_and_a_nodes_host_vars_win():
+    stray = ListeningSocket("0.0.0.0", 29510, "nc", 5, "stray.service")
+    findings = watchdog_port_findings(
+        {"h1": (stray, ListeningSocket("10.0.0.11", 29600, "python3", 6, "wd.service")),
+         "h2": (stray, ListeningSocket("0.0.0.0", 29700, "nc", 7, "other.service"))},
+        vars={"vllm_watchdog_port": 29600, "vllm_watchdog_unit_name": "wd.service"},
+        host_vars={"h2": {"vllm_watchdog_port": 29700}})
+    assert [(f.host, f.item, f.severity) for f in findings] == [
+        ("h1", "watchdog port 29600", Severity.OK),
+        ("h2", "watchdog port 29700", Severity.ERROR)]
+
+
+def test_watchdog_port_error_is_skipped_with_network_ports():
+    replica = make_replica()
+    facts = {**clean_facts()}
+    facts["h2"] = replace(facts["h2"], listening=(ListeningSocket("0.0.0.0", 29510),))
+    assert errors_of(check_replica(replica, facts, settings_for(replica)))
+    findings = [f for f in check_replica(replica, facts, settings_for(replica))
+                if not is_skipped(f.check, ["network.ports"])]
+    assert errors_of(findings) == []
 
 
 def test_shm_too_small_is_an_error():

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from vllm_provision.checks.finding import Severity
+from vllm_provision.checks.run import check_replica, settings_for
 from vllm_provision.connection import LocalConnection
 from vllm_provision.facts.gather import (
     ProbeOptions,
@@ -64,6 +72,24 @@ def test_gather_facts_is_one_call_per_host_and_proves_reachability(tmp_path):
     assert facts["h1"].listener is not None and facts["h1"].listener.bound
     assert facts["h2"].reachability[0].ok
     assert not any(s.port == 29777 for s in facts["h1"].listening)  # the probe's own listener
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="the probe lists sockets with ss")
+def test_the_one_round_trip_finds_who_holds_the_watchdog_port(tmp_path):
+    inventory = make_inventory(tmp_path)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        replica = replace(inventory.replicas[0], vars={"vllm_watchdog_port": port})
+        connections = {"h1": LocalConnection("h1"), "h2": LocalConnection("h2")}
+        facts, errors = gather_facts(inventory, connections, ProbeOptions(reachability=False))
+    assert errors == {} and [len(c.calls) for c in connections.values()] == [1, 1]
+    [held] = [s for s in facts["h2"].listening if s.port == port]
+    assert held.pid == os.getpid()
+    [finding] = [f for f in check_replica(replica, facts, settings_for(replica))
+                 if f.host == "h2" and f.item == f"watchdog port {port}"]
+    assert finding.severity is Severity.ERROR and f"pid {os.getpid()}" in finding.actual
 
 
 def test_parse_probe_output_reports_missing_nvidia_smi():

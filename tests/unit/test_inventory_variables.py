@@ -128,3 +128,22 @@ def test_a_role_default_override_of_the_wrong_kind_is_refused() -> None:
     with pytest.raises(InventoryError) as caught:
         load_inventory(lab, extra_vars={"vllm_unit_name": "x.service\nExecStartPre=/bin/sh"})
     assert "line break" in caught.value.render()
+
+
+WATCHDOG_DEFAULTS = yaml.safe_load(
+    (variables.ROLES_DIR / "vllm_watchdog" / "defaults" / "main.yml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(WATCHDOG_DEFAULTS))
+def test_every_watchdog_knob_can_be_set_in_the_inventory(tmp_path: Path, name: str) -> None:
+    from vllm_provision.inventory import load_inventory
+
+    good = Path(__file__).resolve().parents[1] / "data" / "inventories" / "good"
+    default = WATCHDOG_DEFAULTS[name]
+    value = default * 2 if isinstance(default, (int, float)) else f"/srv/vp/{name}"
+    (tmp_path / "inventory.yml").write_text(
+        (good / "mp-two-nodes" / "inventory.yml").read_text())
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "llama.yml").write_text(yaml.safe_dump({name: value}))
+    inventory = load_inventory(tmp_path / "inventory.yml")
+    assert [inventory.hosts[h].vars[name] for h in ("h1", "h2")] == [value, value]

@@ -183,7 +183,8 @@ def _owned(unit: str, own_units: Sequence[str]) -> bool:
 
 
 def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
-                own_units: Sequence[str]) -> list[Finding]:
+                own_units: Sequence[str], *, alternative: str = "choose another port",
+                source: str = "research-vllm.md §7 #17 (EADDRINUSE)") -> list[Finding]:
     """Ports we will bind are free, or held by our own unit.
 
     Source: research-vllm.md §7 #17 (EADDRINUSE on start: a stale process or a second
@@ -194,6 +195,8 @@ def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
         facts: its facts.
         ports: ``(port, what)`` pairs to check on this node.
         own_units: unit names that may hold them (``vllm.service``, ``ray-head.service``).
+        alternative: the fix besides stopping the holder (``"set vllm_watchdog_port ..."``).
+        source: the source cited by an error finding.
     """
     findings = []
     for port, what in ports:
@@ -208,10 +211,32 @@ def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
                 "network.ports", Severity.ERROR, node.name, f"{what} {port}",
                 expected=f"free or held by {' / '.join(own_units)}",
                 actual=f"in use by {who} on {holder.address}",
-                fix=f"stop {who} on {node.name}, or choose another port",
-                source="research-vllm.md §7 #17 (EADDRINUSE)"))
+                fix=f"stop {who} on {node.name}, or {alternative}",
+                source=source))
         else:
             state = f"held by {holders[0].unit}" if holders else "free"
             findings.append(Finding("network.ports", Severity.OK, node.name, f"{what} {port}",
                                     expected="free or ours", actual=state))
     return findings
+
+
+def check_watchdog_port(node: Node, facts: HostFacts, port: int,
+                        watchdog_unit: str) -> list[Finding]:
+    """The peer watchdog's port is free, or held by our own watchdog unit (and nothing else).
+
+    Source: docs/recovery.md §2 (each node's ``vllm-watchdog.service`` serves ``GET /state``
+    on ``<node ip>:vllm_watchdog_port`` and its peers poll it): a watchdog that cannot bind
+    exits at start and restarts forever (``Restart=always``, no start limit), its peers never
+    bind to it, and ``provision up`` fails at its last step waiting for a bound watchdog.
+
+    Args:
+        node: the node.
+        facts: its facts.
+        port: the node's ``vllm_watchdog_port``.
+        watchdog_unit: ``vllm_watchdog_unit_name`` (``vllm-watchdog.service``).
+    """
+    return check_ports(
+        node, facts, [(port, "watchdog port")], (watchdog_unit,),
+        alternative="set vllm_watchdog_port to a free port in the replica's group vars (the "
+                    "same on every node: each watchdog polls its peers on its own port)",
+        source="docs/recovery.md §2 (the peer watchdog serves its state on this port)")

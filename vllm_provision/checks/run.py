@@ -24,6 +24,7 @@ from vllm_provision.models import Inventory, Replica
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 DEFAULTS_FILE = ROLES_DIR / "preflight" / "defaults" / "main.yml"
 RAY_DEFAULTS_FILE = ROLES_DIR / "ray" / "defaults" / "main.yml"
+WATCHDOG_DEFAULTS_FILE = ROLES_DIR / "vllm_watchdog" / "defaults" / "main.yml"
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
 
@@ -59,6 +60,9 @@ class PreflightSettings:
         placement_bundles: custom Ray bundles to check, or None.
         placement_strategy: their strategy.
         own_units: units that may hold our ports and GPUs.
+        watchdog_unit: the peer watchdog's unit, the only one that may hold its port.
+        watchdog_port: the replica's watchdog port (group vars, else the role default); a
+            node's own vars win (:func:`check_replica`).
     """
 
     parity: Mapping[str, str] = field(default_factory=dict)
@@ -70,6 +74,8 @@ class PreflightSettings:
     placement_bundles: Any = None
     placement_strategy: str = "PACK"
     own_units: tuple[str, ...] = ("vllm.service", "ray-head.service", "ray-worker.service")
+    watchdog_unit: str = "vllm-watchdog.service"
+    watchdog_port: int = 29510
 
     def probe_options(self) -> ProbeOptions:
         """The probe options these settings ask for."""
@@ -87,13 +93,14 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
     """
     values: dict[str, Any] = dict(load_defaults() if defaults is None else defaults)
     ray_defaults = _read_yaml(RAY_DEFAULTS_FILE)
+    watchdog_defaults = _read_yaml(WATCHDOG_DEFAULTS_FILE)
     if replica is not None:
         merged = {**dict(replica.vars), **dict(replica.master.host.vars)}
         for key, value in merged.items():
             if key == "preflight_parity" and isinstance(value, Mapping):
                 values[key] = {**dict(values.get(key) or {}), **dict(value)}
             elif key.startswith(("preflight_", "vllm_unit_name", "ray_head_unit_name",
-                                 "ray_worker_unit_name")):
+                                 "ray_worker_unit_name", "vllm_watchdog_unit_name")):
                 values[key] = value
     units = (str(values.get("vllm_unit_name", "vllm.service")),
              str(values.get("ray_head_unit_name", ray_defaults.get("ray_head_unit_name",
@@ -110,6 +117,11 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         placement_bundles=values.get("preflight_placement_bundles"),
         placement_strategy=str(values.get("preflight_placement_strategy") or "PACK"),
         own_units=units,
+        watchdog_unit=str(values.get("vllm_watchdog_unit_name", watchdog_defaults.get(
+            "vllm_watchdog_unit_name", "vllm-watchdog.service"))),
+        # Not the master's host vars: a node without its own value binds the group's.
+        watchdog_port=int((replica.vars if replica is not None else {}).get(
+            "vllm_watchdog_port", watchdog_defaults.get("vllm_watchdog_port", 29510))),
     )
 
 
@@ -188,6 +200,9 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += network.check_interface(node, f, node_interface)
         findings += network.check_hostname(node, f)
         findings += network.check_ports(node, f, _ports(replica, node.rank), settings.own_units)
+        findings += network.check_watchdog_port(
+            node, f, int(node.host.vars.get("vllm_watchdog_port", settings.watchdog_port)),
+            settings.watchdog_unit)
         if device == "cpu":
             findings += host_checks.check_cpu_device(node, f)
         else:
