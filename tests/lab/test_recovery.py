@@ -268,6 +268,44 @@ class TestMp:
         assert recovery.seconds is not None, recovery.samples[-5:]
         mp.assert_no_start_limit_and_all_active()
 
+    def test_partition_of_the_headless_host_status_reports_it_then_the_replica_heals(
+            self, mp: Replica) -> None:
+        """The headless host's traffic is dropped for 20 s: rank 0 stops reporting healthy
+        once the watchdog's grace (5 s) passed, ``provision status`` reports the node
+        unreachable (exit 1, verdict not serving) instead of aborting, and after the heal the
+        replica serves again with no operator action."""
+        assert mp.complete(), "the replica must serve before the fault"
+        grace_s = 5.0  # vllm_watchdog_grace_s: a peer's watchdog silent this long is lost
+        cut_at = time.monotonic()
+        mp.lab.cut("h2")
+        try:
+            samples = []
+            while time.monotonic() - cut_at < 12:
+                health = mp.health()
+                samples.append(Sample(round(time.monotonic() - cut_at, 2), health,
+                                      health == 200 and mp.complete()))
+                time.sleep(0.5)
+            assert not Recovery("cut", None, samples).healthy_but_failing(grace_s + DETECT_S), \
+                samples
+            status = provision("status", "-i", mp.inventory, "--json", "--timeout", "5",
+                               timeout_s=120)
+            assert status.returncode == 1, status.stdout + status.stderr
+            (info,) = json.loads(status.stdout)["replicas"]
+            assert set(info["unreachable"]) == {"h2"}, info
+            assert mp.address("h2") in info["unreachable"]["h2"], info
+            assert info["whole"] is False and info["verdict"] != "serving", info
+            assert "Traceback" not in status.stderr
+            while time.monotonic() - cut_at < 20:
+                time.sleep(0.5)
+        finally:
+            mp.lab.heal("h2")
+        # Bound: the follower retries its master until the heal (or restarts after its init
+        # timeout), joins, both load; 120 s / 420 s.
+        recovery = mp.recover("partition of the headless host healed", lambda: None,
+                              bound_s=mp.bound(120, 420), new_group=False, serving_before=False)
+        assert recovery.seconds is not None, recovery.samples[-5:]
+        mp.assert_no_start_limit_and_all_active()
+
     def test_reboot_of_the_headless_host(self, mp: Replica) -> None:
         # Bound: reboot (~10-20 s in the lab) + start at boot + rendezvous + load; 180 s / 420 s.
         recovery = mp.recover("reboot headless host", lambda: mp.lab.reboot("h2"),
