@@ -8,6 +8,10 @@ Host keys (fabric/fabric#1804, #2071: Fabric auto-accepts unknown keys; we do no
 file ``/etc/ssh/ssh_known_hosts``, the user file ``~/.ssh/known_hosts`` and the host's own
 ``known_hosts_files`` are loaded; an unknown key is refused unless the policy is ``accept-new``
 (OpenSSH ``StrictHostKeyChecking=accept-new``, ssh_config(5)); a changed key is always refused.
+The same files and policy apply to every ProxyJump hop Fabric builds from ``~/.ssh/config`` (its
+gateway ``Connection`` objects otherwise keep Fabric's ``AutoAddPolicy``). A ProxyCommand runs the
+system ``ssh``, which checks the jump host's key itself (its own ssh_config); the target's key is
+still ours to check.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Host
@@ -124,37 +128,96 @@ def sudo_wrap(command: str, become_user: str = "root") -> str:
     return f"sudo -n -H -u {quote(become_user)} -- /bin/sh -c {quote(command)}"
 
 
-class _KnownHostsPolicy:
-    """Paramiko missing-host-key policy: refuse (``strict``) or learn and save (``accept-new``)."""
+# One jump host usually serves every host of a run, so several connections may learn its key at
+# once: appends are serialised and re-read so the key is written once and two differing keys
+# for one name are refused.
+_LEARN_LOCK = threading.Lock()
 
-    def __init__(self, host: Host, policy: HostKeyPolicyName, write_file: Path | None) -> None:
+
+@dataclass(frozen=True)
+class JumpHost:
+    """One ProxyJump hop (a Fabric gateway ``Connection``) on the way to an inventory host.
+
+    Attributes:
+        address: the hop's address after ``~/.ssh/config`` (``HostName``).
+        port: its SSH port.
+    """
+
+    address: str
+    port: int
+
+    @property
+    def label(self) -> str:
+        """``address:port``, as in our other connection messages."""
+        return f"{self.address}:{self.port}"
+
+
+class _KnownHostsPolicy:
+    """Paramiko missing-host-key policy: refuse (``strict``) or learn and save (``accept-new``).
+
+    ``jump_host`` is set when the policy guards a ProxyJump hop of ``host`` rather than ``host``
+    itself: messages then name the jump host and the host it leads to.
+    """
+
+    def __init__(self, host: Host, policy: HostKeyPolicyName, write_file: Path | None,
+                 jump_host: JumpHost | None = None) -> None:
         self.host = host
         self.policy = policy
         self.write_file = write_file
+        self.jump_host = jump_host
         self.accepted: str | None = None
+
+    def _subject(self, hostname: str) -> str:
+        if self.jump_host is None:
+            return hostname
+        return f"{hostname}, the jump host (ProxyJump) for {self.host.name},"
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
                          key: paramiko.PKey) -> None:
         fingerprint = fingerprint_sha256(key.asbytes())
+        owner = "the server's" if self.jump_host is None else "the jump host's"
         if self.policy != "accept-new":
             raise HostKeyError.single(
                 self.host.name,
-                f"unknown SSH host key for {hostname} ({key.get_name()} {fingerprint})",
-                fix="check the fingerprint with the server's owner (ssh-keygen -lf "
+                f"unknown SSH host key for {self._subject(hostname)} "
+                f"({key.get_name()} {fingerprint})",
+                fix=f"check the fingerprint with {owner} owner (ssh-keygen -lf "
                     "/etc/ssh/ssh_host_*_key.pub on it), then add it to known_hosts or rerun "
                     "with --host-key-policy accept-new",
             )
         if self.write_file is None:
             raise HostKeyError.single(
-                self.host.name, f"no writable known_hosts file to record {hostname}'s key in",
+                self.host.name,
+                f"no writable known_hosts file to record the key of {self._subject(hostname)} in",
                 fix="create ~/.ssh/known_hosts or set provision_known_hosts_file")
-        self.write_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self.write_file.open("a", encoding="ascii") as handle:
-            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        with _LEARN_LOCK:
+            recorded = self._recorded_key(hostname, key.get_name())
+            if recorded is not None and recorded.asbytes() != key.asbytes():
+                raise HostKeyError.single(
+                    self.host.name,
+                    f"the SSH host key of {self._subject(hostname)} CHANGED during this run: "
+                    f"learned {key.get_name()} {fingerprint_sha256(recorded.asbytes())}, "
+                    f"now offered {fingerprint}",
+                    fix="suspect an attack; check both fingerprints with the server's owner")
+            if recorded is None:
+                self.write_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with self.write_file.open("a", encoding="ascii") as handle:
+                    handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.accepted = fingerprint
-        log.warning("%s: accepted new host key %s %s into %s", self.host.name, key.get_name(),
-                    fingerprint, self.write_file)
+        if recorded is None:
+            log.warning("%s: accepted new host key of %s %s %s into %s", self.host.name,
+                        self._subject(hostname).rstrip(","), key.get_name(), fingerprint,
+                        self.write_file)
+
+    def _recorded_key(self, hostname: str, key_type: str) -> paramiko.PKey | None:
+        """The key of ``key_type`` the write file already holds for ``hostname``, if any."""
+        import paramiko
+
+        if self.write_file is None or not self.write_file.is_file():
+            return None
+        entry = paramiko.HostKeys(str(self.write_file)).lookup(hostname)
+        return None if entry is None else entry.get(key_type)
 
 
 def _known_hosts_files(host: Host) -> list[Path]:
@@ -199,6 +262,9 @@ class HostConnection:
         self._lock = threading.Lock()
         self._broken: str | None = None
         self.accepted_key: str | None = None
+        #: the ProxyJump hops of the last open attempt, outermost gateway first: the last one is
+        #: dialled directly (for `ProxyJump a,b` Fabric 3.2.3 gives [a, b]: b first, unlike ssh)
+        self.jump_hosts: list[JumpHost] = []
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -236,13 +302,18 @@ class HostConnection:
         except ProvisionError:
             raise
         except paramiko.BadHostKeyException as exc:
+            jump = next((hop for hop in self.jump_hosts if hop.address == exc.hostname), None)
+            where = (self._address_label() if jump is None else
+                     f"{jump.label}, the jump host (ProxyJump) for {self.name},")
+            entry = (known_hosts_name(self.host.address, self.host.port) if jump is None else
+                     known_hosts_name(jump.address, jump.port))
             raise HostKeyError.single(
                 self.name,
-                f"the SSH host key of {self._address_label()} CHANGED: known "
+                f"the SSH host key of {where} CHANGED: known "
                 f"{exc.expected_key.get_name()} {fingerprint_sha256(exc.expected_key.asbytes())}, "
                 f"offered {exc.key.get_name()} {fingerprint_sha256(exc.key.asbytes())}",
                 fix="if the server was reinstalled, remove the old entry (ssh-keygen -R "
-                    f"'{known_hosts_name(self.host.address, self.host.port)}') after checking "
+                    f"'{entry}') after checking "
                     "the new fingerprint; otherwise suspect an attack",
             ) from None
         except paramiko.AuthenticationException as exc:
@@ -260,6 +331,24 @@ class HostConnection:
             ) from None
 
     def _open_once(self) -> None:
+        fabric_conn, policy = self._prepare()
+        try:
+            fabric_conn.open()
+        except BaseException:
+            fabric_conn.close()
+            raise
+        transport = fabric_conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(5)
+        self.accepted_key = policy.accepted
+        self._fabric = fabric_conn
+
+    def _prepare(self) -> tuple[Any, _KnownHostsPolicy]:
+        """Build the Fabric connection (not opened) with our host-key checking on every hop.
+
+        Returns:
+            ``(fabric.Connection, the target's policy)``; ``jump_hosts`` lists its ProxyJump hops.
+        """
         from fabric import Config
         from fabric import Connection as FabricConnection
 
@@ -277,7 +366,21 @@ class HostConnection:
             connect_timeout=max(1, int(self.options.connect_timeout_s)),
             connect_kwargs=connect_kwargs,
         )
-        client = fabric_conn.client
+        policy = self._check_host_keys(fabric_conn.client, None)
+        # Fabric builds ProxyJump hops as nested gateway Connections with AutoAddPolicy; a
+        # ProxyCommand gateway is a string (the system ssh checks that hop): the walk stops there.
+        self.jump_hosts = []
+        gateway = fabric_conn.gateway
+        while isinstance(gateway, FabricConnection):
+            jump = JumpHost(gateway.host, int(gateway.port))
+            self._check_host_keys(gateway.client, jump)
+            self.jump_hosts.append(jump)
+            gateway = gateway.gateway
+        return fabric_conn, policy
+
+    def _check_host_keys(self, client: paramiko.SSHClient,
+                         jump_host: JumpHost | None) -> _KnownHostsPolicy:
+        """Load our known_hosts files into ``client`` and set our policy on it."""
         for path in _known_hosts_files(self.host):
             if path.is_file():
                 try:
@@ -285,18 +388,10 @@ class HostConnection:
                 except OSError as exc:  # unreadable: say so, but other files may still know it
                     log.warning("%s: cannot read known_hosts %s: %s", self.name, path, exc)
         policy = _KnownHostsPolicy(self.host, self.options.host_key_policy,
-                                   _first_writable(self.host))
-        client.set_missing_host_key_policy(policy)
-        try:
-            fabric_conn.open()
-        except BaseException:
-            fabric_conn.close()
-            raise
-        transport = fabric_conn.client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(5)
-        self.accepted_key = policy.accepted
-        self._fabric = fabric_conn
+                                   _first_writable(self.host), jump_host)
+        # paramiko duck-types the policy; subclassing would import paramiko at module load
+        client.set_missing_host_key_policy(cast("paramiko.MissingHostKeyPolicy", policy))
+        return policy
 
     @property
     def is_open(self) -> bool:
@@ -506,6 +601,6 @@ def probe_tcp(address: str, port: int, timeout_s: float) -> bool:
 
 __all__ = [
     "CommandResult", "Connection", "ConnectionOptions", "HostConnection", "HostKeyError",
-    "LocalConnection", "Problem", "UnreachableError", "close_all", "fingerprint_sha256",
+    "JumpHost", "LocalConnection", "Problem", "UnreachableError", "close_all", "fingerprint_sha256",
     "known_hosts_name", "open_connections", "probe_tcp", "sudo_wrap",
 ]
