@@ -374,6 +374,13 @@ class HostConnection:
         while isinstance(gateway, FabricConnection):
             jump = JumpHost(gateway.host, int(gateway.port))
             self._check_host_keys(gateway.client, jump)
+            # Fabric leaves a hop without ConnectTimeout unbounded (an unreachable jump host
+            # hung for the kernel's SYN retries): --timeout bounds every hop like the target
+            if gateway.connect_timeout is None:
+                gateway.connect_timeout = max(1, int(self.options.connect_timeout_s))
+            gateway.connect_kwargs = {"banner_timeout": self.options.connect_timeout_s,
+                                      "auth_timeout": self.options.connect_timeout_s,
+                                      **gateway.connect_kwargs}
             self.jump_hosts.append(jump)
             gateway = gateway.gateway
         return fabric_conn, policy

@@ -197,3 +197,20 @@ def test_a_second_different_key_for_a_learned_jump_host_is_refused(
     with pytest.raises(HostKeyError, match="CHANGED during this run"):
         learning_policy(home).missing_host_key(paramiko.SSHClient(), "192.0.2.1",
                                                paramiko.ECDSAKey.generate())
+
+
+def test_every_hop_is_bounded_by_the_connect_timeout_unless_ssh_config_sets_one(
+        home: Path) -> None:
+    write_ssh_config(home, f"Host target\n    HostName {TARGET_ADDRESS}\n"
+                           "    ProxyJump bastion1,bastion2\n"
+                           "Host bastion1\n    HostName 192.0.2.1\n    ConnectTimeout 3\n"
+                           "Host bastion2\n    HostName 192.0.2.2\n")
+    conn = HostConnection(Host("h1", "target"), ConnectionOptions(connect_timeout_s=7))
+
+    fabric_conn, _ = conn._prepare()
+
+    first, second = fabric_conn.gateway, fabric_conn.gateway.gateway
+    assert (first.connect_timeout, second.connect_timeout) == (3, 7)
+    for hop in (first, second):
+        assert hop.connect_kwargs["banner_timeout"] == 7
+        assert hop.connect_kwargs["auth_timeout"] == 7
