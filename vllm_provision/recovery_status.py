@@ -7,7 +7,8 @@ Read over each node's SSH in one round trip (:func:`node_command`), parsed by pu
   ``Main process exited``, ``Failed with result``, ``Scheduled restart job``), and the watchdog's
   ``restarting`` lines (docs/recovery.md);
 * the peer watchdog's published state (``/run/vllm-provision/watchdog.json``): ``whole`` is true
-  when it is not held and has bound every rule to a running peer.
+  when it is not held and has bound every rule to a running peer; on the node that runs the API
+  server, its completion probe (``probe``: last result, age, consecutive failures, restarts).
 """
 
 from __future__ import annotations
@@ -100,3 +101,32 @@ def replica_whole(nodes: Mapping[str, NodeRecovery], ray_alive: int | None = Non
     if not known:
         return None
     return all(known)
+
+
+def describe_probe(probe: Mapping[str, Any] | None) -> str | None:
+    """One line on a watchdog's completion probe (its published ``probe`` object), None when the
+    node runs none.
+
+    Example: ``ok 12 s ago, 0/3 failures, 1 restart by the probe``. Keys read: ``enabled``,
+    ``last_result``, ``last_detail``, ``age_s`` (seconds, when the state was written),
+    ``consecutive_failures``, ``failures_to_restart``, ``restarts``, ``waiting``.
+    """
+    if not isinstance(probe, Mapping):
+        return None
+    if not probe.get("enabled"):
+        return "disabled"
+    result = probe.get("last_result")
+    if result is None:
+        last = "no completion yet"
+    else:
+        age = probe.get("age_s")
+        last = f"{result} {age:.0f} s ago" if isinstance(age, (int, float)) else str(result)
+        if result != "ok" and probe.get("last_detail"):
+            last += f" ({probe['last_detail']})"
+    restarts = probe.get("restarts") or 0
+    line = (f"{last}, {probe.get('consecutive_failures', 0)}/"
+            f"{probe.get('failures_to_restart', '?')} failures, {restarts} "
+            f"restart{'' if restarts == 1 else 's'} by the probe")
+    if probe.get("waiting"):
+        line += f"; not probing: {probe['waiting']}"
+    return line

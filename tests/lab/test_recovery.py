@@ -5,16 +5,17 @@ and real vLLM 0.32.0 on CPU (``provision lab up --vllm real``, inventory ``lab-r
 ``real_vllm``); the parameter whose vLLM the running lab does not have is skipped. The Ray tests
 run on the stand-in tier (the real tier is mp only: docs/real-vllm.md).
 
-Each test injects one fault on the lab (kill -9, systemctl stop/restart, raylet killed, reboot),
-then polls rank 0 from the controller every 0.5 s: ``GET /health`` and, when it says 200, one real
-completion. It records the seconds from the fault to the first successful completion served by
-the *new* group (rank 0's vLLM InvocationID changed: every mp fault restarts rank 0), asserts a
-generous bound stated in the test for each tier (no timing goal: the stand-in loads in
-``load_s`` = 5 s, real vLLM on the lab's CPUs in 60-90 s), and:
+Each test injects one fault on the lab (kill -9, systemctl stop/restart, raylet killed, reboot, a
+headless node frozen with SIGSTOP: only rank 0's completion probe sees that one), then polls rank 0
+from the controller every 0.5 s: ``GET /health`` and, when it says 200, one real completion. It
+records the seconds from the fault to the first successful completion served by the *new* group
+(rank 0's vLLM InvocationID changed: every mp fault restarts rank 0), asserts a generous bound
+stated in the test for each tier (no timing goal: the stand-in loads in ``load_s`` = 5 s, real vLLM
+on the lab's CPUs in 60-90 s), and:
 
 * mp: rank 0 never reports healthy while it cannot serve: every ``/health`` 200 after the
   detection window (``DETECT_S``: the watchdog polls every second) comes with a successful
-  completion;
+  completion (not for a frozen node: /health stays 200 until the probe's detection time);
 * no unit of ours hits its start limit (``Result`` never ``start-limit-hit``) and every unit is
   active again at the end.
 
@@ -305,6 +306,63 @@ class TestMp:
                               bound_s=mp.bound(120, 420), new_group=False, serving_before=False)
         assert recovery.seconds is not None, recovery.samples[-5:]
         mp.assert_no_start_limit_and_all_active()
+
+    def test_frozen_headless_node_is_restarted_by_the_completion_probe(self, mp: Replica
+                                                                         ) -> None:
+        """``systemctl kill -s STOP`` of the headless unit: every unit stays running and rank 0's
+        /health stays 200 while its completions hang, so only rank 0's completion probe can
+        notice; it restarts rank 0 and the follower's watchdog restarts the follower. Short
+        probe settings for this test only (``-e``), which restart the watchdogs, not vLLM."""
+        short = ["-e", "vllm_watchdog_probe_interval_s=3", "-e", "vllm_watchdog_probe_timeout_s=5",
+                 "-e", "vllm_watchdog_probe_failures=2"]
+        journal = ("journalctl -u vllm-watchdog.service -b --no-pager -o cat | "
+                   "grep -c 'probe: restarting vllm.service' || true")
+
+        def invocations() -> dict[str, str]:
+            return {h: mp.show(h, "vllm.service", "InvocationID")["InvocationID"]
+                    for h in ("h1", "h2")}
+
+        def probe_state() -> dict[str, Any]:
+            text = mp.lab.ssh("h1", "cat /run/vllm-provision/watchdog.json", timeout_s=10).stdout
+            try:
+                return dict(json.loads(text).get("probe") or {})
+            except ValueError:
+                return {}
+
+        before = invocations()
+        up = provision("up", "-i", mp.inventory, *short, timeout_s=900)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            assert invocations() == before, "new probe settings must restart no vLLM unit"
+            config = json.loads(mp.ssh("h1", "cat /etc/vllm-provision/watchdog.json"))
+            assert config["settings"]["probe_failures"] == 2, config["settings"]
+            assert mp.ssh("h1", "stat -c %a /etc/vllm-provision/watchdog.json").strip() == "600"
+            deadline = time.monotonic() + 30
+            while not (probe_state().get("armed") and probe_state().get("last_result") == "ok"):
+                assert time.monotonic() < deadline, probe_state()
+                time.sleep(1)
+            restarts_before = int(mp.ssh("h1", journal).strip() or 0)
+            # Bound: detection <= interval 3 s + 2 x (timeout 5 s + 1 s poll) = 15 s; rank 0's
+            # stop (up to TimeoutStopSec 15 s if its hung engine ignores SIGTERM) + RestartSec 5 s;
+            # the follower restarted by its watchdog (SIGTERM, then systemd's SIGCONT; up to 15 s
+            # + RestartSec 5 s); load (stand-in 5 s, real 60-90 s). About 60 s / 145 s at worst;
+            # 90 s / 360 s as for the other mp faults on the lab's 2 shared CPUs.
+            recovery = mp.recover("SIGSTOP headless",
+                                  lambda: mp.ssh("h2", "systemctl kill -s STOP vllm.service"),
+                                  bound_s=mp.bound(90, 360))
+            assert recovery.seconds is not None, recovery.samples[-5:]
+            # The fault is the one the rules cannot see: /health 200 while a completion hangs.
+            assert recovery.healthy_but_failing(0.0), recovery.samples[:5]
+            assert int(mp.ssh("h1", journal).strip() or 0) > restarts_before, \
+                mp.ssh("h1", "journalctl -u vllm-watchdog.service -b --no-pager -n 30")
+            assert probe_state().get("restarts", 0) >= 1, probe_state()
+            assert invocations()["h2"] != before["h2"], "the follower was restarted too"
+            mp.assert_no_start_limit_and_all_active()
+        finally:
+            # a failed test must not leave h2 frozen (harmless when nothing is stopped)
+            mp.lab.ssh("h2", "systemctl kill -s CONT vllm.service", timeout_s=30)
+            reset = provision("up", "-i", mp.inventory, timeout_s=900)
+            assert reset.returncode == 0, reset.stdout + reset.stderr
 
     def test_reboot_of_the_headless_host(self, mp: Replica) -> None:
         # Bound: reboot (~10-20 s in the lab) + start at boot + rendezvous + load; 180 s / 420 s.

@@ -1,4 +1,5 @@
-"""The stand-in vLLM: vLLM's rejections, and an mp pair on localhost that serves only when whole."""
+"""The stand-in vLLM: vLLM's rejections, and an mp pair on localhost that serves only when whole
+(a dead follower fails the next request; a frozen one hangs it)."""
 
 from __future__ import annotations
 
@@ -63,13 +64,13 @@ def _get(port: int, path: str) -> int:
         return 0
 
 
-def _complete(port: int, body: dict[str, object],
-              headers: dict[str, str]) -> tuple[int, bytes]:
+def _complete(port: int, body: dict[str, object], headers: dict[str, str],
+              timeout_s: float = 10) -> tuple[int, bytes]:
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", **headers})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return int(response.status), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -148,3 +149,31 @@ def test_nccl_mismatch_never_serves(host) -> None:  # type: ignore[no-untyped-de
     rank1.communicate(timeout=20)
     assert rank0.returncode == 1 and "Watchdog caught collective operation timeout" in err0
     assert rank1.returncode == 1
+
+
+def test_mp_frozen_follower_hangs_requests_with_health_200_until_the_collective_timeout(
+        host) -> None:  # type: ignore[no-untyped-def]
+    """SIGSTOP of the headless node (``systemctl kill -s STOP``): every step needs it, so a
+    completion gets no answer while /health stays 200; thawed, the group serves again; frozen
+    past the collective timeout (init_timeout_s here 3 s), the engine dies like with a dead peer."""
+    port, master = _free_port(), _free_port()
+    common = ["serve", "model", "-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(master), "--served-model-name", "tiny"]
+    rank0 = host("h1", *common, "--node-rank", "0", "--port", str(port), init_timeout_s=3)
+    rank1 = host("h2", *common, "--node-rank", "1", "--headless", init_timeout_s=3)
+    assert _wait_for(lambda: _get(port, "/health") == 200)
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+    assert _complete(port, body, {})[0] == 200
+    os.killpg(rank1.pid, signal.SIGSTOP)  # main process and worker
+    with pytest.raises(TimeoutError):
+        _complete(port, body, {}, timeout_s=1.0)
+    assert _get(port, "/health") == 200  # /health says nothing about the peer
+    os.killpg(rank1.pid, signal.SIGCONT)
+    assert _complete(port, body, {})[0] == 200  # frozen is not dead: the group goes on
+    os.killpg(rank1.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    assert _complete(port, body, {})[0] == 500
+    assert 2.5 <= time.monotonic() - started < 8
+    assert rank0.wait(timeout=10) == 0
+    os.killpg(rank1.pid, signal.SIGCONT)
+    assert "Watchdog caught collective operation timeout" in rank0.communicate()[1]

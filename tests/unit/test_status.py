@@ -19,6 +19,9 @@ from vllm_provision.models import Inventory, Replica
 from vllm_provision.verify import Endpoint
 
 REFUSED = "cannot connect to 10.0.0.12:22: [Errno 111] Connection refused"
+PROBE = {"enabled": True, "unit": "vllm.service", "armed": True, "waiting": "",
+         "last_result": "failure", "last_detail": "no answer within 60 s", "age_s": 3.0,
+         "consecutive_failures": 1, "failures_to_restart": 3, "restarts": 0}
 
 
 def _show(unit: str, active: bool) -> str:
@@ -53,7 +56,9 @@ class FakeNode:
     def run(self, command: str, **kwargs: Any) -> CommandResult:
         if self.error and self.on == "run":
             raise UnreachableError.single(self.name, self.error)
-        watchdog = json.dumps({"node": self.name, "held_until": None, "whole": self.active})
+        probe = PROBE if self.name == "h1" else None
+        watchdog = json.dumps({"node": self.name, "held_until": None, "whole": self.active,
+                               "probe": probe})
         text = ("".join(_show(u, self.active) for u in self.units) + "1764410100.0\n"
                 "== vllm-provision unit vllm.service\n== vllm-provision watchdog\n"
                 + watchdog + "\n")
@@ -203,3 +208,12 @@ def test_exit_status_with_every_node_reachable_is_0_serving_else_3(
     run = _status("--json")
     assert run.exit_code == code, run.output
     assert json.loads(run.stdout)["replicas"][0]["verdict"] == verdict
+
+
+def test_rank0_watchdog_shows_its_completion_probe(cluster: dict[str, FakeNode]) -> None:
+    cluster["h2"] = FakeNode("h2")
+    run = _status()
+    assert ("  completion probe on h1: failure 3 s ago (no answer within 60 s), 1/3 failures, "
+            "0 restarts by the probe") in run.stdout.splitlines(), run.stdout
+    (info,) = json.loads(_status("--json").stdout)["replicas"]
+    assert info["watchdogs"]["h1"]["probe"] == PROBE and info["watchdogs"]["h2"]["probe"] is None

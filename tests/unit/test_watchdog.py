@@ -2,14 +2,22 @@
 
 The decisions are checked as the sequences of polls the lab measured (docs/recovery.md): a
 follower killed, rank 0 killed, a peer unreachable, a Ray head restarted; and that two nodes
-applying the rules to each other converge instead of restarting each other in turn.
+applying the rules to each other converge instead of restarting each other in turn. The
+completion probe of rank 0 is driven poll by poll with a fake clock, fake HTTP answers and a
+fake ``systemctl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import http.server
 import importlib.util
 import json
+import socket
 import sys
+import threading
+import time
+import types
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -152,6 +160,262 @@ def test_two_nodes_converge_after_one_restart_without_ping_pong() -> None:
     assert pair.bindings["h2"].peer_invocation == pair.units["h1"][0]
 
 
+# --- completion probe ---------------------------------------------------------------------------
+
+PROBE_SETTINGS = wd.Settings(poll_s=1.0, probe_interval_s=30.0, probe_timeout_s=60.0,
+                             probe_failures=3)
+OK = wd.classify(200)
+TIMEOUT = wd.classify(None, "no answer within 60 s")
+
+
+class FakeApi:
+    """The local API server as the probe sees it: scripted /health statuses and completions."""
+
+    def __init__(self, health: int | None = 200) -> None:
+        self.health_status = health
+        self.answers: list[Any] = []
+        self.completions = 0
+        self.health_calls = 0
+
+    def health(self) -> int | None:
+        self.health_calls += 1
+        return self.health_status
+
+    def complete(self) -> Any:
+        self.completions += 1
+        return self.answers.pop(0) if self.answers else OK
+
+
+def prober(api: FakeApi, settings: Any = PROBE_SETTINGS) -> Any:
+    """A probe whose requests run inline (no thread) and answer at once."""
+    return wd.Prober("vllm.service", settings, complete=api.complete, health=api.health,
+                     start=lambda work: work())
+
+
+def units(invocation: str = "a", sub: str = "running") -> dict[str, Any]:
+    return {"vllm.service": view(invocation, 100, sub=sub)}
+
+
+def run(probe: Any, clock: list[float], polls: int, local: Any = None, held: bool = False
+        ) -> list[str]:
+    """``polls`` watchdog polls one second apart; the restart reasons the probe returned."""
+    reasons = []
+    for _ in range(polls):
+        reason = probe.tick(clock[0], local or units(), held)
+        if reason:
+            reasons.append(reason)
+        clock[0] += 1.0
+    return reasons
+
+
+def test_probe_judges_nothing_until_the_invocation_answered_health_200() -> None:
+    api, clock = FakeApi(health=None), [0.0]  # loading: the HTTP port is not open yet
+    api.answers = [TIMEOUT] * 10
+    probe = prober(api)
+    assert run(probe, clock, 200) == [] and api.completions == 0
+    assert not probe.armed and probe.failures == 0
+    api.health_status = 200
+    run(probe, clock, 31)
+    assert probe.armed == "a" and api.completions == 1  # the first completion right away
+
+
+def test_probe_restarts_once_after_n_consecutive_failures() -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api)
+    run(probe, clock, 1)
+    assert probe.armed and probe.last.outcome == "ok"
+    api.answers = [TIMEOUT, wd.classify(None, "connection failed: [Errno 111] Connection "
+                                        "refused"), wd.classify(500, "EngineCore")]
+    reasons = run(probe, clock, 3 * 30)
+    assert len(reasons) == 1 and "3 consecutive" in reasons[0] and "HTTP 500" in reasons[0]
+    assert probe.restarts == 1 and probe.failures == 0 and not probe.armed
+    # while the watchdog awaits the restart, nothing is judged
+    for _ in range(100):
+        assert probe.tick(clock[0], units(), held=False, restarting=True) is None
+        clock[0] += 1.0
+    assert api.completions == 4 and probe.waiting == "a restart is under way"
+
+
+def test_a_served_probe_resets_the_failure_count() -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api)
+    api.answers = [OK, TIMEOUT, TIMEOUT, OK, TIMEOUT, TIMEOUT, OK]
+    assert run(probe, clock, 7 * 30) == []
+    assert api.completions == 7 and probe.failures == 0 and probe.last.outcome == "ok"
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+def test_a_4xx_is_misconfiguration_and_never_restarts(status: int) -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api)
+    api.answers = [OK] + [wd.classify(status, "Unauthorized")] * 10
+    assert run(probe, clock, 11 * 30) == []
+    assert probe.last.outcome == "ignored" and probe.failures == 0 and probe.restarts == 0
+
+
+@pytest.mark.parametrize(("status", "outcome"), [
+    (200, "ok"), (408, "failure"), (429, "failure"), (500, "failure"), (503, "failure"),
+    (401, "ignored"), (404, "ignored"), (None, "failure")])
+def test_classify_counts_what_says_not_served(status: int | None, outcome: str) -> None:
+    assert wd.classify(status).outcome == outcome
+
+
+def test_a_held_watchdog_does_not_probe_and_forgets_its_failures() -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api)
+    api.answers = [OK, TIMEOUT, TIMEOUT]
+    run(probe, clock, 61)
+    assert probe.failures == 2
+    calls = (api.completions, api.health_calls)
+    assert run(probe, clock, 300, held=True) == []
+    assert (api.completions, api.health_calls) == calls
+    assert probe.failures == 0 and not probe.armed and probe.waiting == "the watchdog is held"
+
+
+def test_probe_does_not_run_while_a_local_unit_is_not_running() -> None:
+    api, clock = FakeApi(), [0.0]
+    api.answers = [TIMEOUT] * 10
+    probe = prober(api)
+    ray_head_down = {"ray-head.service": view("h", 100, "activating", "auto-restart",
+                                              unit="ray-head.service"),
+                     "vllm.service": view("a", 100)}
+    for local in (units(sub="stop-sigterm"), ray_head_down):
+        assert run(probe, clock, 300, local=local) == []
+    assert api.completions == 0 and api.health_calls == 0
+
+
+def test_a_restarted_unit_must_answer_again_before_it_is_judged() -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api)
+    api.answers = [OK, TIMEOUT, TIMEOUT]
+    run(probe, clock, 61)
+    api.health_status = None  # the new invocation loads
+    assert run(probe, clock, 300, local=units("b")) == []
+    assert probe.failures == 0 and not probe.armed and api.completions == 3
+
+
+def test_probe_failures_0_disables_the_probe() -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api, wd.Settings(probe_failures=0))
+    assert run(probe, clock, 300) == []
+    assert api.completions == 0 and api.health_calls == 0
+    assert probe.state(clock[0]) == {"enabled": False, "unit": "vllm.service"}
+
+
+def test_a_request_that_never_returns_counts_as_a_failure_after_the_timeout() -> None:
+    api, clock = FakeApi(), [0.0]
+    settings = wd.Settings(probe_interval_s=3.0, probe_timeout_s=5.0, probe_failures=2)
+    started: list[Any] = []
+    probe = wd.Prober("vllm.service", settings, complete=api.complete, health=api.health,
+                      start=started.append)  # never runs: a thread stuck in a frozen socket
+    probe.armed = "a"
+    reasons = run(probe, clock, 20)
+    assert len(reasons) == 1 and "no answer within 5 s" in reasons[0]
+    assert len(started) == 3 and probe.job.kind == "health"  # 2 completions, then re-arming
+
+
+def test_probe_state_publishes_result_age_failures_and_restarts() -> None:
+    api, clock = FakeApi(), [0.0]
+    probe = prober(api)
+    api.answers = [OK, TIMEOUT]
+    run(probe, clock, 31)
+    state = probe.state(clock[0] + 4)
+    assert state["last_result"] == "failure" and "no answer" in state["last_detail"]
+    assert state["age_s"] == pytest.approx(5.0) and state["consecutive_failures"] == 1
+    assert state["failures_to_restart"] == 3 and state["restarts"] == 0 and state["armed"]
+    json.dumps(state)
+
+
+class FakeSystemctl:
+    """``systemctl show`` of one running vllm.service, and every other call recorded."""
+
+    def __init__(self, invocation: str = "a") -> None:
+        self.invocation = invocation
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **kwargs: Any) -> Any:
+        if argv[:2] == ["systemctl", "show"]:
+            out = (f"Id=vllm.service\nInvocationID={self.invocation}\nActiveState=active\n"
+                   "SubState=running\nMainPID=42\nExecMainStartTimestampMonotonic=1000000\n")
+            return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
+        self.calls.append(argv)
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+
+
+def test_watchdog_try_restarts_the_unit_the_probe_gave_up_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    systemctl, clock = FakeSystemctl(), [100.0]
+    monkeypatch.setattr(wd.subprocess, "run", systemctl)
+    monkeypatch.setattr(wd.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(wd.time, "time", lambda: 1.7e9 + clock[0])
+    api = FakeApi()
+    api.answers = [OK] + [TIMEOUT] * 3
+    settings = wd.Settings(probe_interval_s=30.0, probe_timeout_s=60.0, probe_failures=3)
+    config = {"node": "h1", "units": ["vllm.service"], "rules": [], "peers": {},
+              "hold_file": str(tmp_path / "hold"), "state_file": str(tmp_path / "state.json")}
+    watchdog = wd.Watchdog(config, settings, prober=prober(api, settings))
+    for _ in range(200):
+        watchdog.poll()
+        clock[0] += 1.0
+    assert systemctl.calls == [["systemctl", "--no-block", "--job-mode=fail", "try-restart",
+                                "vllm.service"]]
+    published = json.loads((tmp_path / "state.json").read_text())["probe"]
+    assert published["restarts"] == 1 and published["last_result"] == "failure"
+    systemctl.invocation = "b"  # systemd restarted it; the new invocation is judged afresh
+    api.answers = [OK]
+    watchdog.poll()
+    assert watchdog.prober.armed == "b" and watchdog.prober.last.outcome == "ok"
+
+
+class ScriptedApi(http.server.BaseHTTPRequestHandler):
+    """A local HTTP server answering POST /v1/completions by the path's scripted behaviour."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        behaviour = self.server.behaviour  # type: ignore[attr-defined]
+        if behaviour == "hang":
+            time.sleep(1.0)
+            return
+        if behaviour == "reset":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        status, body = {"ok": (200, {"choices": [{"text": " the"}]}),
+                        "500": (500, {"error": "EngineCore encountered an issue"}),
+                        "401": (401, {"error": "Unauthorized"})}[behaviour]
+        if behaviour == "ok" and self.headers.get("Authorization") != "Bearer sk-lab":
+            status, body = 401, {"error": "Unauthorized"}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        return
+
+
+@pytest.mark.parametrize(("behaviour", "outcome", "detail"), [
+    ("ok", "ok", "HTTP 200"), ("500", "failure", "HTTP 500"), ("401", "ignored", "HTTP 401"),
+    ("hang", "failure", "no answer within 0.3 s"), ("reset", "failure", "connection failed"),
+    ("refused", "failure", "connection failed")])
+def test_probe_completion_over_real_sockets(behaviour: str, outcome: str, detail: str) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ScriptedApi)
+    server.behaviour = behaviour  # type: ignore[attr-defined]
+    server.daemon_threads = True
+    port = server.server_address[1]
+    if behaviour == "refused":
+        server.server_close()
+    else:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = wd.probe_completion(f"http://127.0.0.1:{port}", "tiny", "sk-lab", 0.3)
+    finally:
+        if behaviour != "refused":
+            server.shutdown()
+            server.server_close()
+    assert result.outcome == outcome and detail in result.detail, result
+
+
 # --- parsers and hold ---------------------------------------------------------------------------
 
 def test_parse_show_computes_ages_from_the_monotonic_start() -> None:
@@ -240,3 +504,33 @@ def test_the_installed_script_is_the_file_itself() -> None:
     assert rendered.splitlines()[0] == "#!/usr/bin/python3"
     assert "def decide(" in rendered and "{% raw %}" not in rendered
     compile(rendered, "vllm_watchdog.py", "exec")
+
+
+def test_rank0_config_carries_the_probe_and_its_settings() -> None:
+    replica = _replica("mp", nodes=2)
+    rank0 = json.loads(render("watchdog.json.j2", replica, 0))
+    assert rank0["probe"] == {"unit": "vllm.service", "url": "http://10.213.6.11:8000",
+                              "model": "/srv/models/m", "api_key": None}
+    assert rank0["settings"]["probe_interval_s"] == 30.0
+    assert rank0["settings"]["probe_timeout_s"] == 60.0
+    assert rank0["settings"]["probe_failures"] == 3
+    assert json.loads(render("watchdog.json.j2", replica, 1))["probe"] is None  # headless
+    ray_head = json.loads(render("watchdog.json.j2", _replica("ray", nodes=2), 0))
+    assert ray_head["probe"]["unit"] == "vllm.service"
+
+
+def test_probe_uses_the_served_name_the_key_and_a_specific_api_address() -> None:
+    replica = _replica("mp", nodes=2)
+    engine = dataclasses.replace(replica.engine, served_model_name="llama", api_key="sk-lab-key",
+                                 api_host="fd00::11", api_port=8080)
+    probe = json.loads(render("watchdog.json.j2", dataclasses.replace(replica, engine=engine),
+                              0))["probe"]
+    assert probe == {"unit": "vllm.service", "url": "http://[fd00::11]:8080", "model": "llama",
+                     "api_key": "sk-lab-key"}
+
+
+def test_the_config_that_may_hold_the_api_key_is_root_only() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    (task,) = [t for t in tasks if t.get("template", {}).get("src") == "watchdog.json.j2"]
+    assert task["template"]["mode"] == "0600" and task["template"]["owner"] == "root"
+    assert task["notify"] == "Restart the watchdog"  # new probe values restart no vLLM unit

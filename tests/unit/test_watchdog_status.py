@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 
-from vllm_provision.recovery_status import NodeRecovery, node_command, parse_node, replica_whole
+from vllm_provision.recovery_status import (
+    NodeRecovery,
+    describe_probe,
+    node_command,
+    parse_node,
+    replica_whole,
+)
 from vllm_provision.verify import UnitState, verdict
 
 SAMPLE = (
@@ -53,3 +59,24 @@ def test_verdict_is_degraded_when_the_replica_is_known_not_whole() -> None:
     assert verdict(states, 200, 2) == "serving"
     assert verdict(states, 200, 2, whole=None) == "serving"
     assert verdict(states, 200, 2, whole=False) == "degraded"
+
+
+PROBE = {"enabled": True, "unit": "vllm.service", "armed": True, "waiting": "", "in_flight": False,
+         "last_result": "ok", "last_detail": "HTTP 200", "age_s": 12.4,
+         "consecutive_failures": 0, "failures_to_restart": 3, "restarts": 1}
+
+
+def test_describe_probe_says_last_result_age_failures_and_restarts() -> None:
+    assert describe_probe(PROBE) == "ok 12 s ago, 0/3 failures, 1 restart by the probe"
+    failing = {**PROBE, "last_result": "failure", "last_detail": "no answer within 60 s",
+               "consecutive_failures": 2, "restarts": 0}
+    assert describe_probe(failing) == ("failure 12 s ago (no answer within 60 s), 2/3 failures, "
+                                       "0 restarts by the probe")
+    held = {**PROBE, "last_result": None, "waiting": "the watchdog is held"}
+    assert describe_probe(held) == ("no completion yet, 0/3 failures, 1 restart by the probe; "
+                                    "not probing: the watchdog is held")
+
+
+def test_describe_probe_of_a_node_without_probe_or_with_it_disabled() -> None:
+    assert describe_probe(None) is None
+    assert describe_probe({"enabled": False, "unit": "vllm.service"}) == "disabled"

@@ -31,7 +31,8 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     result, exit_status, last_failure; state ``unreachable`` and the rest None for the units of an
     unreachable node), ``unreachable`` (host -> reason, one line naming host and address),
     ``health`` (HTTP status or None), ``ray`` (nodes and GPUs, Ray only), ``watchdogs`` (host ->
-    whole, held_until), ``whole`` (bool, None when unknown; False when a node is unreachable),
+    whole, held_until, probe: the completion probe's published state or None), ``whole``
+    (bool, None when unknown; False when a node is unreachable),
     ``verdict`` (never ``serving`` when a node is unreachable).
     """
     from vllm_provision.connection import UnreachableError
@@ -69,7 +70,8 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
             "restarts": None, "result": None, "exit_status": None, "last_failure": ""}
            for host in lost for unit in expected[host]],
         "unreachable": lost,
-        "watchdogs": {host: {"whole": r.whole, "held_until": (r.watchdog or {}).get("held_until")}
+        "watchdogs": {host: {"whole": r.whole, "held_until": (r.watchdog or {}).get("held_until"),
+                             "probe": (r.watchdog or {}).get("probe")}
                       for host, r in recovery.items()}}
     head_unit = str(vars_.get("ray_head_unit_name", "ray-head.service"))
     head_active = any(s.host == replica.master.name and s.unit == head_unit
@@ -128,6 +130,7 @@ def command(**kwargs: Any) -> None:
     invalid inventory or when a node is unreachable (the report is printed first).
     """
     from vllm_provision.connection import close_all, open_connections
+    from vllm_provision.recovery_status import describe_probe
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory()
@@ -164,6 +167,10 @@ def command(**kwargs: Any) -> None:
                 [f"{h} {_watchdog_word(w)}" for h, w in info["watchdogs"].items()
                  if h not in info["unreachable"]]
                 + [f"{h} unreachable" for h in info["unreachable"]]) + ")")
+            for host, watchdog in info["watchdogs"].items():
+                probe = describe_probe(watchdog.get("probe"))
+                if probe:
+                    click.echo(f"  completion probe on {host}: {probe}")
             click.echo(f"{info['replica']}: {info['verdict']}")
     if any(info["unreachable"] for info in replicas):
         sys.exit(1)

@@ -30,18 +30,30 @@ A hold file (``hold_file``, one line: a deadline in seconds since the epoch) wri
 ``provision up/restart`` makes the watchdog forget its bindings and act on nothing until the
 deadline, so planned restarts are not doubled. An operator's ``systemctl stop`` is respected:
 only running units are restarted (try-restart), never started.
+
+Completion probe (the node that runs the API server: mp rank 0, the Ray head): the rules above
+see only unit changes, and a group that hangs with every unit running (a frozen peer, an NCCL
+hang) keeps ``/health`` at 200 (lab-probe.md part 4, B.5: /health says nothing about peer
+ranks). So every ``probe_interval_s`` seconds a :class:`Prober` POSTs one real completion
+(``max_tokens`` 1) to the local API; ``probe_failures`` consecutive failures (timeout, refused
+or reset connection, HTTP 5xx/408/429) restart the local vLLM unit with the same try-restart,
+and the peers' rules then restart the rest of the group. It judges only an invocation that
+already answered (``/health`` 200 or a completion), so a loading engine is never restarted.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -119,12 +131,16 @@ class Decision:
 class Settings:
     """Timings, seconds: poll period, how long an unreachable peer is tolerated, the age
     tolerance used when comparing two units' ages, and how long a restart may take before the
-    watchdog may ask again."""
+    watchdog may ask again. Completion probe: seconds between probes, seconds one probe may
+    take, and how many consecutive failures restart the unit (0: no probe)."""
 
     poll_s: float = 1.0
     grace_s: float = 5.0
     slack_s: float = 2.0
     restart_wait_s: float = 120.0
+    probe_interval_s: float = 30.0
+    probe_timeout_s: float = 60.0
+    probe_failures: int = 3
 
 
 def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound_me: bool,
@@ -215,6 +231,278 @@ def held_until(path: str, now_s: float) -> float | None:
     return deadline if deadline > now_s else None
 
 
+# --- completion probe ---------------------------------------------------------------------------
+
+PROBE_OK, PROBE_FAILURE, PROBE_IGNORED = "ok", "failure", "ignored"
+# 408 Request Timeout and 429 Too Many Requests say "not served in time", not "wrong request"
+# (RFC 9110 15.5.9, RFC 6585 4): counted like a timeout. Any other 4xx is our misconfiguration.
+RETRY_LATER_STATUSES = (408, 429)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One answer of the local API server.
+
+    Attributes:
+        outcome: ``ok`` (served), ``failure`` (counts toward a restart: no answer within the
+            timeout, refused or reset connection, HTTP 5xx, 408 or 429) or ``ignored`` (any other
+            HTTP 4xx: the probe is misconfigured, e.g. a wrong API key or model name; logged, never
+            restarts anything).
+        detail: one line for the journal and the published state.
+        status: the HTTP status, None when there was none.
+    """
+
+    outcome: str
+    detail: str
+    status: int | None = None
+
+
+def classify(status: int | None, detail: str = "") -> ProbeResult:
+    """Judge one probe answer (pure).
+
+    Args:
+        status: the HTTP status, None when the request got no HTTP answer at all.
+        detail: what happened (the error, or the start of the answer's body).
+    """
+    if status is None:
+        return ProbeResult(PROBE_FAILURE, detail or "no answer", None)
+    if 200 <= status < 300:
+        return ProbeResult(PROBE_OK, f"HTTP {status}", status)
+    if status >= 500 or status in RETRY_LATER_STATUSES:
+        return ProbeResult(PROBE_FAILURE, f"HTTP {status} {detail}".strip(), status)
+    return ProbeResult(PROBE_IGNORED, f"HTTP {status} {detail}".strip(), status)
+
+
+def probe_completion(url: str, model: str, api_key: str | None, timeout_s: float) -> ProbeResult:
+    """POST one real completion (``max_tokens`` 1, temperature 0) to ``url``/v1/completions.
+
+    Args:
+        url: the API server, ``http://<node ip>:<port>``.
+        model: the served model name (``--served-model-name``, else the model path).
+        api_key: sent as ``Authorization: Bearer`` (vLLM ``--api-key`` / ``VLLM_API_KEY``).
+        timeout_s: seconds for connecting and for each read (urllib's socket timeout).
+    """
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1,
+                       "temperature": 0}).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            answer = json.loads(response.read())
+            if not isinstance(answer, dict) or not answer.get("choices"):
+                return classify(None, f"HTTP {response.status} without choices")
+            return classify(int(response.status))
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace") if exc.fp else ""
+        return classify(int(exc.code), " ".join(text.split())[:200])
+    except (socket.timeout, TimeoutError):  # noqa: UP041 (distinct before Python 3.10)
+        return classify(None, f"no answer within {timeout_s:g} s")
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):  # noqa: UP041 (Python 3.8)
+            return classify(None, f"no answer within {timeout_s:g} s")
+        return classify(None, f"connection failed: {reason}")
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return classify(None, f"connection failed: {type(exc).__name__}: {exc}")
+
+
+def probe_health(url: str, timeout_s: float) -> int | None:
+    """``GET url/health``: the HTTP status, None when the server did not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        return None
+
+
+def run_in_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` in a daemon thread (a hung request never blocks the peer rules)."""
+    threading.Thread(target=work, name="probe", daemon=True).start()
+
+
+@dataclass
+class ProbeJob:
+    """One request in flight: ``kind`` (``health`` or ``completion``), the unit invocation it
+    judges, when it started (monotonic seconds), and its result once ``done``."""
+
+    kind: str
+    invocation: str
+    started: float
+    done: threading.Event = field(default_factory=threading.Event)
+    result: ProbeResult | None = None
+    health: int | None = None
+
+
+@dataclass
+class Prober:
+    """The completion probe of the node that runs the API server; driven by :meth:`tick`.
+
+    Args:
+        unit: the vLLM unit the API server runs in (restarted after ``probe_failures``).
+        settings: ``probe_interval_s``, ``probe_timeout_s``, ``probe_failures`` (0: disabled).
+        complete: sends one completion, returns its :class:`ProbeResult` (may block up to the
+            timeout); health: ``GET /health``, the status or None.
+        start: runs a request in the background (a thread; tests run it inline).
+
+    State: ``armed`` is the invocation that answered once (``/health`` 200 or a completion);
+    only an armed invocation is judged. ``failures`` counts consecutive failures, ``restarts``
+    the restarts this probe asked for since the watchdog started.
+    """
+
+    unit: str
+    settings: Settings
+    complete: Callable[[], ProbeResult]
+    health: Callable[[], int | None]
+    start: Callable[[Callable[[], None]], None] = run_in_thread
+    armed: str = ""
+    failures: int = 0
+    restarts: int = 0
+    waiting: str = ""
+    last: ProbeResult | None = None
+    last_at: float | None = None
+    last_start: float | None = None
+    job: ProbeJob | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """False when ``probe_failures`` is 0."""
+        return self.settings.probe_failures > 0
+
+    def tick(self, mono: float, local: dict[str, UnitView], held: bool,
+             restarting: bool = False) -> str | None:
+        """One watchdog poll: collect a finished request, start the next one when due.
+
+        Args:
+            mono: monotonic seconds now.
+            local: every local unit of the watchdog (all must be ``active (running)``).
+            held: the hold file is in force (a planned restart: judge nothing).
+            restarting: a restart of ``unit`` was already requested and is awaited.
+
+        Returns:
+            the reason to restart ``unit`` now (``probe_failures`` consecutive failures of an
+            armed invocation), else None.
+        """
+        if not self.enabled:
+            return None
+        mine = local.get(self.unit)
+        why = ("the watchdog is held" if held else
+               "a restart is under way" if restarting else
+               next((f"{name} is not running" for name, view in sorted(local.items())
+                     if not view.running), "") or
+               ("" if mine is not None else f"{self.unit} is unknown"))
+        if why or mine is None:
+            self._pause(why)
+            return None
+        if self.armed and self.armed != mine.invocation:
+            self._pause(f"{self.unit} restarted")
+        self.waiting = "" if self.armed else f"{self.unit} has not answered /health 200 yet"
+        reason = self._collect(mono, mine)
+        for _ in range(2):  # a /health 200 answered at once is followed by the first completion
+            if reason is not None or self.job is not None or (
+                    self.last_start is not None
+                    and mono - self.last_start < self.settings.probe_interval_s):
+                break
+            self._launch(mono, mine)
+            reason = self._collect(mono, mine)
+        return reason
+
+    def _pause(self, why: str) -> None:
+        """Forget the invocation and any request in flight: nothing is judged meanwhile."""
+        if self.armed or self.failures:
+            log(f"probe: paused ({why}); {self.failures} failure(s) forgotten")
+        self.armed, self.failures, self.job, self.last_start = "", 0, None, None
+        self.waiting = why
+
+    def _launch(self, mono: float, mine: UnitView) -> None:
+        job = ProbeJob("completion" if self.armed == mine.invocation else "health",
+                       mine.invocation, mono)
+        self.job, self.last_start = job, mono
+
+        def work() -> None:
+            try:
+                if job.kind == "completion":
+                    job.result = self.complete()
+                else:
+                    job.health = self.health()
+            finally:
+                job.done.set()
+
+        self.start(work)
+
+    def _collect(self, mono: float, mine: UnitView) -> str | None:
+        job = self.job
+        if job is None:
+            return None
+        if job.invocation != mine.invocation:
+            self.job = None  # it judged an earlier invocation
+            return None
+        if not job.done.is_set():
+            # urllib's timeout bounds each socket operation, not the whole answer: give up here
+            if mono - job.started <= self.settings.probe_timeout_s + self.settings.poll_s + 1:
+                return None
+            job.result = classify(None, f"no answer within {self.settings.probe_timeout_s:g} s")
+            job.health = None
+        self.job = None
+        if job.kind == "health":
+            if job.health == 200:
+                self.armed, self.waiting = mine.invocation, ""
+                self.last_start = None  # the first completion right away
+                log(f"probe: {self.unit} (invocation {mine.invocation[:8]}) answers /health 200:"
+                    f" judging it from now on")
+            return None
+        result = job.result or classify(None, "the probe ended without a result")
+        self.last, self.last_at = result, mono
+        if result.outcome == PROBE_OK:
+            if self.failures:
+                log(f"probe: {self.unit} serves again after {self.failures} failure(s)")
+            self.failures = 0
+            return None
+        if result.outcome == PROBE_IGNORED:
+            log(f"probe: {result.detail}: the probe is misconfigured (API key, model name?); "
+                "not restarting anything")
+            return None
+        self.failures += 1
+        needed = self.settings.probe_failures
+        log(f"probe: failure {self.failures}/{needed} of {self.unit} (invocation "
+            f"{mine.invocation[:8]}): {result.detail}")
+        if self.failures < needed:
+            return None
+        reason = (f"{needed} consecutive completion probes failed, last: {result.detail} "
+                  "(every unit running: a hung group)")
+        self.restarts += 1
+        self.armed, self.failures, self.last_start = "", 0, None
+        return reason
+
+    def state(self, mono: float) -> dict[str, Any]:
+        """What ``/state`` and the state file publish under ``probe``."""
+        if not self.enabled:
+            return {"enabled": False, "unit": self.unit}
+        return {"enabled": True, "unit": self.unit, "armed": bool(self.armed),
+                "waiting": self.waiting, "in_flight": self.job is not None,
+                "last_result": self.last.outcome if self.last else None,
+                "last_detail": self.last.detail if self.last else "",
+                "age_s": round(mono - self.last_at, 1) if self.last_at is not None else None,
+                "consecutive_failures": self.failures,
+                "failures_to_restart": self.settings.probe_failures,
+                "restarts": self.restarts}
+
+
+def make_prober(config: dict[str, Any] | None, settings: Settings) -> Prober | None:
+    """The :class:`Prober` of a config's ``probe`` section (``unit``, ``url``, ``model``,
+    ``api_key``), None on a node that runs no API server."""
+    if not config:
+        return None
+    url, model, key = str(config["url"]), str(config["model"]), config.get("api_key") or None
+    return Prober(
+        unit=str(config["unit"]), settings=settings,
+        complete=lambda: probe_completion(url, model, key, settings.probe_timeout_s),
+        health=lambda: probe_health(url, min(10.0, settings.probe_timeout_s)))
+
+
 @dataclass
 class Watchdog:
     """The watchdog of one node: its config, bindings and last published state."""
@@ -226,6 +514,7 @@ class Watchdog:
     restarting: dict[str, tuple[str, float]] = field(default_factory=dict)
     published: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    prober: Prober | None = None
 
     @property
     def rules(self) -> list[Rule]:
@@ -271,6 +560,8 @@ class Watchdog:
         else:
             for rule in self.rules:
                 decisions[rule.key] = self.apply(rule, local, states, mono)
+        if self.prober is not None:
+            self.probe(local, hold is not None, mono)
         with self.lock:
             self.published = {
                 "node": node, "time": now, "held_until": hold,
@@ -278,7 +569,8 @@ class Watchdog:
                 "bindings": [asdict(b) for b in self.bindings.values()],
                 "rules": {key: {"action": d.action, "reason": d.reason}
                           for key, d in decisions.items()},
-                "whole": hold is None and len(self.bindings) == len(self.rules)}
+                "whole": hold is None and len(self.bindings) == len(self.rules),
+                "probe": self.prober.state(mono) if self.prober is not None else None}
             text = json.dumps(self.published)
         _write_atomic(self.config["state_file"], text)
 
@@ -312,28 +604,49 @@ class Watchdog:
         else:
             self.bindings.pop(rule.key, None)
         if decision.action == "restart" and mine is not None:
-            self.restart(rule, mine, decision.reason, mono)
+            self.restart(rule.key, rule.unit, mine, decision.reason, mono)
         return decision
 
-    def restart(self, rule: Rule, mine: UnitView, reason: str, mono: float) -> None:
+    def probe(self, local: dict[str, UnitView], held: bool, mono: float) -> None:
+        """Run the completion probe's poll; restart its unit when it says so."""
+        assert self.prober is not None
+        unit = self.prober.unit
+        mine = local.get(unit)
+        pending = self.restarting.get(unit)
+        restarting = bool(pending and mine and mine.invocation == pending[0]
+                          and mono - pending[1] < self.settings.restart_wait_s)
+        reason = self.prober.tick(mono, local, held, restarting)
+        if reason is not None and mine is not None:
+            self.restart("probe", unit, mine, reason, mono)
+
+    def restart(self, label: str, unit: str, mine: UnitView, reason: str, mono: float) -> None:
         """``systemctl --no-block --job-mode=fail try-restart`` the local unit, once per
         invocation: try-restart never starts a stopped unit, job-mode fail never replaces a
-        queued stop (``provision down``)."""
-        log(f"{rule.key}: restarting {rule.unit} (invocation {mine.invocation[:8]}): {reason}")
-        for key in [k for k, b in self.bindings.items() if b.unit == rule.unit]:
+        queued stop (``provision down``). ``label``: the rule's key, or ``probe``."""
+        log(f"{label}: restarting {unit} (invocation {mine.invocation[:8]}): {reason}")
+        for key in [k for k, b in self.bindings.items() if b.unit == unit]:
             del self.bindings[key]
-        self.restarting[rule.unit] = (mine.invocation, mono)
+        self.restarting[unit] = (mine.invocation, mono)
         result = subprocess.run(["systemctl", "--no-block", "--job-mode=fail", "try-restart",
-                                 rule.unit], capture_output=True, text=True, timeout=20,
+                                 unit], capture_output=True, text=True, timeout=20,
                                 check=False)
         if result.returncode != 0:
-            log(f"{rule.key}: systemctl try-restart {rule.unit} failed: "
+            log(f"{label}: systemctl try-restart {unit} failed: "
                 f"{(result.stderr or result.stdout).strip()}")
 
     def state_json(self) -> bytes:
         """The last published state, JSON bytes."""
         with self.lock:
             return json.dumps(self.published).encode()
+
+
+def _describe_probe(prober: Prober, probe: dict[str, Any]) -> str:
+    settings = prober.settings
+    if not prober.enabled:
+        return "disabled (probe_failures 0)"
+    return (f"a completion to {probe['url']} (model {probe['model']}) every "
+            f"{settings.probe_interval_s:g} s, timeout {settings.probe_timeout_s:g} s; "
+            f"{settings.probe_failures} consecutive failures restart {prober.unit}")
 
 
 def _view(state: dict[str, Any], unit: str) -> UnitView | None:
@@ -395,7 +708,7 @@ def main(argv: list[str]) -> int:
         with open(argv[1], encoding="utf-8") as handle:
             config = json.load(handle)
         settings = Settings(**config.get("settings", {}))
-        watchdog = Watchdog(config, settings)
+        watchdog = Watchdog(config, settings, prober=make_prober(config.get("probe"), settings))
         _ = watchdog.rules
     except (OSError, ValueError, TypeError, KeyError) as exc:
         print(f"vllm-watchdog: bad config {argv[1]}: {exc}", file=sys.stderr)
@@ -403,6 +716,8 @@ def main(argv: list[str]) -> int:
     serve(watchdog)
     log(f"vllm-watchdog on {config['node']}: {len(watchdog.rules)} rule(s), "
         f"listening on {config['listen_host']}:{config['listen_port']}")
+    if watchdog.prober is not None:
+        log(f"probe: {_describe_probe(watchdog.prober, config['probe'])}")
     while True:
         started = time.monotonic()
         try:

@@ -10,7 +10,11 @@ torch.distributed TCPStore on ``A:P`` (all interfaces); every other node connect
 * rank 0 notices a dead peer only at the next request: that request gets a 500 and rank 0 exits
   with status 0 about a second later; ``/health`` says 200 until then;
 * the headless node's worker ignores SIGTERM and outlives a ``kill -9`` of its parent;
-* a headless node whose rank 0 died stays up indefinitely.
+* a headless node whose rank 0 died stays up indefinitely;
+* a frozen headless node (SIGSTOP: alive, connection open, never answers): every engine step
+  needs every rank (TP/PP across nodes), so rank 0's requests hang with ``/health`` 200 until
+  the collective timeout (the torch.distributed timeout, ``init_timeout_s``), as a hung NCCL or
+  gloo collective does; then torch's watchdog line, and the engine dies as with a dead peer.
 
 Wire protocol (lab only): newline-delimited JSON; hello -> go -> loaded -> step/ok.
 """
@@ -120,14 +124,24 @@ class Master:
         signal.signal(signal.SIGTERM, previous)
 
     def step(self) -> None:
-        """Run one engine step on every node; raise EngineDead when a node is gone."""
+        """Run one engine step on every node; raise EngineDead when a node is gone.
+
+        A node that is alive but does not answer (frozen) blocks the step, and with it every
+        request, for the collective timeout; a closed connection (dead node) fails at once.
+        """
+        timeout_s = init_timeout_s(self.config, self.spec)
         with self.lock:
             self.steps += 1
             for rank, (sock, reader) in self.peers.items():
                 try:
-                    sock.settimeout(30)
+                    sock.settimeout(timeout_s)
                     _send(sock, {"step": self.steps})
                     _read_line(reader)
+                except TimeoutError as exc:
+                    message = watchdog_timeout_message(rank * self.config.local_world_size,
+                                                       timeout_s)
+                    log("ERROR", "ProcessGroupNCCL.cpp:1", message)
+                    raise EngineDead(f"RuntimeError: {message} [node {rank}]") from exc
                 except (OSError, ValueError) as exc:
                     raise EngineDead(f"RuntimeError: [gloo/transport/tcp/pair.cc:553] {exc} "
                                      f"[node {rank}]") from exc
