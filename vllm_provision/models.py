@@ -6,10 +6,10 @@ reads them and nothing writes them. ``inventory.load_inventory`` is the only pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Backend = Literal["mp", "ray"]
 
@@ -143,6 +143,35 @@ class Replica:
         return self.master.host_ip
 
 
+class _GroupLike(Protocol):
+    @property
+    def hosts(self) -> Iterable[str]: ...
+
+    @property
+    def children(self) -> Iterable[str]: ...
+
+
+def hosts_under(groups: Mapping[str, _GroupLike], hosts: Iterable[str], name: str) -> list[str]:
+    """Names of every host of group ``name`` or its descendant groups, in the order of ``hosts``.
+
+    Args:
+        groups: group name -> a group with ``hosts`` and ``children`` (name collections); the
+            loaded :class:`Group` or the loader's tree node.
+        hosts: every host name of the inventory, in inventory order.
+        name: the group; an unknown name gives ``[]``. Cycles are walked once.
+    """
+    members: set[str] = set()
+    stack, seen = [name], set()
+    while stack:
+        current = stack.pop()
+        if current in seen or current not in groups:
+            continue
+        seen.add(current)
+        members.update(groups[current].hosts)
+        stack.extend(groups[current].children)
+    return [host for host in hosts if host in members]
+
+
 @dataclass(frozen=True)
 class Inventory:
     """A loaded, validated inventory.
@@ -166,16 +195,7 @@ class Inventory:
         (``all``: every host; an unknown name: none)."""
         if name == "all":
             return list(self.hosts)
-        members: set[str] = set()
-        stack, seen = [name], set()
-        while stack:
-            current = stack.pop()
-            if current in seen or current not in self.groups:
-                continue
-            seen.add(current)
-            members.update(self.groups[current].hosts)
-            stack.extend(self.groups[current].children)
-        return [host for host in self.hosts if host in members]
+        return hosts_under(self.groups, self.hosts, name)
 
     def replica_of(self, host_name: str) -> Replica | None:
         """Return the replica ``host_name`` belongs to, or None."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from vllm_provision import variables
 from vllm_provision.inventory.source import KeyPath, Problems, Setting, YamlDocument
+from vllm_provision.models import hosts_under
 
 GROUP_KEYS = ("hosts", "children", "vars")
 
@@ -69,16 +70,7 @@ class Tree:
 
     def hosts_of(self, name: str) -> list[str]:
         """Every host in group ``name`` or its descendants, in inventory order."""
-        members: set[str] = set()
-        stack, seen = [name], set()
-        while stack:
-            current = stack.pop()
-            if current in seen or current not in self.groups:
-                continue
-            seen.add(current)
-            members.update(self.groups[current].hosts)
-            stack.extend(self.groups[current].children)
-        return [host for host in self.hosts if host in members]
+        return hosts_under(self.groups, self.hosts, name)
 
     def groups_of(self, host: str) -> list[str]:
         """Every group ``host`` belongs to, sorted as Ansible merges them: by depth (``all`` first,
