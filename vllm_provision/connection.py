@@ -20,7 +20,6 @@ import base64
 import hashlib
 import logging
 import os
-import select
 import socket
 import subprocess
 import threading
@@ -41,6 +40,8 @@ log = logging.getLogger(__name__)
 
 HostKeyPolicyName = Literal["strict", "accept-new"]
 
+# Seconds between drains of a running command's output (the exit status wakes the wait at once).
+POLL_S = 0.05
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 
@@ -482,7 +483,12 @@ class HostConnection:
                 if remaining <= 0:
                     channel.close()
                     raise TimeoutError
-                select.select([channel], [], [], min(remaining, 1.0))
+                # Not select() on the channel: its fileno() makes a pipe that paramiko's
+                # transport thread may write to after close() (unsynchronised, paramiko#2271,
+                # #692): EBADF there kills the whole transport of a healthy host. The status
+                # event is set when the exit status (or a close) arrives; output is drained
+                # every POLL_S meanwhile.
+                channel.status_event.wait(min(remaining, POLL_S))
             code = channel.recv_exit_status()
             channel.close()
         except TimeoutError:
