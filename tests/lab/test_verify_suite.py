@@ -32,7 +32,7 @@ def test_verify_suite_passes_on_a_deployed_replica_and_fails_after_down(lab: obj
     try:
         served = _verify(inventory)
         assert served.returncode == 0, served.stdout
-        assert "8 passed" in served.stdout
+        assert "11 passed" in served.stdout
     finally:
         down = _provision("down", "-i", str(inventory))
     assert down.returncode == 0, down.stdout + down.stderr
@@ -40,3 +40,5 @@ def test_verify_suite_passes_on_a_deployed_replica_and_fails_after_down(lab: obj
     assert stopped.returncode == 1
     assert "test_units_are_enabled_and_running" in stopped.stdout
     assert "test_master_is_healthy_and_serves_the_model" in stopped.stdout
+    assert "test_master_serves_a_completion" in stopped.stdout
+    assert "test_peer_watchdog_guards_the_node" in stopped.stdout

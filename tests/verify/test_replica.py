@@ -16,13 +16,14 @@ import yaml
 
 from vllm_provision import variables
 from vllm_provision.models import Node, Replica
+from vllm_provision.verify import Endpoint
 
 
 def settings(replica: Replica) -> dict[str, Any]:
     """The replica's variables over the variables table's and roles' defaults."""
     merged: dict[str, Any] = dict(variables.defaults())
     roles = Path(__file__).resolve().parents[2] / "roles"
-    for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray"):
+    for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray", "vllm_watchdog"):
         defaults = roles / role / "defaults" / "main.yml"
         if defaults.is_file():
             merged.update(yaml.safe_load(defaults.read_text()) or {})
@@ -87,3 +88,34 @@ def test_master_is_healthy_and_serves_the_model(replica: Replica) -> None:
     with urllib.request.urlopen(request, timeout=10) as response:
         served = [m["id"] for m in json.load(response)["data"]]
     assert (replica.engine.served_model_name or replica.engine.model) in served
+
+
+def test_master_serves_a_completion(replica: Replica) -> None:
+    """One real streamed completion through rank 0's API (what `provision up` proves last)."""
+    endpoint = Endpoint.for_replica(replica, timeout_s=60)
+    completion = endpoint.complete(replica.engine.served_model_name or replica.engine.model,
+                                   max_tokens=4)
+    assert completion.text, f"{replica.name}: the completion returned no text"
+
+
+def test_peer_watchdog_guards_the_node(node: Node, verify_inventory: Any, connect: Any) -> None:
+    """The peer watchdog (docs/recovery.md) runs, listens, is released and bound to every peer;
+    on rank 0 its completion probe has seen no failure since it armed."""
+    values = settings(_replica_of(node, verify_inventory))
+    host = connect(node.host)
+    service = host.service(values["vllm_watchdog_unit_name"])
+    assert service.is_enabled and service.is_running, \
+        f"{node.name}: {values['vllm_watchdog_unit_name']} is not enabled and running"
+    config = host.file(values["vllm_watchdog_config"])
+    assert config.user == "root" and config.mode == 0o600, \
+        f"{node.name}: {values['vllm_watchdog_config']} must be root 0600 (it may hold the API key)"
+    port = int(values["vllm_watchdog_port"])
+    assert host.socket(f"tcp://{node.host_ip}:{port}").is_listening, \
+        f"{node.name}: the watchdog does not listen on {node.host_ip}:{port}"
+    state = json.loads(host.file(values["vllm_watchdog_state_file"]).content_string)
+    assert state["held_until"] is None, f"{node.name}: the watchdog is still held: {state}"
+    assert state["whole"] is True, f"{node.name}: the watchdog is not bound to every peer: {state}"
+    probe = state.get("probe") or {}
+    if probe.get("enabled"):
+        assert probe["consecutive_failures"] == 0 and probe["last_result"] in (None, "ok"), \
+            f"{node.name}: the completion probe fails: {probe}"
