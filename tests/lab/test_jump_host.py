@@ -1,10 +1,11 @@
 """A host reached through a real OpenSSH jump host (ProxyJump in ``~/.ssh/config``).
 
 On the lab, h1 is the bastion for h2: the controller's ``~/.ssh/config`` (a fresh ``$HOME``)
-says ``Host <h2> / ProxyJump <h1>`` and gives h1 its user and key. The jump host's key is checked like any host's
-(docs/engine.md, Connections): unknown under ``strict`` is refused naming the jump host and the
-host it leads to; ``accept-new`` learns it once into the inventory's known_hosts file; a changed
-key is refused even under ``accept-new``. h2's sshd log proves the session came from h1.
+says ``Host <h2> / ProxyJump <h1>`` and gives h1 its user and key. The jump host's key is
+checked like any host's (docs/engine.md, Connections): unknown under ``strict`` is refused naming
+the jump host and the host it leads to; ``accept-new`` learns it once into the inventory's
+known_hosts file; a changed key is refused even under ``accept-new``. h2's sshd log proves the
+session came from h1.
 """
 
 from __future__ import annotations
