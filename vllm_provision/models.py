@@ -142,6 +142,17 @@ class Replica:
         """Rank 0's cluster address: ``--master-addr`` (mp) or the Ray head address."""
         return self.master.host_ip
 
+    @property
+    def api_url(self) -> str:
+        """rank 0's OpenAI API base URL, ``http://host:port``: an all-interfaces bind
+        (``0.0.0.0``, ``::``, empty) is reached on rank 0's cluster IP; IPv6 in brackets."""
+        host = self.engine.api_host
+        if host in ("0.0.0.0", "::", ""):
+            host = self.master.host_ip
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.engine.api_port}"
+
 
 class _GroupLike(Protocol):
     @property

@@ -172,13 +172,8 @@ class Endpoint:
 
     @classmethod
     def for_replica(cls, replica: Replica, timeout_s: float = 10.0) -> Endpoint:
-        """The endpoint of ``replica``'s rank 0 (``0.0.0.0``/``::`` mean its cluster IP)."""
-        host = replica.engine.api_host
-        if host in ("0.0.0.0", "::", ""):
-            host = replica.master.host_ip
-        if ":" in host:
-            host = f"[{host}]"
-        return cls(f"http://{host}:{replica.engine.api_port}", replica.engine.api_key, timeout_s)
+        """The endpoint of ``replica``'s rank 0 (:attr:`Replica.api_url`)."""
+        return cls(replica.api_url, replica.engine.api_key, timeout_s)
 
     def _request(self, path: str, body: dict[str, Any] | None = None) -> urllib.request.Request:
         headers = {"Content-Type": "application/json"} if body is not None else {}

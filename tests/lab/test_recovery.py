@@ -147,6 +147,17 @@ class Replica:
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             return False
 
+    def watch(self, since: float, until_s: float) -> list[Sample]:
+        """Poll ``/health`` (and a completion when it says 200) every 0.5 s until ``until_s``
+        seconds after ``since`` (monotonic); the samples, timed from ``since``."""
+        samples = []
+        while time.monotonic() - since < until_s:
+            health = self.health()
+            samples.append(Sample(round(time.monotonic() - since, 2), health,
+                                  health == 200 and self.complete()))
+            time.sleep(0.5)
+        return samples
+
     def recover(self, name: str, fault: Callable[[], None], bound_s: float,
                 new_group: bool = True, serving_before: bool = True) -> Recovery:
         """Inject ``fault`` and poll until a completion succeeds (on a new rank 0 invocation
@@ -251,12 +262,7 @@ class TestMp:
     def test_stop_of_the_headless_unit_then_start(self, mp: Replica) -> None:
         stopped_at = time.monotonic()
         mp.ssh("h2", "systemctl stop vllm.service")
-        samples = []
-        while time.monotonic() - stopped_at < 15:  # the follower stays stopped for 15 s
-            health = mp.health()
-            samples.append(Sample(round(time.monotonic() - stopped_at, 2), health,
-                                  health == 200 and mp.complete()))
-            time.sleep(0.5)
+        samples = mp.watch(stopped_at, 15)  # the follower stays stopped for 15 s
         assert not Recovery("stop", None, samples).healthy_but_failing(DETECT_S), samples
         assert all(s.health != 200 for s in samples if s.t >= DETECT_S), samples
         # An operator's stop is respected: the watchdog never starts a stopped unit.
@@ -280,12 +286,7 @@ class TestMp:
         cut_at = time.monotonic()
         mp.lab.cut("h2")
         try:
-            samples = []
-            while time.monotonic() - cut_at < 12:
-                health = mp.health()
-                samples.append(Sample(round(time.monotonic() - cut_at, 2), health,
-                                      health == 200 and mp.complete()))
-                time.sleep(0.5)
+            samples = mp.watch(cut_at, 12)
             assert not Recovery("cut", None, samples).healthy_but_failing(grace_s + DETECT_S), \
                 samples
             status = provision("status", "-i", mp.inventory, "--json", "--timeout", "5",
@@ -296,8 +297,7 @@ class TestMp:
             assert mp.address("h2") in info["unreachable"]["h2"], info
             assert info["whole"] is False and info["verdict"] != "serving", info
             assert "Traceback" not in status.stderr
-            while time.monotonic() - cut_at < 20:
-                time.sleep(0.5)
+            time.sleep(max(0.0, 20 - (time.monotonic() - cut_at)))  # a 20 s partition
         finally:
             mp.lab.heal("h2")
         # Bound: the follower retries its master until the heal (or restarts after its init

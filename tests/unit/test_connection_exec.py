@@ -44,7 +44,7 @@ class FakeChannel:
         self.command = command
 
     def shutdown_write(self) -> None:
-        pass
+        """The fake reads no standard input: nothing to end."""
 
     def recv_ready(self) -> bool:
         with self._lock:
@@ -94,7 +94,7 @@ def connected(channel: FakeChannel, **options: Any) -> HostConnection:
         client = Client()
 
         def close(self) -> None:
-            pass
+            """No transport behind the fake: nothing to close."""
 
     conn._fabric = Fabric()
     return conn

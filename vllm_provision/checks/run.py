@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from vllm_provision import variables
 from vllm_provision.checks import host as host_checks
 from vllm_provision.checks import network, parity, placement, topology
 from vllm_provision.checks.finding import Finding, Severity
@@ -23,8 +24,6 @@ from vllm_provision.models import Inventory, Replica
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 DEFAULTS_FILE = ROLES_DIR / "preflight" / "defaults" / "main.yml"
-RAY_DEFAULTS_FILE = ROLES_DIR / "ray" / "defaults" / "main.yml"
-WATCHDOG_DEFAULTS_FILE = ROLES_DIR / "vllm_watchdog" / "defaults" / "main.yml"
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
 
@@ -92,8 +91,7 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         defaults: role defaults (default: :func:`load_defaults`).
     """
     values: dict[str, Any] = dict(load_defaults() if defaults is None else defaults)
-    ray_defaults = _read_yaml(RAY_DEFAULTS_FILE)
-    watchdog_defaults = _read_yaml(WATCHDOG_DEFAULTS_FILE)
+    roles = variables.role_defaults()
     if replica is not None:
         merged = {**dict(replica.vars), **dict(replica.master.host.vars)}
         for key, value in merged.items():
@@ -103,9 +101,9 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
                                  "ray_worker_unit_name", "vllm_watchdog_unit_name")):
                 values[key] = value
     units = (str(values.get("vllm_unit_name", "vllm.service")),
-             str(values.get("ray_head_unit_name", ray_defaults.get("ray_head_unit_name",
+             str(values.get("ray_head_unit_name", roles.get("ray_head_unit_name",
                                                                    "ray-head.service"))),
-             str(values.get("ray_worker_unit_name", ray_defaults.get("ray_worker_unit_name",
+             str(values.get("ray_worker_unit_name", roles.get("ray_worker_unit_name",
                                                                      "ray-worker.service"))))
     return PreflightSettings(
         parity={str(k): str(v) for k, v in dict(values.get("preflight_parity") or {}).items()},
@@ -117,11 +115,11 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         placement_bundles=values.get("preflight_placement_bundles"),
         placement_strategy=str(values.get("preflight_placement_strategy") or "PACK"),
         own_units=units,
-        watchdog_unit=str(values.get("vllm_watchdog_unit_name", watchdog_defaults.get(
+        watchdog_unit=str(values.get("vllm_watchdog_unit_name", roles.get(
             "vllm_watchdog_unit_name", "vllm-watchdog.service"))),
         # Not the master's host vars: a node without its own value binds the group's.
         watchdog_port=int((replica.vars if replica is not None else {}).get(
-            "vllm_watchdog_port", watchdog_defaults.get("vllm_watchdog_port", 29510))),
+            "vllm_watchdog_port", roles.get("vllm_watchdog_port", 29510))),
     )
 
 
