@@ -19,11 +19,9 @@ NOT_ROOT_REASON = ("lab tests need root (the lab mounts overlays and creates net
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Options of the verify suite (tests/verify): the inventory of a deployed replica."""
-    group = parser.getgroup("vllm-provision verify suite")
-    group.addoption("--inventory", default=None,
-                    help="inventory of a deployed replica to verify (tests/verify)")
-    group.addoption("--verify-extra-vars", action="append", default=[], metavar="K=V",
-                    help="extra variables for the verify suite's inventory")
+    from vllm_provision.resources.verify import options
+
+    options.pytest_addoption(parser)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

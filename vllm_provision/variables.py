@@ -13,7 +13,6 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 Scope = Literal["host", "replica"]
@@ -231,27 +230,35 @@ VARIABLES: Mapping[str, Variable] = {v.name: v for v in _TABLE}
 OWNED_PREFIXES = ("vllm_", "ray_", "provision_")
 
 
-ROLES_DIR = Path(__file__).resolve().parent.parent / "roles"
-
-
 @functools.cache
 def role_defaults() -> Mapping[str, Any]:
     """Every variable defined in ``roles/*/defaults/main.yml`` (name -> default value).
 
     These are the operator's knobs (unit names, RestartSec, timeouts, watchdog settings): an
     inventory may override them like any Ansible role default, so the loader accepts their names
-    although they are not in :data:`VARIABLES`. Unreadable files count as empty.
+    although they are not in :data:`VARIABLES`. The files are the installed package's roles
+    (:func:`vllm_provision.resources.role_defaults_files`).
+
+    Raises:
+        ProvisionError: the roles are missing from the installation, or a defaults file cannot
+            be read or is not a YAML mapping (naming the file): never an empty default.
     """
     import yaml
 
+    from vllm_provision import resources
+    from vllm_provision.errors import ProvisionError
+
     merged: dict[str, Any] = {}
-    for path in sorted(ROLES_DIR.glob("*/defaults/main.yml")):
+    for path in resources.role_defaults_files():
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(data, dict):
-            merged.update({k: v for k, v in data.items() if isinstance(k, str)})
+        except (OSError, yaml.YAMLError) as exc:
+            raise ProvisionError.single(str(path), "cannot read the role defaults",
+                                        actual=str(exc), fix=resources.FIX) from None
+        if not isinstance(data, dict):
+            raise ProvisionError.single(str(path), "role defaults are not a YAML mapping",
+                                        actual=type(data).__name__, fix=resources.FIX)
+        merged.update({k: v for k, v in data.items() if isinstance(k, str)})
     return merged
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_provision import variables
+from vllm_provision import resources, variables
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.values import check_setting
 from vllm_provision.models import EngineArgs
@@ -131,7 +131,7 @@ def test_a_role_default_override_of_the_wrong_kind_is_refused() -> None:
 
 
 WATCHDOG_DEFAULTS = yaml.safe_load(
-    (variables.ROLES_DIR / "vllm_watchdog" / "defaults" / "main.yml").read_text())
+    resources.role_file("vllm_watchdog", "defaults", "main.yml").read_text())
 
 
 @pytest.mark.parametrize("name", sorted(WATCHDOG_DEFAULTS))

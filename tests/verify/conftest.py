@@ -2,7 +2,8 @@
 
 Run against your own servers after ``provision up``::
 
-    .venv/bin/pytest tests/verify --inventory inventory/my-cluster.yml
+    provision verify -i inventory/my-cluster.yml          # installed (needs the `test` extra)
+    .venv/bin/pytest tests/verify --inventory inventory/my-cluster.yml   # from a checkout
 
 Without ``--inventory`` every test here is skipped. Hosts are reached the way ``provision``
 reaches them (the inventory's address, port, user, key and known_hosts files), over paramiko

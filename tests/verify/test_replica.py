@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from vllm_provision import variables
+from vllm_provision import resources, variables
 from vllm_provision.models import Node, Replica
 from vllm_provision.verify import Endpoint
 
@@ -22,11 +21,9 @@ from vllm_provision.verify import Endpoint
 def settings(replica: Replica) -> dict[str, Any]:
     """The replica's variables over the variables table's and roles' defaults."""
     merged: dict[str, Any] = dict(variables.defaults())
-    roles = Path(__file__).resolve().parents[2] / "roles"
     for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray", "vllm_watchdog"):
-        defaults = roles / role / "defaults" / "main.yml"
-        if defaults.is_file():
-            merged.update(yaml.safe_load(defaults.read_text()) or {})
+        defaults = resources.role_file(role, "defaults", "main.yml")
+        merged.update(yaml.safe_load(defaults.read_text()) or {})
     merged.update(replica.vars)
     return merged
 

@@ -22,26 +22,32 @@ from vllm_provision.facts.gather import ProbeOptions, host_var, reach_port
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.models import Inventory, Replica
 
-ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
-DEFAULTS_FILE = ROLES_DIR / "preflight" / "defaults" / "main.yml"
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) if path.exists() else {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProvisionError.single(str(path), "cannot read the role defaults",
+                                    actual=exc.strerror or str(exc)) from None
     except yaml.YAMLError as exc:
         raise ProvisionError.single(str(path), "role defaults are not valid YAML",
                                     actual=str(exc), fix=f"fix the YAML in {path}") from None
     return dict(data or {})
 
 
-def load_defaults(path: Path = DEFAULTS_FILE) -> dict[str, Any]:
-    """Return the preflight role defaults (``roles/preflight/defaults/main.yml``).
+def load_defaults(path: Path | None = None) -> dict[str, Any]:
+    """Return the preflight role defaults (``roles/preflight/defaults/main.yml`` of the installed
+    package, or ``path``).
 
     Raises:
-        ProvisionError: the file is not valid YAML.
+        ProvisionError: the file is missing from the installation or is not valid YAML.
     """
+    if path is None:
+        from vllm_provision import resources
+
+        path = resources.role_file("preflight", "defaults", "main.yml")
     return _read_yaml(path)
 
 

@@ -8,6 +8,7 @@ and every command fast (heavy modules such as paramiko load only when needed).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "facts": "facts",
     "drift": "drift",
     "play": "play",
+    "verify": "verify",
     "lab": "lab",
 }
 
@@ -46,8 +48,33 @@ def _module_exists(module_name: str) -> bool:
     return importlib.util.find_spec(f"vllm_provision.cli.{module_name}") is not None
 
 
+def version_text() -> str:
+    """What ``provision --version`` prints: the installed version and where the playbooks, roles
+    and verify suite come from (:func:`vllm_provision.resources.describe`), one per line."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vllm_provision import resources
+
+    try:
+        installed = version("vllm-provision")
+    except PackageNotFoundError:
+        installed = "unknown (not installed as a package; run `pip install -e .` in the checkout)"
+    lines = [f"provision (vllm-provision) {installed}"]
+    lines += [f"{kind}: {where}" for kind, where in resources.describe().items()]
+    return "\n".join(lines)
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(version_text())
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="vllm-provision")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version,
+              help="Show the version and where the playbooks and roles come from, and exit.")
 def cli() -> None:
     """Provision one vLLM replica over several bare-metal GPU servers, idempotently, over SSH."""
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import click
 
+from vllm_provision import resources
 from vllm_provision.cli.options import CommonOptions, common_options
 
-PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "up.yml"
 NO_RECORD = "no record of a good `provision up`; run it first"
 
 
@@ -100,7 +99,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
     finally:
         close_all(connections)
 
-    plays = state.install_plays(load_playbook(PLAYBOOK))
+    plays = state.install_plays(load_playbook(resources.playbook("up")))
     files = state.managed_files(inventory, plays, opts.limit)
     reload_tasks = [t.name for p in plays for t in p.tasks
                     if t.module == "systemd" and isinstance(t.args, dict)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import click
 
+from vllm_provision import resources
 from vllm_provision.cli.options import CommonOptions, common_options
-
-PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
@@ -45,7 +43,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
                                           limit=opts.limit,
                                           connection=opts.connection_options()), reporter)
-    outcome = runner.run_playbook(PLAYBOOKS / f"{name}.yml")
+    outcome = runner.run_playbook(resources.playbook(name))
     extra: dict[str, Any] = {}
     for result in outcome.results:
         if result.data and result.task.startswith(("Wait until rank 0", "Send one completion")):
@@ -77,7 +75,7 @@ def _record_good_up(inventory: Any, runner: Any) -> dict[str, str]:
 
     try:
         return {"state_record": str(state.record_after_up(
-            inventory, runner.facts, load_playbook(PLAYBOOKS / "up.yml"),
+            inventory, runner.facts, load_playbook(resources.playbook("up")),
             runner.options.connection))}
     except ProvisionError as exc:
         click.echo(f"warning: the state record for `provision drift` was not written: {exc}",
