@@ -86,3 +86,34 @@ def lab_host(lab: object) -> Iterator[Callable[..., object]]:
     yield connect
     for client in clients:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def built_dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The sdist and the wheel built from it, once per session: ``{"sdist": Path, "wheel":
+    Path, "build_s": float}``.
+
+    The sources are copied out of the checkout first (no .venv, .git or build outputs), so a
+    stale ``build/`` folder cannot leak files into the wheel; the wheel is built by pip from the
+    sdist (build isolation, setuptools from pyproject.toml), which proves the sdist complete.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    work = tmp_path_factory.mktemp("dists")
+    source, dist = work / "src", work / "dist"
+    started = time.monotonic()
+    shutil.copytree(repo, source, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "bench"))
+    subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                    "build_meta.build_sdist(sys.argv[1])", str(dist)],
+                   cwd=source, check=True, capture_output=True, timeout=300)
+    (sdist,) = dist.glob("*.tar.gz")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
+                    str(sdist)], check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("*.whl")
+    return {"sdist": sdist, "wheel": wheel, "build_s": time.monotonic() - started}
