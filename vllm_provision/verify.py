@@ -294,15 +294,19 @@ class Readiness:
     Attributes:
         waited_s: seconds this wait took.
         start_to_serving_s: seconds from the earliest vLLM unit start (``ExecMainStartTimestamp``)
-            to the poll that found it serving, on the master's clock; None if unknown.
+            to the poll that found it serving, on the master's clock; None when it could not
+            be measured, and then ``start_to_serving_reason`` says why.
         already_serving: True when it was serving at the first poll (nothing was restarted).
         models: ids listed by ``/v1/models``.
+        start_to_serving_reason: why ``start_to_serving_s`` is None (one sentence naming the
+            unit, host or clock that was missing); None when it was measured.
     """
 
     waited_s: float
     start_to_serving_s: float | None
     already_serving: bool
     models: list[str] = field(default_factory=list)
+    start_to_serving_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -370,10 +374,11 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
         if status == 200:
             models = endpoint.served_models()
             if model in models:
+                seconds, reason = start_to_serving(observation, vllm_names)
                 return Readiness(
-                    waited_s=round(clock() - started, 3),
-                    start_to_serving_s=_start_to_serving(observation, vllm_names),
-                    already_serving=first_poll, models=models)
+                    waited_s=round(clock() - started, 3), start_to_serving_s=seconds,
+                    already_serving=first_poll, models=models,
+                    start_to_serving_reason=reason)
             last_seen = f"/health 200 but /v1/models lists {models}, not {model!r}"
         else:
             last_seen = ("rank 0's API port refuses connections (still loading)" if status is None
@@ -397,12 +402,30 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
         sleep(min(poll_s, max(0.0, deadline - now)))
 
 
-def _start_to_serving(observation: Observation, vllm_units: set[str]) -> float | None:
-    starts = [s.started_at for s in observation.states
-              if s.unit in vllm_units and s.started_at is not None]
-    if not starts or observation.master_now is None:
-        return None
-    return round(observation.master_now - min(starts), 3)
+def start_to_serving(observation: Observation, vllm_units: set[str],
+                     ) -> tuple[float | None, str | None]:
+    """Seconds from the earliest vLLM unit start to this observation, on the master's clock.
+
+    Args:
+        observation: the poll that found the replica serving.
+        vllm_units: unit names whose ``ExecMainStartTimestamp`` counts.
+
+    Returns:
+        ``(seconds, None)``, or ``(None, reason)`` when it cannot be measured: no vLLM unit was
+        read, systemd reported no start time (``ExecMainStartTimestamp`` without an ``@``
+        timestamp), or the master's clock line was missing from the poll's output.
+    """
+    units = [s for s in observation.states if s.unit in vllm_units]
+    if not units:
+        return None, (f"no vLLM unit ({', '.join(sorted(vllm_units))}) was read from the "
+                      "hosts")
+    starts = [s.started_at for s in units if s.started_at is not None]
+    if not starts:
+        labels = ", ".join(s.label for s in units)
+        return None, (f"systemd reported no start time (ExecMainStartTimestamp) for {labels}")
+    if observation.master_now is None:
+        return None, "the master's clock was not read (no clock line in the unit poll)"
+    return round(observation.master_now - min(starts), 3), None
 
 
 def _indent(text: str) -> str:

@@ -16,6 +16,7 @@ from vllm_provision.verify import (
     Observation,
     UnitState,
     parse_show,
+    start_to_serving,
     unit_problem,
     verdict,
     wait_ready,
@@ -233,6 +234,38 @@ def test_waits_while_loading_then_reports_start_to_serving(
     assert not ready.already_serving
     assert clock.sleeps == [2, 2, 2]
     assert ready.start_to_serving_s == 30.0
+
+
+@pytest.mark.parametrize(("observation", "reason"), [
+    (Observation([UnitState("h1", "vllm.service", active_state="active", started_at=None)],
+                 1030.0),
+     "systemd reported no start time (ExecMainStartTimestamp) for h1:vllm.service"),
+    (Observation([_active()], None), "the master's clock was not read"),
+    (Observation([_active(unit="ray-head.service")], 1030.0), "no vLLM unit (vllm.service)"),
+])
+def test_start_to_serving_that_cannot_be_measured_is_none_with_the_reason(
+        server: tuple[FakeVllm, Endpoint], observation: Observation, reason: str) -> None:
+    fake, endpoint = server
+    ready = wait_ready(observe=lambda: observation, journal=lambda s: "", endpoint=endpoint,
+                       model=MODEL, timeout_s=60, clock=FakeClock(), sleep=FakeClock().sleep)
+    assert ready.start_to_serving_s is None
+    assert ready.start_to_serving_reason is not None
+    assert ready.start_to_serving_reason.startswith(reason)
+
+
+def test_a_measured_start_to_serving_has_no_reason() -> None:
+    assert start_to_serving(_units(_active(), _active(host="h2")), {"vllm.service"}) == \
+        (30.0, None)
+
+
+def test_up_never_prints_none_as_a_time() -> None:
+    from vllm_provision.cli.up import serving_line
+
+    line = serving_line({"start_to_serving_s": None, "ttft_s": 0.12})
+    assert "None" not in line
+    assert line == "start to serving: not measured; time to first token: 0.12 s"
+    assert serving_line({"start_to_serving_s": 4.5, "ttft_s": 0.1, "already_serving": True}) \
+        == "start to serving: 4.5 s (already serving); time to first token: 0.1 s"
 
 
 def test_a_unit_that_restarts_ends_the_wait_at_once_with_its_journal(

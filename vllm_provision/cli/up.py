@@ -49,7 +49,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         if result.data and result.task.startswith(("Wait until rank 0", "Send one completion")):
             extra.update({k: v for k, v in result.data.items()
                           if k in ("completion", "served_model", "ttft_s", "completion_s",
-                                   "start_to_serving_s", "vllm_version", "already_serving")})
+                                   "start_to_serving_s", "start_to_serving_reason",
+                                   "vllm_version", "already_serving")})
     if (name == "up" and not opts.check and not opts.limit and "completion" in extra
             and not any(r.failed for r in outcome.results)):
         extra.update(_record_good_up(inventory, runner))
@@ -60,10 +61,27 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         report.print_json(summary)
     elif "completion" in extra:
         click.echo(f"completion from {extra.get('served_model')}: {extra['completion']!r}")
-        click.echo(f"start to serving: {extra.get('start_to_serving_s')} s"
-                   f"{' (already serving)' if extra.get('already_serving') else ''}; "
-                   f"time to first token: {extra.get('ttft_s')} s")
+        click.echo(serving_line(extra))
+        if extra.get("start_to_serving_s") is None:
+            reason = extra.get("start_to_serving_reason") or "the readiness wait did not run"
+            click.echo(f"warning: start to serving was not measured: {reason}", err=True)
     return report.exit_code(summary, check_mode=opts.check)
+
+
+def serving_line(extra: dict[str, Any]) -> str:
+    """The human line with start-to-serving and time to first token; a value that was not
+    measured reads ``not measured``, never ``None`` (the reason goes to a warning).
+
+    Args:
+        extra: the summary keys of the readiness and completion tasks (``start_to_serving_s``,
+            ``already_serving``, ``ttft_s``).
+    """
+    def seconds(value: Any) -> str:
+        return "not measured" if value is None else f"{value} s"
+
+    already = " (already serving)" if extra.get("already_serving") else ""
+    return (f"start to serving: {seconds(extra.get('start_to_serving_s'))}{already}; "
+            f"time to first token: {seconds(extra.get('ttft_s'))}")
 
 
 def _record_good_up(inventory: Any, runner: Any) -> dict[str, str]:

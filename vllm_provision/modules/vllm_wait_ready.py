@@ -81,8 +81,10 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
         poll_s: seconds between polls (default 1).
 
     Returns:
-        ok with ``data``: ``start_to_serving_s``, ``waited_s``, ``already_serving``,
-        ``served_model``. Raises ProvisionError (the runner reports it as failed) otherwise.
+        ok with ``data``: ``start_to_serving_s`` (None when not measured),
+        ``start_to_serving_reason`` (why not; None when measured), ``waited_s``,
+        ``already_serving``, ``served_model``. Raises ProvisionError (the runner reports it as
+        failed) otherwise.
     """
     from vllm_provision.modules import ModuleResult
     from vllm_provision.modules.ray_wait_cluster import pending_placement_problem, read_snapshot
@@ -107,8 +109,13 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
         vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
         poll_s=float(args.get("poll_s") or 1),
         extra_check=ray_check if replica.backend == "ray" else None)
-    message = ("already serving" if ready.already_serving else
-               f"serving {ready.start_to_serving_s} s after start")
+    if ready.already_serving:
+        message = "already serving"
+    elif ready.start_to_serving_s is None:
+        message = f"serving; start to serving not measured: {ready.start_to_serving_reason}"
+    else:
+        message = f"serving {ready.start_to_serving_s} s after start"
     return ModuleResult(Status.OK, message, data={
         "served_model": model, "start_to_serving_s": ready.start_to_serving_s,
+        "start_to_serving_reason": ready.start_to_serving_reason,
         "waited_s": ready.waited_s, "already_serving": ready.already_serving})
