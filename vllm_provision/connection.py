@@ -42,6 +42,11 @@ HostKeyPolicyName = Literal["strict", "accept-new"]
 
 # Seconds between drains of a running command's output (the exit status wakes the wait at once).
 POLL_S = 0.05
+# After the exit status: seconds between drains while the output's end (EOF) is still in flight,
+# and how long to wait for it at most (a background process the command left behind may hold
+# its stdout open; OpenSSH's sshd closes the channel only when every copy of the fds is closed).
+TAIL_POLL_S = 0.002
+EOF_GRACE_S = 5.0
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 
@@ -438,6 +443,10 @@ class HostConnection:
                 ``command_timeout_s``).
             check: raise :class:`ProvisionError` when the exit status is not 0.
 
+        Output is read until the exit status AND the end of the channel's output (EOF or
+        close), so bytes that sshd sends after the exit status are kept; a command that leaves
+        a background process holding its stdout returns :data:`EOF_GRACE_S` after its exit.
+
         Raises:
             UnreachableError: the connection is down or the command ran past ``timeout_s``.
             ProvisionError: ``check`` and a non-zero exit status.
@@ -471,18 +480,36 @@ class HostConnection:
                 channel.sendall(data)
             channel.shutdown_write()
             out, err = bytearray(), bytearray()
+            exited_at: float | None = None
             while True:
                 while channel.recv_ready():
                     out += channel.recv(65536)
                 while channel.recv_stderr_ready():
                     err += channel.recv_stderr(65536)
-                if (channel.exit_status_ready() and not channel.recv_ready()
+                # Done at the exit status AND the end of both streams (EOF or close: paramiko
+                # closes the stdout and stderr buffers together), with nothing left buffered.
+                # The exit status alone is not the end: OpenSSH's sshd sends it when the child
+                # exits (session.c session_exit_message), while output still waiting in the
+                # pipe follows, then EOF ("there could be some more data waiting in the pipe").
+                ended = channel.eof_received or channel.closed
+                if (channel.exit_status_ready() and ended and not channel.recv_ready()
                         and not channel.recv_stderr_ready()):
                     break
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0:
                     channel.close()
                     raise TimeoutError
+                if channel.exit_status_ready():
+                    exited_at = now if exited_at is None else exited_at
+                    if now - exited_at >= EOF_GRACE_S:
+                        log.debug("%s: no end of output %g s after the exit status (a "
+                                  "background process holds its stdout?)", self.name,
+                                  EOF_GRACE_S)
+                        break
+                    # The status event stays set from here on: wait in short sleeps.
+                    time.sleep(min(remaining, TAIL_POLL_S))
+                    continue
                 # Not select() on the channel: its fileno() makes a pipe that paramiko's
                 # transport thread may write to after close() (unsynchronised, paramiko#2271,
                 # #692): EBADF there kills the whole transport of a healthy host. The status

@@ -20,10 +20,14 @@ from vllm_provision.models import Host
 class FakeChannel:
     """A paramiko channel whose output and exit status arrive from another thread."""
 
-    def __init__(self, chunks: list[bytes], exit_code: int, finish_after_s: float | None) -> None:
+    def __init__(self, chunks: list[bytes], exit_code: int, finish_after_s: float | None,
+                 tail: bytes = b"", tail_after_s: float = 0.0, eof: bool = True) -> None:
+        """``chunks`` arrive, then the exit status; ``tail`` arrives ``tail_after_s`` after the
+        exit status (as sshd may send it), then EOF (unless ``eof`` is False)."""
         self.status_event = threading.Event()
         self.command = ""
         self.closed = False
+        self.eof_received = False
         self._out = bytearray()
         self._code: int | None = None
         self._lock = threading.Lock()
@@ -35,6 +39,12 @@ class FakeChannel:
                 with self._lock:
                     self._code = exit_code
                 self.status_event.set()
+                threading.Timer(tail_after_s, end).start()
+
+            def end() -> None:
+                with self._lock:
+                    self._out += tail
+                    self.eof_received = eof
             threading.Timer(finish_after_s, finish).start()
 
     def fileno(self) -> int:
@@ -105,6 +115,30 @@ def test_output_and_exit_status_arrive_without_selecting_on_the_channel() -> Non
     result = connected(channel).run("echo hello world; exit 3", timeout_s=10)
     assert (result.exit_code, result.stdout) == (3, "hello world\n")
     assert channel.command == "echo hello world; exit 3" and channel.closed
+
+
+def test_output_sent_after_the_exit_status_is_read_until_eof() -> None:
+    """sshd sends the exit status when the child exits; bytes still in the pipe follow it, then
+    EOF (OpenSSH session.c session_exit_message). The last line must not be lost."""
+    channel = FakeChannel([b"first\n"], 0, finish_after_s=0.05, tail=b"last line\n",
+                          tail_after_s=0.2)
+    result = connected(channel).run("printf 'first\\n'; sleep 1; echo last line", timeout_s=10)
+    assert (result.exit_code, result.stdout) == (0, "first\nlast line\n")
+
+
+def test_a_command_whose_output_never_ends_returns_after_the_grace_period(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background process left holding stdout keeps the channel open: the command returns
+    with its exit status after EOF_GRACE_S, the connection stays usable."""
+    import vllm_provision.connection as connection
+
+    monkeypatch.setattr(connection, "EOF_GRACE_S", 0.2)
+    channel = FakeChannel([b"started\n"], 0, finish_after_s=0.05, eof=False)
+    conn = connected(channel)
+    result = conn.run("daemon &", timeout_s=10)
+    assert (result.exit_code, result.stdout) == (0, "started\n")
+    assert 0.2 <= result.duration_s < 2
+    assert conn._broken is None
 
 
 def test_a_command_past_its_timeout_marks_the_connection_lost() -> None:
