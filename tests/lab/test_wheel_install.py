@@ -71,6 +71,7 @@ def test_the_installed_wheel_deploys_and_verifies_the_lab_replica(
     assert first.returncode == 0, first.stdout + first.stderr
     summary = json.loads(first.stdout)
     assert summary["completion"] and summary["failed"] == 0
+    assert summary["start_to_serving_s"] is not None, summary["start_to_serving_reason"]
 
     again = _run(installed, "up", "-i", inventory, "--json")
     assert again.returncode == 0, again.stdout + again.stderr
