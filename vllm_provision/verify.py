@@ -174,7 +174,7 @@ def parse_timestamp(value: str) -> float | None:
         parsed = datetime.datetime.strptime(value, _PRETTY_FORMAT)
     except ValueError:
         return None
-    return parsed.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return parsed.replace(tzinfo=datetime.UTC).timestamp()
 
 
 def unit_problem(state: UnitState, baseline_restarts: int | None = None) -> str | None:

@@ -481,7 +481,7 @@ def _host_suites(names: list[str], suites: list[str] | None) -> dict[str, str]:
                               fix="e.g. --hosts 2 --suite bullseye,bookworm")
     for suite in wanted:
         base.release(suite)
-    return dict(zip(names, wanted))
+    return dict(zip(names, wanted, strict=True))
 
 
 def _raise_inotify_limit() -> None:
