@@ -117,7 +117,8 @@ def release(request: pytest.FixtureRequest, release_lab: Any,
 
 
 class TestOneRelease:
-    """up, status, drift, restart, kill -9 of the headless node, down: on one release."""
+    """up, status, drift, restart, kill -9 of the headless node, down (mp), then a Ray replica
+    up and down: on one release."""
 
     def test_hosts_run_the_release(self, release: Release) -> None:
         from vllm_provision.lab.base import RELEASES
@@ -180,6 +181,22 @@ class TestOneRelease:
         for host in release.nodes:
             state = release.lab.ssh(host, "systemctl is-active vllm.service", timeout_s=10)
             assert state.stdout.strip() in ("inactive", "failed"), (host, state.stdout)
+
+    def test_ray_replica_serves_with_the_release_ray(self, release: Release,
+                                                    tmp_path: Path) -> None:
+        """The Ray units pass this release's systemd-analyze verify (up refuses any output of
+        it) and the release's own Ray (2.51.2 on Python 3.9, 2.60.0 on 3.13) forms the cluster."""
+        ray = Release(release.lab, release.suite,
+                      _inventory(release.lab, release.nodes, "ray", tmp_path / "ray.yml"),
+                      release.state_home)
+        run = ray.provision("up", "--json", timeout_s=600)
+        try:
+            assert run.returncode == 0, run.stdout + run.stderr
+            summary = json.loads(run.stdout)
+            assert summary["completion"].strip() and summary["start_to_serving_s"] > 0
+        finally:
+            down = ray.provision("down", "--purge", timeout_s=300)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def test_a_mixed_release_replica_is_refused_by_the_parity_rules(
