@@ -29,9 +29,10 @@ from vllm_provision.models import Replica
 # Properties read from `systemctl show` (systemd.unit(5), org.freedesktop.systemd1(5)).
 # Start times come as ExecMainStartTimestampMonotonic (an integer of microseconds on
 # CLOCK_MONOTONIC, printed the same way by every systemd) and ExecMainStartTimestamp in the
-# default format, never with `--timestamp=unix`: that value is unknown to systemd 247
-# ("Invalid value: unix", measured on Debian 11's 247.3), whose --timestamp= takes only pretty,
-# us, utc and us+utc (systemd NEWS, "CHANGES WITH 247"); older systemd has no --timestamp= at all.
+# default format, never with `--timestamp=unix`: systemctl's --timestamp= first appeared in 247
+# with styles for local time, UTC and microseconds only (systemd NEWS, "CHANGES WITH 247"); the
+# 248 entries add no "unix" either, and Debian 11's 247.3 answers "Invalid value: unix" (measured
+# in the lab). Older systemd (RHEL 8's 239) has no --timestamp= at all.
 SHOW_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts",
                    "ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic", "ExecMainStatus",
                    "ActiveEnterTimestamp")
