@@ -14,6 +14,7 @@ Pure parsers and the wait loop take their I/O as callables, so they are unit-tes
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 import urllib.error
@@ -26,8 +27,19 @@ from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Replica
 
 # Properties read from `systemctl show` (systemd.unit(5), org.freedesktop.systemd1(5)).
+# Start times come as ExecMainStartTimestampMonotonic (an integer of microseconds on
+# CLOCK_MONOTONIC, printed the same way by every systemd) and ExecMainStartTimestamp in the
+# default format, never with `--timestamp=unix`: systemctl's --timestamp= first appeared in 247
+# with styles for local time, UTC and microseconds only (systemd NEWS, "CHANGES WITH 247"); the
+# 248 entries add no "unix" either, and Debian 11's 247.3 answers "Invalid value: unix" (measured
+# in the lab). Older systemd (RHEL 8's 239) has no --timestamp= at all.
 SHOW_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts",
-                   "ExecMainStartTimestamp", "ExecMainStatus", "ActiveEnterTimestamp")
+                   "ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic", "ExecMainStatus",
+                   "ActiveEnterTimestamp")
+# The host's wall clock and CLOCK_MONOTONIC read in one instant (Python's time module, the
+# Python every supported host has), so a monotonic start time becomes seconds since the epoch.
+_CLOCK_SCRIPT = 'import time; print("clock", repr(time.time()), repr(time.monotonic()))'
+_PRETTY_FORMAT = "%a %Y-%m-%d %H:%M:%S UTC"
 JOURNAL_LINES = 25
 
 
@@ -44,7 +56,8 @@ class UnitState:
         result: ``success`` or the reason of the last failure (``exit-code``, ``timeout``...).
         main_pid: the main process id, 0 when none.
         restarts: ``NRestarts``: automatic restarts since the unit was last started by hand.
-        started_at: ``ExecMainStartTimestamp`` in seconds since the epoch, None when never.
+        started_at: the main process's start (``ExecMainStartTimestampMonotonic`` on the host's
+            wall clock) in seconds since the epoch, None when never.
         exit_status: ``ExecMainStatus`` of the last main process.
     """
 
@@ -73,44 +86,59 @@ class UnitState:
 def show_command(units: Sequence[str]) -> str:
     """The shell command that prints the unit states and the host's clock, for :func:`parse_show`.
 
-    ``--timestamp=unix`` prints timestamps as ``@<seconds>`` (systemctl(1), systemd >= 248).
+    ``TZ=UTC`` makes systemctl print ``ExecMainStartTimestamp`` as ``Tue 2026-12-01 10:23:09
+    UTC`` (systemd.time(7), "Displaying Timestamps"); the clock line is ``clock <epoch s>
+    <monotonic s>`` from python3, or ``date +%s.%N`` where python3 cannot run. Works on every
+    systemd the product supports (README, "Supported hosts").
     """
     props = ",".join(SHOW_PROPERTIES)
-    return f"systemctl show --timestamp=unix -p {props} {' '.join(units)}; echo; date +%s.%N"
+    return (f"TZ=UTC systemctl show -p {props} {' '.join(units)}; echo; "
+            f"python3 -c '{_CLOCK_SCRIPT}' 2>/dev/null || date +%s.%N")
 
 
 def parse_show(host: str, text: str) -> tuple[list[UnitState], float | None]:
     """Parse the output of :func:`show_command` into unit states and the host's clock.
 
+    A unit's ``started_at`` is its monotonic start time moved onto the host's wall clock (exact
+    to the microsecond); without the monotonic clock line it falls back to
+    ``ExecMainStartTimestamp`` (``@<seconds>`` or the UTC default format, whole seconds).
+
     Args:
         host: the inventory host name the output came from.
-        text: ``KEY=value`` blocks separated by blank lines, one per unit, then ``date +%s.%N``.
+        text: ``KEY=value`` blocks separated by blank lines, one per unit, then the clock line
+            (``clock <epoch> <monotonic>``, or ``date +%s.%N``).
 
     Returns:
         (states in output order, host time in seconds since the epoch or None if absent).
         Lines it does not understand are skipped.
     """
-    states: list[UnitState] = []
+    blocks: list[dict[str, str]] = []
     now: float | None = None
+    monotonic_now: float | None = None
     for block in text.strip().split("\n\n"):
         values: dict[str, str] = {}
         for line in block.strip().splitlines():
             key, sep, value = line.partition("=")
             if sep:
                 values[key] = value
-            else:
-                try:
-                    now = float(line.strip())
-                except ValueError:
-                    continue
+                continue
+            words = line.split()
+            try:
+                if len(words) == 3 and words[0] == "clock":
+                    now, monotonic_now = float(words[1]), float(words[2])
+                elif len(words) == 1:
+                    now = float(words[0])
+            except ValueError:
+                continue
         if "Id" in values:
-            states.append(UnitState(
-                host=host, unit=values["Id"], load_state=values.get("LoadState", ""),
-                active_state=values.get("ActiveState", ""), sub_state=values.get("SubState", ""),
-                result=values.get("Result", ""), main_pid=_int(values.get("MainPID")),
-                restarts=_int(values.get("NRestarts")),
-                started_at=_timestamp(values.get("ExecMainStartTimestamp", "")),
-                exit_status=_int(values.get("ExecMainStatus"))))
+            blocks.append(values)
+    states = [UnitState(
+        host=host, unit=values["Id"], load_state=values.get("LoadState", ""),
+        active_state=values.get("ActiveState", ""), sub_state=values.get("SubState", ""),
+        result=values.get("Result", ""), main_pid=_int(values.get("MainPID")),
+        restarts=_int(values.get("NRestarts")),
+        started_at=_start_time(values, now, monotonic_now),
+        exit_status=_int(values.get("ExecMainStatus"))) for values in blocks]
     return states, now
 
 
@@ -121,14 +149,33 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _timestamp(value: str) -> float | None:
+def _start_time(values: dict[str, str], now: float | None,
+                monotonic_now: float | None) -> float | None:
+    """A unit's main-process start in seconds since the epoch, None when it never started."""
+    monotonic_us = _int(values.get("ExecMainStartTimestampMonotonic"))
+    if monotonic_us > 0 and now is not None and monotonic_now is not None:
+        return round(now - (monotonic_now - monotonic_us / 1e6), 6)
+    return parse_timestamp(values.get("ExecMainStartTimestamp", ""))
+
+
+def parse_timestamp(value: str) -> float | None:
+    """Parse a ``systemctl show`` timestamp into seconds since the epoch; None when empty/unknown.
+
+    Accepts ``@1796120590`` (``--timestamp=unix``, newer systemd) and the default format under
+    ``TZ=UTC``: ``Tue 2026-12-01 10:23:09 UTC`` (systemd.time(7)); ``n/a`` and other zones
+    give None rather than a guess.
+    """
     value = value.strip()
     if value.startswith("@"):
         try:
             return float(value[1:])
         except ValueError:
             return None
-    return None
+    try:
+        parsed = datetime.datetime.strptime(value, _PRETTY_FORMAT)
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=datetime.UTC).timestamp()
 
 
 def unit_problem(state: UnitState, baseline_restarts: int | None = None) -> str | None:

@@ -46,7 +46,8 @@ def make_facts(name: str, ip: str, **changes) -> HostFacts:
         shm_bytes=8 * 1024**3, mem_available_bytes=64 * 1024**3, cpu_count=32,
         model_path="/srv/models/m",
         model_files=(ModelFile("config.json", 700), ModelFile("model.safetensors", 1000)),
-        service_user=ServiceUser("vllm", True, 998, 999),
+        service_user=ServiceUser("vllm", True, 998, 999), systemd_version=252,
+        openssh_version="9.2",
     )
     return replace(base, **changes)
 

@@ -68,3 +68,16 @@ def test_not_root_is_said_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
         system.require_root("lab up")
     assert "needs root" in caught.value.render()
     assert "sudo provision lab up" in caught.value.render()
+
+
+def test_host_suites_one_for_all_or_one_per_host() -> None:
+    from vllm_provision.lab import _host_suites
+
+    assert _host_suites(["h1", "h2"], None) == {"h1": "bookworm", "h2": "bookworm"}
+    assert _host_suites(["h1", "h2"], ["trixie"]) == {"h1": "trixie", "h2": "trixie"}
+    assert _host_suites(["h1", "h2"], ["bullseye", "trixie"]) == {"h1": "bullseye",
+                                                                  "h2": "trixie"}
+    with pytest.raises(LabError, match="one per host"):
+        _host_suites(["h1", "h2"], ["bullseye", "trixie", "bookworm"])
+    with pytest.raises(LabError, match="Debian release"):
+        _host_suites(["h1"], ["jessie"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def test_known_hosts_lists_name_and_address() -> None:
 
 
 @pytest.mark.parametrize(("attribute", "value"), [
-    ("RAY_PIN", "ray==2.59.0"),
+    ("RELEASES", {**base.RELEASES, "bookworm": dataclasses.replace(
+        base.RELEASES["bookworm"], ray_pin="ray==2.59.0")}),
     ("PACKAGES", (*base.PACKAGES, "nginx")),
     ("CUSTOMISATION_VERSION", base.CUSTOMISATION_VERSION + 1),
 ])
@@ -38,6 +40,19 @@ def test_base_key_changes_with_the_recipe(monkeypatch: pytest.MonkeyPatch, attri
     key = base.base_key()
     monkeypatch.setattr(base, attribute, value)
     assert base.base_key() != key
+
+
+def test_each_release_has_its_own_base_key() -> None:
+    keys = {suite: base.base_key(suite=suite) for suite in base.RELEASES}
+    assert len(set(keys.values())) == len(keys)
+    assert all(key.startswith(f"{suite}-") for suite, key in keys.items())
+
+
+def test_an_unknown_release_is_refused() -> None:
+    with pytest.raises(LabError, match="bullseye or bookworm or trixie"):
+        base.base_key(suite="buster")
+    with pytest.raises(LabError, match="bookworm only"):
+        base.base_key("real", "trixie")
 
 
 def test_base_key_ignores_package_order(monkeypatch: pytest.MonkeyPatch) -> None:

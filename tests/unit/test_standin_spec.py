@@ -85,3 +85,23 @@ def test_cuda_12_gets_the_cu12_nccl_distribution(tmp_path: Path) -> None:
     out = _guest_python(root, "import importlib.metadata as m; print(m.version('torch'), "
                         "m.version('nvidia-nccl-cu12'))")
     assert out == "2.14.0+cu129 2.28.9"
+
+
+def test_ray_override_is_undone_by_the_default(tmp_path: Path) -> None:
+    """``lab set h2 ray=2.59.0`` patches the base's real Ray; ``ray=default`` puts it back
+    (bullseye's base has 2.51.2, so the default cannot be one fixed number)."""
+    from vllm_provision.lab.gpu.guest.vllm_lab_standin.apply import patch_ray_version
+
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "_version.py").write_text('version = "2.51.2"\ncommit = "x"\n')
+    meta = tmp_path / "ray-2.51.2.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: ray\nVersion: 2.51.2\n")
+    patch_ray_version(tmp_path, None)
+    assert 'version = "2.51.2"' in (tmp_path / "ray" / "_version.py").read_text()
+    patch_ray_version(tmp_path, "2.59.0")
+    assert "Version: 2.59.0" in (meta / "METADATA").read_text()
+    assert 'version = "2.59.0"' in (tmp_path / "ray" / "_version.py").read_text()
+    patch_ray_version(tmp_path, None)
+    assert "Version: 2.51.2" in (meta / "METADATA").read_text()
+    assert 'version = "2.51.2"' in (tmp_path / "ray" / "_version.py").read_text()

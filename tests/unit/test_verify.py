@@ -16,6 +16,8 @@ from vllm_provision.verify import (
     Observation,
     UnitState,
     parse_show,
+    parse_timestamp,
+    show_command,
     start_to_serving,
     unit_problem,
     verdict,
@@ -349,3 +351,49 @@ def test_extra_check_problem_ends_the_wait(server: tuple[FakeVllm, Endpoint]) ->
 ])
 def test_verdict(states: list[UnitState], health: int | None, expected: str) -> None:
     assert verdict(states, health, expected_units=2) == expected
+
+
+# What systemd 247 (Debian 11) prints for show_command(): no --timestamp=unix there.
+SHOW_247 = """Id=vllm.service
+LoadState=loaded
+ActiveState=active
+SubState=running
+Result=success
+MainPID=812
+NRestarts=0
+ExecMainStartTimestamp=Tue 2026-12-01 10:23:09 UTC
+ExecMainStartTimestampMonotonic=813830231
+ExecMainStatus=0
+
+clock 1796120604.6741211 828.61902633
+"""
+
+
+def test_parse_show_moves_the_monotonic_start_onto_the_wall_clock() -> None:
+    states, now = parse_show("h1", SHOW_247)
+    assert now == pytest.approx(1796120604.6741211)
+    # started 828.61902633 s - 813.830231 s before the clock line
+    assert states[0].started_at == pytest.approx(1796120604.6741211 - (828.61902633 - 813.830231),
+                                                 abs=1e-5)
+
+
+def test_parse_show_falls_back_to_the_default_timestamp_format() -> None:
+    text = SHOW_247.replace("clock 1796120604.6741211 828.61902633", "1796120604.674")
+    states, now = parse_show("h1", text)
+    assert now == pytest.approx(1796120604.674)
+    assert states[0].started_at == 1796120589.0  # Tue 2026-12-01 10:23:09 UTC
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("@1796120590", 1796120590.0), ("Tue 2026-12-01 10:23:09 UTC", 1796120589.0),
+    ("n/a", None), ("", None), ("Tue 2026-12-01 10:23:09 CET", None), ("@x", None),
+])
+def test_parse_timestamp_forms(value: str, expected: float | None) -> None:
+    assert parse_timestamp(value) == expected
+
+
+def test_show_command_needs_no_newer_systemctl_option() -> None:
+    command = show_command(["vllm.service"])
+    assert "--timestamp" not in command
+    assert command.startswith("TZ=UTC systemctl show -p ")
+    assert "ExecMainStartTimestampMonotonic" in command

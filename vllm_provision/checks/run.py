@@ -15,7 +15,7 @@ import yaml
 
 from vllm_provision import variables
 from vllm_provision.checks import host as host_checks
-from vllm_provision.checks import network, parity, placement, topology
+from vllm_provision.checks import network, parity, placement, platform, topology
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.errors import ProvisionError
 from vllm_provision.facts.gather import ProbeOptions, host_var, reach_port
@@ -218,6 +218,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += host_checks.check_remove_ipc(node, f)
         findings += host_checks.check_model_present(node, f)
         findings += host_checks.check_memory(node, f, model_bytes // max(1, replica.nnodes))
+        findings += platform.check_platform(node, f)
     return findings
 
 

@@ -74,6 +74,7 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
      f.nccl_conf.strip().replace("\n", "; ") or "empty"),
     ("NCCL net plugins", lambda f: ", ".join(f.nccl_net_plugins) or "none"),
     ("systemd", lambda f: str(f.systemd_version)),
+    ("OpenSSH server", lambda f: str(f.openssh_version)),
     ("probe problems", lambda f: "; ".join(f.problems) or "none"),
 )
 # Rows whose values differ per host by nature: never highlighted.

@@ -33,13 +33,18 @@ def command() -> None:
 @click.option("--vllm", "vllm", type=click.Choice(["standin", "real"]), default="standin",
               show_default=True, help="standin: the simulated GPU stack; real: vLLM 0.32.0 CPU "
               "build and a tiny model in the base (docs/real-vllm.md).")
-def up(host_count: int, spec: Path | None, install_deps: bool, vllm: str) -> None:
+@click.option("--suite", "suite", default="bookworm", show_default=True,
+              help="Debian release of the hosts: one for all, or one per host in order, "
+              "comma-separated (bullseye, bookworm, trixie), e.g. --suite bullseye,trixie.")
+def up(host_count: int, spec: Path | None, install_deps: bool, vllm: str, suite: str) -> None:
     """Boot the lab hosts (cleaning up leftovers first) and wait until each is running."""
     lab = Lab.from_env()
     lab.up(hosts=host_count, spec=spec, install_deps=install_deps,
-           vllm="real" if vllm == "real" else "standin")
+           vllm="real" if vllm == "real" else "standin",
+           suites=[word.strip() for word in suite.split(",")])
+    suites = lab.suites()
     for host in lab.hosts:
-        click.echo(f"{host.name}  {host.address}  running")
+        click.echo(f"{host.name}  {host.address}  running  {suites.get(host.name, '')}")
     if vllm == "real":
         click.echo(f"ssh: ssh -F {lab.ssh_config} h1    real vLLM inventory: "
                    f"{lab.inventory_path('real')}")

@@ -189,6 +189,7 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     torch_cuda = raw.get("torch_cuda_runtime") or parsers.torch_cuda_build(packages.get("torch"))
     listener_raw = raw.get("listener")
     nccl = raw.get("nccl") or {}
+    sshd = raw.get("sshd_version") or {}
     return HostFacts(
         host=host,
         python_path=str(python.get("executable", "")),
@@ -225,6 +226,8 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
         nccl_net_plugins=tuple(nccl.get("plugins") or ()),
         systemd_version=parsers.parse_systemd_version(
             (raw.get("systemctl_version") or {}).get("stdout", "")),
+        openssh_version=parsers.parse_openssh_version(
+            f"{sshd.get('stdout', '')}\n{sshd.get('stderr', '')}"),
         listener=Listener(
             address=listener_raw["address"], port=int(listener_raw["port"]),
             bound=bool(listener_raw["bound"]), accepted=tuple(listener_raw.get("accepted", [])),

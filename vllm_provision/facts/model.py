@@ -207,6 +207,8 @@ class HostFacts:
         nccl_conf: text of ``/etc/nccl.conf``, None when absent.
         nccl_net_plugins: ``libnccl-net*.so`` files found on the library path.
         systemd_version: systemd's version number (252), None when unknown.
+        openssh_version: the OpenSSH server's ``major.minor`` (``"9.2"``, from ``sshd -V``),
+            None when unknown.
         listener: the reachability listener (master only), or None.
         reachability: TCP tests to the master/head, one per target.
         problems: probe-side errors (a command missing, a file unreadable).
@@ -243,6 +245,7 @@ class HostFacts:
     nccl_conf: str | None = None
     nccl_net_plugins: tuple[str, ...] = ()
     systemd_version: int | None = None
+    openssh_version: str | None = None
     listener: Listener | None = None
     reachability: tuple[Reachability, ...] = ()
     problems: tuple[str, ...] = ()

@@ -300,6 +300,16 @@ def parse_systemd_version(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def parse_openssh_version(text: str) -> str | None:
+    """Read OpenSSH's ``major.minor`` from ``sshd -V`` (or its usage text on older sshd).
+
+    ``OpenSSH_8.4p1 Debian-5+deb11u3, OpenSSL 1.1.1w  11 Sep 2023`` -> ``"8.4"``; None when
+    no OpenSSH version is in the text (another SSH server, or sshd missing).
+    """
+    match = re.search(r"OpenSSH_([0-9]+)\.([0-9]+)", text)
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
 def torch_cuda_build(torch_version: str | None) -> str | None:
     """Return the CUDA build tag of a torch version: ``"2.9.0+cu130"`` -> ``"cu130"``.
 

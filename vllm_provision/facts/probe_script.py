@@ -38,6 +38,16 @@ def run(argv, timeout=20):
         return {"rc": 126, "stdout": "", "stderr": "%s: %s" % (argv[0], exc)}
 
 
+def sshd_version():
+    """``sshd -V`` (OpenSSH >= 9.x prints its version); older sshd reject -V but print the
+    version in their usage text. Both go to stderr. sshd may be outside a user's PATH."""
+    for program in ("sshd", "/usr/sbin/sshd", "/usr/local/sbin/sshd"):
+        result = run([program, "-V"], timeout=10)
+        if result["rc"] != 127:
+            return result
+    return result
+
+
 def read_text(path):
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -311,6 +321,7 @@ def main():
         "user": service_user(config.get("service_user", "")),
         "nccl": nccl_settings(venv),
         "systemctl_version": run(["systemctl", "--version"]),
+        "sshd_version": sshd_version(),
     }
     out.update(torch_runtime(bool(config.get("nccl_loaded")),
                              bool(config.get("torch_cuda_runtime"))))

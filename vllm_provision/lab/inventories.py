@@ -26,20 +26,24 @@ PIPELINE_PARALLEL_SIZE = 2
 NODES = ("h1", "h2")
 
 
-def inventory_text(config: LabConfig, kind: InventoryKind) -> str:
+def inventory_text(config: LabConfig, kind: InventoryKind,
+                   nodes: tuple[str, ...] = NODES) -> str:
     """Return the inventory YAML for ``kind`` ("mp" or "ray") of the lab instance ``config``.
 
     Shape: docs/architecture.md "Inventory shape": replica group ``lab`` under ``vllm_replicas``,
-    h1 rank 0 and h2 rank 1 at the instance's fixed addresses, the lab key and known_hosts.
+    ``nodes`` (default h1, h2) ranked 0, 1 in order at the instance's fixed addresses, the lab
+    key and known_hosts.
 
     Raises:
-        ValueError: ``kind`` is neither "mp" nor "ray".
+        ValueError: ``kind`` is neither "mp" nor "ray", or ``nodes`` is not two lab host names.
     """
     if kind not in KINDS:
         raise ValueError(f"inventory kind must be one of {KINDS}, got {kind!r}")
+    if len(nodes) != PIPELINE_PARALLEL_SIZE:
+        raise ValueError(f"a lab replica has {PIPELINE_PARALLEL_SIZE} nodes, got {nodes!r}")
     hosts = "".join(
         f"            {name}: {{ansible_host: {config.address(name)}, vllm_node_rank: {rank}}}\n"
-        for rank, name in enumerate(NODES))
+        for rank, name in enumerate(nodes))
     return (
         f"# Lab inventory ({kind} backend) for lab instance '{config.name}' ({config.net}.0/24,\n"
         f"# state dir {config.state_dir}). Written by `provision lab up`; the committed\n"

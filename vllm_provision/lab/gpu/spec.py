@@ -60,7 +60,8 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("torch_cuda", str, None, "torch build tag, e.g. cu130 (default: from cuda)"),
     Key("vllm", str, "0.33.0", "vllm distribution version"),
     Key("transformers", str, "5.19.0", "transformers distribution version"),
-    Key("ray", str, "2.60.0", "ray version the venv reports (the real ray is 2.60.0)"),
+    Key("ray", str, None, "ray version the venv reports (default: the base's real Ray, "
+        "2.60.0 on bookworm and trixie, 2.51.2 on bullseye)"),
     Key("python", str, None, "Python version the venv reports (default: the guest's)"),
     Key("load_s", float, 5.0, "stand-in vLLM: seconds to 'load weights' before serving"),
     Key("ttft_s", float, 0.05, "stand-in vLLM: seconds to the first token"),

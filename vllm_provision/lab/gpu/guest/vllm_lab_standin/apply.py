@@ -45,17 +45,31 @@ def write_dist_info(site: Path, name: str, version: str) -> Path:
     return folder
 
 
-def patch_ray_version(site: Path, version: str) -> None:
-    """Make the real ray report ``version`` (dist-info METADATA and ``ray/_version.py``)."""
+def patch_ray_version(site: Path, version: str | None) -> None:
+    """Make the real ray report ``version`` (dist-info METADATA and ``ray/_version.py``).
+
+    The real version is kept in ``ray/_lab_real_version`` before the first patch, and
+    ``version=None`` (the spec's default) puts it back.
+    """
+    version_py = site / "ray" / "_version.py"
+    real_file = site / "ray" / "_lab_real_version"
+    if not version_py.exists():
+        return
+    current = re.search(r'(?m)^version = "(.*)"$', version_py.read_text(encoding="utf-8"))
+    if not real_file.exists():
+        if version is None:
+            return
+        real_file.write_text(current.group(1) if current else "", encoding="utf-8")
+    wanted = version if version is not None else real_file.read_text(encoding="utf-8").strip()
+    if not wanted:
+        return
     for metadata in site.glob("ray-*.dist-info/METADATA"):
         text = metadata.read_text(encoding="utf-8")
-        metadata.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", text, count=1),
+        metadata.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {wanted}", text, count=1),
                             encoding="utf-8")
-    version_py = site / "ray" / "_version.py"
-    if version_py.exists():
-        text = version_py.read_text(encoding="utf-8")
-        version_py.write_text(re.sub(r'(?m)^version = ".*"$', f'version = "{version}"', text,
-                                     count=1), encoding="utf-8")
+    text = version_py.read_text(encoding="utf-8")
+    version_py.write_text(re.sub(r'(?m)^version = ".*"$', f'version = "{wanted}"', text,
+                                 count=1), encoding="utf-8")
 
 
 def apply(spec: dict[str, Any], site: Path) -> list[str]:
@@ -70,8 +84,7 @@ def apply(spec: dict[str, Any], site: Path) -> list[str]:
             shutil.rmtree(folder)
     for name, version in wanted.items():
         written.append(write_dist_info(site, name, version).name)
-    if spec.get("ray"):
-        patch_ray_version(site, str(spec["ray"]))
+    patch_ray_version(site, str(spec["ray"]) if spec.get("ray") else None)
     (site / PTH_NAME).write_text("import vllm_lab_standin.pyversion\n", encoding="utf-8")
     return written
 

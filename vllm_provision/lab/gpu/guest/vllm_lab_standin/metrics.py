@@ -32,7 +32,9 @@ class Histogram:
     def render(self, labels: str) -> list[str]:
         """Return the text lines: HELP, TYPE, buckets, +Inf, _sum, _count."""
         lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
-        for bound, count in zip(self.buckets, self.counts, strict=True):
+        # no zip(strict=): the guests run Python 3.9 (bullseye) to 3.13; both lists have one
+        # entry per bucket
+        for bound, count in zip(self.buckets, self.counts):  # noqa: B905
             lines.append(f'{self.name}_bucket{{le="{bound}",{labels}}} {float(count)}')
         lines.append(f'{self.name}_bucket{{le="+Inf",{labels}}} {float(self.count)}')
         lines.append(f"{self.name}_sum{{{labels}}} {self.total}")
