@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from vllm_provision import variables
+from vllm_provision import kinds, variables
 from vllm_provision.inventory.source import Problems, Setting, VaultValue
 from vllm_provision.quoting import find_control_chars
 from vllm_provision.variables import Variable
@@ -17,6 +18,9 @@ from vllm_provision.variables import Variable
 _TRUE = frozenset({"y", "yes", "on", "1", "true", "t"})
 _FALSE = frozenset({"n", "no", "off", "0", "false", "f"})
 _INVALID = object()
+# provision_owned_dirs of the inventory being loaded (set by the loader before it checks).
+_owned_dirs: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "provision_owned_dirs", default=())
 
 
 def show(name: str, value: Any) -> str:
@@ -111,7 +115,46 @@ def _check_role_default(name: str, setting: Setting, problems: Problems) -> Sett
                          expected="a single line without control characters",
                          actual=show(name, text), fix="remove the line break or control character")
             return None
+    if not _kind_ok(name, value, setting, problems):
+        return None
     return replace(setting, value=value)
+
+
+def _kind_ok(name: str, value: Any, setting: Setting, problems: Problems) -> bool:
+    """Apply the rule of ``name``'s kind (:mod:`vllm_provision.kinds`); record a problem and
+    return False when the value breaks it."""
+    kind = kinds.kind_of(name)
+    if kind is None:
+        return True
+    where = setting.origin.where
+    if kind in kinds.STRUCTURED and isinstance(value, str) and ("{{" in value or "{%" in value):
+        problems.add(where, f"{name} holds a Jinja template, which the inventory loader does "
+                     f"not evaluate ({name} is checked as a {kind.replace('_', ' ')})",
+                     actual=show(name, value), fix="write the value itself")
+        return False
+    wrong = kinds.check(name, value, _owned_dirs.get())
+    if wrong is None:
+        return True
+    problems.add(where, f"{name} has an invalid value", expected=wrong,
+                 actual=show(name, value), fix=_kind_fix(name, kind))
+    return False
+
+
+def _kind_fix(name: str, kind: str) -> str:
+    default = variables.role_defaults().get(name)
+    if default is None and name in variables.VARIABLES:
+        default = variables.VARIABLES[name].example
+    example = f"write e.g. {name}: {default}" if default is not None and not is_template(
+        default) else f"write a valid {kind.replace('_', ' ')}"
+    if kind in kinds.OWNED:
+        example += ("; a directory outside the tool's prefixes needs provision_owned_dirs: "
+                    "[DIR] (never a system directory)")
+    return example
+
+
+def is_template(value: Any) -> bool:
+    """True when ``value`` is a string holding Jinja2 markup."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | None:
@@ -186,5 +229,7 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
     if wrong is not None:
         problems.add(where, f"{name} has an invalid value", expected=wrong,
                      actual=show(name, value), fix=f"write e.g. {name}: {var.example}")
+        return None
+    if not _kind_ok(name, converted, setting, problems):
         return None
     return Setting(converted, setting.origin)
