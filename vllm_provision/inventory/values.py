@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from vllm_provision import kinds, variables
-from vllm_provision.inventory.source import Problems, Setting, VaultValue
+from vllm_provision.inventory.source import Problems, Setting, UnsafeText, VaultValue
 from vllm_provision.quoting import find_control_chars
 from vllm_provision.variables import Variable
 
@@ -67,13 +67,14 @@ def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
         if not all(isinstance(item, str | int | float) and not isinstance(item, bool)
                    for item in value):
             return _INVALID
-        return [str(item) for item in value]
+        return [item if isinstance(item, str) else str(item) for item in value]  # !unsafe kept
     if var.type is dict:
         if not isinstance(value, Mapping):
             return _INVALID
         if not all(isinstance(item, str | int | float | bool) for item in value.values()):
             return _INVALID
-        return {str(k): (str(v).lower() if isinstance(v, bool) else str(v))
+        return {str(k): (str(v).lower() if isinstance(v, bool) else
+                         v if isinstance(v, str) else str(v))  # !unsafe kept
                 for k, v in value.items()}
     return _INVALID
 
@@ -193,7 +194,7 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
                      "decrypt", actual="!vault ...",
                      fix=f"give {name} in plain text, e.g. in a 0600 host_vars file")
         return None
-    if isinstance(value, str) and "{{" in value:
+    if isinstance(value, str) and "{{" in value and not isinstance(value, UnsafeText):
         problems.add(where, f"{name} holds a Jinja template, which the inventory loader does "
                      "not evaluate", expected=var.expected(), actual=show(name, value),
                      fix="write the value itself")
