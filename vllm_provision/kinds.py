@@ -59,10 +59,10 @@ UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/syste
 # override them (one source for each value).
 RESERVED_ENV = {
     "VLLM_HOST_IP": "it is this node's vllm_host_ip",
-    "VLLM_API_KEY": "it comes from vllm_api_key",
-    "NCCL_SOCKET_IFNAME": "it follows from vllm_cluster_interface",
-    "GLOO_SOCKET_IFNAME": "it follows from vllm_cluster_interface",
+    "VLLM_API_KEY": "it comes from vllm_api_key, which keeps it out of output",
 }
+# Set from vllm_cluster_interface when that is set (roles/vllm_common/templates/macros.j2).
+INTERFACE_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
 def check_interface(value: str) -> str | None:
