@@ -208,6 +208,13 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
                      actual=show(name, value), fix=fix)
         return None
     for sub_key, text in _strings_of(converted):
+        if sub_key is not None and is_template(text) and not isinstance(text, UnsafeText):
+            problems.add(setting.origin.child(sub_key).where, f"{name} holds a Jinja template, "
+                         "which the inventory loader does not evaluate",
+                         actual=show(name, text) if not variables.is_secret_name(
+                             str(sub_key)) else variables.MASK,
+                         fix="write the value itself (or tag it !unsafe to keep '{{' as text)")
+            return None
         found = find_control_chars(text)
         if found is not None:
             sub = setting.origin.child(sub_key).where if sub_key is not None else where
