@@ -100,8 +100,10 @@ def test_a_hostile_looking_served_name_deploys_inert(deployed: Path, lab_host: A
     unit = lab_host("h1").file("/etc/systemd/system/vllm.service").content_string
     # systemd escapes '$' as '$$'; the name is one quoted word of ExecStart
     assert INERT_NAME.replace("$", "$$") in unit
-    show = lab_host("h1").check_output("systemctl show -p ExecStart vllm.service")
-    assert f"--served-model-name {INERT_NAME}" in show
+    # the running process got it as one argv word, right after its option
+    pid = lab_host("h1").check_output("systemctl show -p MainPID --value vllm.service")
+    argv = lab_host("h1").check_output(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
+    assert argv[argv.index("--served-model-name") + 1] == INERT_NAME
     _no_marker(lab_host)
 
 
