@@ -4,6 +4,7 @@ tests)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -40,13 +41,28 @@ def templar_for(inventory: Inventory, replica: Replica, rank: int) -> Templar:
     node = replica.nodes[rank]
     defaults: dict[str, Any] = variables.defaults()
     for role in ROLES_OF[replica.backend]:
-        defaults.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
+        defaults.update(_role_defaults(role))
     layered = {**defaults, **node.host.vars, **inventory.extra_vars}
     fixed = {"replica": replica, "node": node, "engine": replica.engine,
              "inventory_hostname": node.name, "facts": None, "check_mode": False,
              "hostvars": {n: dict(h.vars) for n, h in inventory.hosts.items()}}
-    env = make_environment([ROLES / role / "templates" for role in ROLES_OF[replica.backend]])
-    return Templar(env, layered, node.name, fixed)
+    return Templar(_environment(replica.backend), layered, node.name, fixed)
+
+
+@functools.cache
+def _environment(backend: str) -> Any:
+    # one environment per backend, as one play has: imported templates are compiled once
+    return make_environment([ROLES / role / "templates" for role in ROLES_OF[backend]])
+
+
+@functools.cache
+def _role_defaults(role: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
+
+
+@functools.cache
+def _source(path: Path) -> str:
+    return path.read_text()
 
 
 def rendered_files(inventory: Inventory) -> Iterator[tuple[str, str]]:
@@ -57,7 +73,7 @@ def rendered_files(inventory: Inventory) -> Iterator[tuple[str, str]]:
             for role, name, who in TEMPLATES[replica.backend]:
                 if who == "master" and node.rank != 0 or who == "followers" and node.rank == 0:
                     continue
-                source = (ROLES / role / "templates" / name).read_text()
+                source = _source(ROLES / role / "templates" / name)
                 yield f"{node.name}:{role}/{name}", templar.render(source, name)
 
 
@@ -96,11 +112,13 @@ def exec_words(text: str) -> list[list[str]]:
             if line.startswith("Exec")]
 
 
-def shape(inventory: Inventory) -> dict[str, Any]:
-    """What a value must never change: per file, its line count, its directives (units) or its
-    variable names (env files)."""
+def shape(inventory: Inventory | dict[str, str]) -> dict[str, Any]:
+    """What a value must never change: per file (of an inventory, or already rendered by
+    :func:`rendered_files`), its line count, its directives (units) or its variable names (env
+    files)."""
     out: dict[str, Any] = {}
-    for label, text in rendered_files(inventory):
+    files = inventory if isinstance(inventory, dict) else dict(rendered_files(inventory))
+    for label, text in files.items():
         name = label.split(":", 1)[1]
         if name.endswith(".env.j2"):
             out[label] = ("env", len(text.splitlines()), sorted(env_values(text)))

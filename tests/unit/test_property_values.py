@@ -83,7 +83,8 @@ def test_random_text_is_refused_or_inert(target: str, text: str, tmp_path_factor
             assert problem.where.startswith(str(path)) and problem.fix
         return
     baseline = _baseline(tmp_path)
-    got = shape(inventory)
+    files = dict(rendered_files(inventory))
+    got = shape(files)
     for label, (kind, lines, *keys) in got.items():
         base = baseline[label.replace(f"{text}:", "h1:", 1)] if target == "@host_name" \
             else baseline[label]
@@ -95,7 +96,6 @@ def test_random_text_is_refused_or_inert(target: str, text: str, tmp_path_factor
                 target == "vllm_api_key") else {"NCCL_DEBUG"} if target == "@env_value" else set()
             assert set(keys[0]) - set(base[2]) <= allowed, label
             assert lines - base[1] <= len(allowed), label
-    files = dict(rendered_files(inventory))
     if target in ("@extra_arg", "vllm_model", "vllm_served_model_name"):
         words = [w for label, body in files.items() if label.endswith(".service.j2")
                  for argv in exec_words(body) for w in argv]
