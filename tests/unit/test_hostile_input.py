@@ -146,3 +146,17 @@ def test_lipsum_in_an_extra_var_is_refused_in_check_mode_too(tmp_path: Path) -> 
     assert result.returncode == 1
     assert "holds a Jinja template" in result.stdout + result.stderr
     assert not MARKER.exists()
+
+
+def test_unsafe_in_an_extra_vars_file_is_kept_as_text_and_never_rendered(tmp_path: Path) -> None:
+    from vllm_provision.cli.options import parse_extra_vars
+
+    value = "{{ lipsum.__globals__['os'].popen('touch " + str(MARKER) + "').read() }}"
+    extra_file = tmp_path / "extra.yml"
+    extra_file.write_text(f'vllm_served_model_name: !unsafe "{value}"\n')
+    extra = parse_extra_vars([f"@{extra_file}"])
+    inventory = load_inventory(write_inventory(tmp_path / "inventory.yml", BASE), extra)
+    words = [w for label, text in rendered_files(inventory) if label.endswith(".service.j2")
+             for argv in exec_words(text) for w in argv]
+    assert value in words
+    assert not MARKER.exists()
