@@ -72,6 +72,20 @@ def check_absolute_path(value: str) -> str | None:
     return None if value.startswith("/") else "an absolute path such as /opt/vllm"
 
 
+def check_owned_dirs_list(value: list[str]) -> str | None:
+    """Return why an item of ``provision_owned_dirs`` is not an absolute, normalised path that
+    is not a system directory (:mod:`vllm_provision.kinds`), or None."""
+    from vllm_provision import kinds
+
+    for item in value:
+        wrong = kinds.check_path(item)
+        if wrong is None and kinds.is_system_dir(item):
+            wrong = f"a directory that is not a system directory (got {item!r})"
+        if wrong is not None:
+            return wrong
+    return None
+
+
 @dataclass(frozen=True)
 class Variable:
     """One inventory variable we read.
@@ -148,6 +162,10 @@ _TABLE: tuple[Variable, ...] = (
              scope="host"),
     Variable("ansible_become_user", str, "root", "The sudo target user.", "root", scope="host",
              check=check_ssh_word),
+    Variable("provision_owned_dirs", list, [], "Directories outside the tool's own prefixes "
+             "(`/var/lib/vllm*`, `/etc/vllm*`, `/opt/vllm*`, ...) that state, cache, temp and "
+             "config directories may be placed in; never a system directory such as `/tmp` "
+             "(docs/security.md).", "[/data/llm]", check=check_owned_dirs_list),
     Variable("provision_known_hosts_file", str, None, "One more known_hosts file to trust "
              "(`~` expanded, relative to the inventory file's folder).",
              "/var/lib/vllm-provision/lab/known_hosts", scope="host"),

@@ -140,7 +140,10 @@ def test_every_watchdog_knob_can_be_set_in_the_inventory(tmp_path: Path, name: s
 
     good = Path(__file__).resolve().parents[1] / "data" / "inventories" / "good"
     default = WATCHDOG_DEFAULTS[name]
-    value = default * 2 if isinstance(default, (int, float)) else f"/srv/vp/{name}"
+    # A value of the knob's kind (vllm_provision.kinds): a number, a unit name or a path below
+    # a prefix the tool owns.
+    value = default * 2 if isinstance(default, (int, float)) else (
+        "vp-watchdog.service" if name.endswith("_unit_name") else f"/srv/vllm-vp/{name}")
     (tmp_path / "inventory.yml").write_text(
         (good / "mp-two-nodes" / "inventory.yml").read_text())
     (tmp_path / "group_vars").mkdir()

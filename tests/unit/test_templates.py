@@ -12,7 +12,6 @@ import jinja2
 import pytest
 import yaml
 
-from vllm_provision import quoting
 from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
@@ -20,14 +19,12 @@ ROLES = Path(__file__).resolve().parents[2] / "roles"
 
 def _environment() -> jinja2.Environment:
     # The engine's contract (runner/templating.py): the play's role templates/ folders on the
-    # search path, the two quoting functions as filters, StrictUndefined.
+    # search path, the quoting functions as filters, StrictUndefined, sandboxed: the engine's own.
     dirs = [str(ROLES / role / "templates")
             for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray")]
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(dirs),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
-    env.filters["env_file_line"] = quoting.env_file_line
-    return env
+    from vllm_provision.runner.templating import make_environment
+
+    return make_environment([Path(d) for d in dirs])
 
 
 def _replica(backend: str = "mp", **engine: Any) -> Replica:

@@ -26,7 +26,6 @@ import jinja2
 import pytest
 import yaml
 
-from vllm_provision import quoting
 from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "vllm_watchdog"
@@ -460,8 +459,9 @@ def render(name: str, replica: Replica, rank: int) -> str:
     for _ in range(3):  # defaults refer to other variables
         values = {k: jinja2.Template(v).render(values) if isinstance(v, str) and "{{" in v else v
                   for k, v in values.items()}
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
+    from vllm_provision.runner.templating import make_environment
+
+    env = make_environment()
     return env.from_string((ROLE / "templates" / name).read_text()).render(values)
 
 

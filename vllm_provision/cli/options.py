@@ -19,6 +19,7 @@ import click
 import yaml
 
 from vllm_provision.errors import ProvisionError
+from vllm_provision.inventory.source import load_yaml_data
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,7 +40,7 @@ def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:
         if raw.startswith("@"):
             path = Path(raw[1:]).expanduser()
             try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+                data = load_yaml_data(path.read_text(encoding="utf-8"))
             except OSError as exc:
                 raise ProvisionError.single(where, f"cannot read {path}: {exc.strerror}") \
                     from None
@@ -51,7 +52,7 @@ def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:
             merged.update(data)
         elif raw.lstrip().startswith("{"):
             try:
-                data = yaml.safe_load(raw)
+                data = load_yaml_data(raw)
             except yaml.YAMLError as exc:
                 raise ProvisionError.single(where, f"invalid YAML/JSON mapping: {exc}") from None
             if not isinstance(data, dict):

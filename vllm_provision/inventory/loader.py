@@ -10,6 +10,7 @@ from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars,
 from vllm_provision.inventory.replicas import REPLICAS_GROUP, SYNTHETIC_GROUPS, build_replicas
 from vllm_provision.inventory.source import Origin, Problems, Setting, read_yaml
 from vllm_provision.inventory.tree import Tree, parse_tree
+from vllm_provision.inventory.values import _owned_dirs as owned_dirs_context
 from vllm_provision.inventory.values import check_setting
 from vllm_provision.inventory.vars_dirs import read_vars_dir
 from vllm_provision.models import Group, Host, Inventory, Replica
@@ -22,6 +23,21 @@ def _checked(settings: Mapping[str, Setting], problems: Problems) -> dict[str, S
         checked = check_setting(name, setting, problems)
         result[name] = checked if checked is not None else Setting(INVALID, setting.origin)
     return result
+
+
+def _owned_dirs(sources: list[Mapping[str, Setting]]) -> tuple[str, ...]:
+    """Every valid path listed in ``provision_owned_dirs`` anywhere in the inventory or ``-e``:
+    the directories the operator declares ours (never a system directory)."""
+    from vllm_provision import kinds
+
+    found: list[str] = []
+    for settings in sources:
+        setting = settings.get("provision_owned_dirs")
+        if setting is None or not isinstance(setting.value, list):
+            continue
+        found.extend(item for item in setting.value if isinstance(item, str)
+                     and kinds.check_path(item) is None and not kinds.is_system_dir(item))
+    return tuple(found)
 
 
 def _group_merged_vars(tree: Tree, name: str,
@@ -85,17 +101,24 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
                          f"the group name {name!r} is reserved: provision adds it itself",
                          fix=f"rename the group; {', '.join(SYNTHETIC_GROUPS)} are derived from "
                              "the replicas")
-    for group in tree.groups.values():
-        group.vars = _checked(group.vars, problems)
-    for host_node in tree.hosts.values():
-        host_node.vars = _checked(host_node.vars, problems)
+    raw_groups = read_vars_dir(path.parent / "group_vars", tree.groups, problems, kind="group")
+    raw_hosts = read_vars_dir(path.parent / "host_vars", tree.hosts, problems, kind="host")
+    raw_extra = {str(name): Setting(value, Origin(None, (str(name),)))
+                 for name, value in (extra_vars or {}).items()}
+    token = owned_dirs_context.set(_owned_dirs(
+        [*(g.vars for g in tree.groups.values()), *(h.vars for h in tree.hosts.values()),
+         *raw_groups.values(), *raw_hosts.values(), raw_extra]))
+    try:
+        for group in tree.groups.values():
+            group.vars = _checked(group.vars, problems)
+        for host_node in tree.hosts.values():
+            host_node.vars = _checked(host_node.vars, problems)
+        group_files = {name: _checked(values, problems) for name, values in raw_groups.items()}
+        host_files = {name: _checked(values, problems) for name, values in raw_hosts.items()}
+        extra = _checked(raw_extra, problems)
+    finally:
+        owned_dirs_context.reset(token)
     base = path.absolute().parent
-    group_files = {name: _checked(values, problems) for name, values in read_vars_dir(
-        path.parent / "group_vars", tree.groups, problems, kind="group").items()}
-    host_files = {name: _checked(values, problems) for name, values in read_vars_dir(
-        path.parent / "host_vars", tree.hosts, problems, kind="host").items()}
-    extra = _checked({str(name): Setting(value, Origin(None, (str(name),)))
-                      for name, value in (extra_vars or {}).items()}, problems)
 
     settings = {name: merge_host_vars(tree, name, group_files, host_files, extra)
                 for name in tree.hosts}

@@ -6,7 +6,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision import variables
+from vllm_provision import kinds, variables
 from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.tree import Tree
@@ -124,6 +124,60 @@ def _host_ip(host: Host, settings: Mapping[str, Setting], problems: Problems,
     return host.address
 
 
+def _value(settings: Mapping[str, Setting], name: str) -> Any:
+    """A host's value of ``name``: its setting, else the table's or the role's default."""
+    setting = settings.get(name)
+    if setting is not None:
+        return setting.value
+    return variables.defaults().get(name, variables.role_defaults().get(name))
+
+
+def _check_conflicts(replica: str, members: list[str],
+                     settings: Mapping[str, Mapping[str, Setting]], agreed: Mapping[str, Any],
+                     problems: Problems, where: str) -> bool:
+    """Refuse values that silently override one another: the API port equal to the master,
+    Ray or watchdog port, and a ``vllm_env``/``vllm_node_env`` entry that overrides the
+    NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set from ``vllm_cluster_interface``. Returns False
+    when a problem was recorded."""
+    ok = True
+    api_port = agreed.get("vllm_api_port")
+    backend = agreed.get("vllm_backend")
+    for host in members:
+        values = settings[host]
+        others = {"vllm_watchdog_port": _value(values, "vllm_watchdog_port")}
+        if backend == "ray":
+            others["ray_port"] = _value(values, "ray_port")
+        else:
+            others["vllm_master_port"] = agreed.get("vllm_master_port")
+        for other, port in others.items():
+            if isinstance(api_port, int) and port == api_port:
+                setting = values.get(other) or values.get("vllm_api_port")
+                problems.add(setting.origin.where if setting else where,
+                             f"vllm_api_port and {other} of replica {replica!r} are both "
+                             f"{port}: two servers cannot listen on one port",
+                             expected=f"a port other than {port}", actual=str(port),
+                             fix=f"give vllm_api_port and {other} different ports")
+                ok = False
+                break
+        interface = _value(values, "vllm_cluster_interface")
+        if not interface or interface is INVALID:
+            continue
+        for env_name in ("vllm_env", "vllm_node_env"):
+            setting = values.get(env_name)
+            if setting is None or not isinstance(setting.value, Mapping):
+                continue
+            for key in kinds.INTERFACE_ENV:
+                if key in setting.value:
+                    problems.add(setting.origin.child(key).where,
+                                 f"{env_name} sets {key}, which follows from "
+                                 f"vllm_cluster_interface ({interface!r}) on host {host}",
+                                 actual=f"{key}={setting.value[key]!r}",
+                                 fix=f"remove {key} from {env_name} and set "
+                                     "vllm_cluster_interface to the interface you want")
+                    ok = False
+    return ok
+
+
 def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                    settings: Mapping[str, Mapping[str, Setting]],
                    group_vars: Mapping[str, Any], problems: Problems) -> tuple[Replica, ...]:
@@ -225,16 +279,22 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                              expected=f"an integer 0-{len(members) - 1}", actual=str(rank),
                              fix=f"renumber the nodes of {name!r} 0..{len(members) - 1}")
             ok = False
-        ips: dict[str, str] = {}
+        ips: dict[str, tuple[str, str]] = {}
         for node in nodes:
-            if node.host_ip in ips:
-                problems.add(group_where, f"hosts {ips[node.host_ip]} and {node.name} of replica "
-                             f"{name!r} have the same cluster IP {node.host_ip}",
+            # one address written two ways (::ffff:10.0.0.1 and 10.0.0.1) is one address
+            same = kinds.canonical_ip(node.host_ip)
+            if same in ips:
+                other, written = ips[same]
+                spelled = node.host_ip if written == node.host_ip else \
+                    f"{written} and {node.host_ip}, the same address written two ways"
+                problems.add(group_where, f"hosts {other} and {node.name} of replica "
+                             f"{name!r} have the same cluster IP {spelled}",
                              expected="a different vllm_host_ip per node (VLLM_HOST_IP must be "
                                       "unique)", actual=node.host_ip,
                              fix="set vllm_host_ip on each node to its own address")
                 ok = False
-            ips[node.host_ip] = node.name
+            ips[same] = (node.name, node.host_ip)
+        ok = _check_conflicts(name, members, settings, agreed, problems, group_where) and ok
         if not ok or any(value is INVALID for value in agreed.values()):
             continue
         engine_values = {v.engine_field: agreed[v.name] for v in variables.VARIABLES.values()

@@ -128,25 +128,64 @@ def _construct_vault(loader: yaml.SafeLoader, node: yaml.Node) -> VaultValue:
     return VaultValue(str(loader.construct_scalar(node)))  # type: ignore[arg-type]
 
 
+class UnsafeText(str):
+    """A string written with Ansible's ``!unsafe`` tag: never rendered as a template (the
+    templating layer checks this type), otherwise a plain string."""
+
+    __slots__ = ()
+
+
 def _construct_unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
-    # Ansible's !unsafe only disables templating; the value itself is a plain string.
-    return loader.construct_scalar(node)  # type: ignore[arg-type]
+    # Ansible's !unsafe only disables templating: the value itself is a string.
+    return UnsafeText(loader.construct_scalar(node))  # type: ignore[arg-type]
 
 
 _Loader.add_constructor("!vault", _construct_vault)
 _Loader.add_constructor("!unsafe", _construct_unsafe)
 
 
+def load_yaml_data(text: str) -> Any:
+    """Parse one YAML document with the inventory's loader (safe, ``!vault`` and ``!unsafe``
+    understood), for ``-e @file`` and ``-e '{...}'``.
+
+    Raises:
+        yaml.YAMLError: the text is not valid YAML.
+    """
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+_KEY_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+
+def _key_identity(key_node: yaml.Node) -> Any:
+    """The key as Python will hold it: ``true``, ``1`` and ``1.0`` are the same dict key (a
+    YAML 1.1 bool is an int), so two of them in one mapping collapse into one."""
+    if not isinstance(key_node, yaml.ScalarNode):
+        return ("node", str(key_node.value))
+    try:
+        value = _KEY_CONSTRUCTOR.construct_object(key_node)
+        hash(value)
+    except Exception:  # noqa: BLE001 - an unhashable or odd key: compare its text
+        return ("text", key_node.value)
+    return value
+
+
 def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], duplicates: list) -> None:
-    """Record the line of every key and every duplicate key under ``node``."""
+    """Record the line of every key and every duplicate key under ``node``, including keys
+    written differently that Python reads as one (``true`` and ``1``)."""
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
             line = key_node.start_mark.line + 1
-            if key in seen:
-                duplicates.append(((*path, key), seen[key], line))
-            seen[key] = line
+            identity = _key_identity(key_node)
+            if identity in seen:
+                duplicates.append(((*path, key), seen[identity], line))
+            seen[identity] = line
             lines[(*path, key)] = line
             _walk(value_node, (*path, key), lines, duplicates)
     elif isinstance(node, yaml.SequenceNode):

@@ -130,13 +130,41 @@ def _mapping_or_none(value: Any, doc: YamlDocument, key: KeyPath, problems: Prob
     return None
 
 
+# Names reach unit comments and Description=, env-file comments, file names and log lines, so
+# they are held to a charset with no control character, space, quote, '%', '$' or '/'.
+# Groups: Ansible's rule for group names ("letters, numbers and underscores", the
+# TRANSFORM_INVALID_GROUP_CHARS check) plus '-', which Ansible accepts with a warning.
+GROUP_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+# Hosts: RFC 1123 host names and IPv4/IPv6 literals (':'), plus '_' as Ansible allows.
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
+_NAME_RULES = {
+    "group": (GROUP_NAME_RE, "a group name of letters, digits, '_' and '-' that starts with a "
+                             "letter or '_' (Ansible's group-name rule), at most 64 characters"),
+    "host": (HOST_NAME_RE, "a host name of letters, digits, '.', '_', '-' and ':' that does not "
+                           "start with '.', '-' or ':' (RFC 1123), at most 253 characters"),
+}
+
+
+def check_name(name: Any, what: str) -> str | None:
+    """Return what a ``what`` (``"host"`` or ``"group"``) name must look like when ``name``
+    breaks the rule (:data:`GROUP_NAME_RE`, :data:`HOST_NAME_RE`), or None when it is fine."""
+    pattern, expected = _NAME_RULES[what]
+    if isinstance(name, str) and pattern.match(name):
+        return None
+    return expected
+
+
 def _valid_name(name: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
                 what: str) -> bool:
-    if isinstance(name, str) and name.strip() and name == name.strip() and " " not in name:
+    checked = name
+    if what == "host" and isinstance(name, str) and "[" in name:
+        checked = re.sub(r"\[[^\]]*\]", "0", name)  # a range: its parts are checked expanded
+    expected = check_name(checked, what)
+    if expected is None:
         return True
-    problems.add(doc.origin(key).where, f"invalid {what} name",
-                 expected=f"a {what} name without spaces", actual=repr(name),
-                 fix=f"rename the {what}")
+    shown = repr(name) if not isinstance(name, str) else repr(name[:80])
+    problems.add(doc.origin(key).where, f"invalid {what} name", expected=expected,
+                 actual=shown, fix=f"rename the {what}")
     return False
 
 
@@ -199,6 +227,12 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
                     problems.add(doc.origin(host_key).where, f"invalid host range: {exc}",
                                  expected="a range such as gpu[01:04] or node-[a:d]",
                                  actual=repr(pattern), fix="correct the range in brackets")
+                    continue
+                bad = [n for n in names if check_name(n, "host") is not None]
+                if bad:
+                    problems.add(doc.origin(host_key).where, "invalid host name",
+                                 expected=_NAME_RULES["host"][1], actual=repr(bad[0][:80]),
+                                 fix="rename the host")
                     continue
                 for host_name in names:
                     _add_host(tree, group, host_name, host_vars, doc, host_key, problems)

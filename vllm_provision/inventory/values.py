@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from vllm_provision import variables
-from vllm_provision.inventory.source import Problems, Setting, VaultValue
+from vllm_provision import kinds, variables
+from vllm_provision.inventory.source import Problems, Setting, UnsafeText, VaultValue
 from vllm_provision.quoting import find_control_chars
 from vllm_provision.variables import Variable
 
@@ -17,6 +18,9 @@ from vllm_provision.variables import Variable
 _TRUE = frozenset({"y", "yes", "on", "1", "true", "t"})
 _FALSE = frozenset({"n", "no", "off", "0", "false", "f"})
 _INVALID = object()
+# provision_owned_dirs of the inventory being loaded (set by the loader before it checks).
+_owned_dirs: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "provision_owned_dirs", default=())
 
 
 def show(name: str, value: Any) -> str:
@@ -63,13 +67,14 @@ def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
         if not all(isinstance(item, str | int | float) and not isinstance(item, bool)
                    for item in value):
             return _INVALID
-        return [str(item) for item in value]
+        return [item if isinstance(item, str) else str(item) for item in value]  # !unsafe kept
     if var.type is dict:
         if not isinstance(value, Mapping):
             return _INVALID
         if not all(isinstance(item, str | int | float | bool) for item in value.values()):
             return _INVALID
-        return {str(k): (str(v).lower() if isinstance(v, bool) else str(v))
+        return {str(k): (str(v).lower() if isinstance(v, bool) else
+                         v if isinstance(v, str) else str(v))  # !unsafe kept
                 for k, v in value.items()}
     return _INVALID
 
@@ -111,7 +116,46 @@ def _check_role_default(name: str, setting: Setting, problems: Problems) -> Sett
                          expected="a single line without control characters",
                          actual=show(name, text), fix="remove the line break or control character")
             return None
+    if not _kind_ok(name, value, setting, problems):
+        return None
     return replace(setting, value=value)
+
+
+def _kind_ok(name: str, value: Any, setting: Setting, problems: Problems) -> bool:
+    """Apply the rule of ``name``'s kind (:mod:`vllm_provision.kinds`); record a problem and
+    return False when the value breaks it."""
+    kind = kinds.kind_of(name)
+    if kind is None:
+        return True
+    where = setting.origin.where
+    if kind in kinds.STRUCTURED and isinstance(value, str) and ("{{" in value or "{%" in value):
+        problems.add(where, f"{name} holds a Jinja template, which the inventory loader does "
+                     f"not evaluate ({name} is checked as a {kind.replace('_', ' ')})",
+                     actual=show(name, value), fix="write the value itself")
+        return False
+    wrong = kinds.check(name, value, _owned_dirs.get())
+    if wrong is None:
+        return True
+    problems.add(where, f"{name} has an invalid value", expected=wrong,
+                 actual=show(name, value), fix=_kind_fix(name, kind))
+    return False
+
+
+def _kind_fix(name: str, kind: str) -> str:
+    default = variables.role_defaults().get(name)
+    if default is None and name in variables.VARIABLES:
+        default = variables.VARIABLES[name].example
+    example = f"write e.g. {name}: {default}" if default is not None and not is_template(
+        default) else f"write a valid {kind.replace('_', ' ')}"
+    if kind in kinds.OWNED:
+        example += ("; a directory outside the tool's prefixes needs provision_owned_dirs: "
+                    "[DIR] (never a system directory)")
+    return example
+
+
+def is_template(value: Any) -> bool:
+    """True when ``value`` is a string holding Jinja2 markup."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | None:
@@ -150,7 +194,7 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
                      "decrypt", actual="!vault ...",
                      fix=f"give {name} in plain text, e.g. in a 0600 host_vars file")
         return None
-    if isinstance(value, str) and "{{" in value:
+    if isinstance(value, str) and "{{" in value and not isinstance(value, UnsafeText):
         problems.add(where, f"{name} holds a Jinja template, which the inventory loader does "
                      "not evaluate", expected=var.expected(), actual=show(name, value),
                      fix="write the value itself")
@@ -164,6 +208,13 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
                      actual=show(name, value), fix=fix)
         return None
     for sub_key, text in _strings_of(converted):
+        if sub_key is not None and is_template(text) and not isinstance(text, UnsafeText):
+            problems.add(setting.origin.child(sub_key).where, f"{name} holds a Jinja template, "
+                         "which the inventory loader does not evaluate",
+                         actual=show(name, text) if not variables.is_secret_name(
+                             str(sub_key)) else variables.MASK,
+                         fix="write the value itself (or tag it !unsafe to keep '{{' as text)")
+            return None
         found = find_control_chars(text)
         if found is not None:
             sub = setting.origin.child(sub_key).where if sub_key is not None else where
@@ -186,5 +237,7 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
     if wrong is not None:
         problems.add(where, f"{name} has an invalid value", expected=wrong,
                      actual=show(name, value), fix=f"write e.g. {name}: {var.example}")
+        return None
+    if not _kind_ok(name, converted, setting, problems):
         return None
     return Setting(converted, setting.origin)

@@ -24,6 +24,7 @@ from typing import Any
 
 from vllm_provision.connection import probe_tcp
 from vllm_provision.errors import ProvisionError
+from vllm_provision.kinds import check_ssh_host
 from vllm_provision.modules import ModuleResult, check_arguments, check_type, quote, require
 from vllm_provision.results import Status
 
@@ -55,6 +56,10 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
                                     expected="host or controller", actual=origin)
     address = check_type(args, "host", "wait_for", str) or (
         ctx.host.address if origin == "controller" else "127.0.0.1")
+    wrong = check_ssh_host(address)
+    if wrong is not None:
+        raise ProvisionError.single("wait_for: host", "invalid address", expected=wrong,
+                                    actual=repr(address), fix="give an IP address or host name")
     want_open = state == "started"
     if origin == "controller":
         time.sleep(delay)
@@ -70,7 +75,9 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
     script = (
         f"sleep {delay:g}; end=$(( $(date +%s) + {int(timeout)} )); "
         f"while :; do "
-        f"if timeout {per_probe:g} bash -c 'exec 3<>/dev/tcp/'{quote(address)}'/{port}' "
+        # the address is its own argv word ($1 of the inner bash), never part of its script
+        f"if timeout {per_probe:g} bash -c 'exec 3<>\"/dev/tcp/$1/$2\"' wait_for "
+        f"{quote(address)} {port} "
         f"2>/dev/null; then r=0; else r=1; fi; "
         f"[ $r = {wanted} ] && exit 0; "
         f"[ $(date +%s) -ge $end ] && exit 3; sleep {_POLL_S:g}; done"

@@ -266,7 +266,7 @@ class Runner:
         pattern = (re.compile(r"\b(" + "|".join(re.escape(r) for r in sorted(registers)) + r")\b")
                    if registers else None)
         templar = self.templar_for(play, host)
-        resolved: dict[str, Any] | None = None
+        resolved: Mapping[str, Any] | None = None
         for task in play.tasks[start:]:
             spec = find_module(task.module)
             if pattern is not None and pattern.search(repr((task.when, task.args))):
@@ -284,7 +284,7 @@ class Runner:
             try:
                 args = templar.render_value(task.args, f"{task.where}.{task.module}")
                 if resolved is None:
-                    resolved = templar.resolved()
+                    resolved = templar.lazy()
                 ctx = self._task_context(play, task, host, templar, conn, resolved)
                 command = spec.read_command(ctx, args)
             except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
@@ -481,7 +481,7 @@ class Runner:
         assert spec is not None
         args = templar.render_value(task.args, f"{task.where}.{task.module}")
         conn = self._connection_for(task, host)
-        ctx = self._task_context(play, task, host, templar, conn, templar.resolved())
+        ctx = self._task_context(play, task, host, templar, conn, templar.lazy())
         result = spec.run(ctx, args)
         if not isinstance(result, ModuleResult):
             raise ProvisionError.single(task.where, f"module {task.module} returned "
@@ -491,7 +491,7 @@ class Runner:
         return result, ctx.notify_used or result.persisted_notify
 
     def _task_context(self, play: Play, task: Task, host: Host, templar: Templar, conn: Any,
-                      resolved: dict[str, Any]) -> TaskContext:
+                      resolved: Mapping[str, Any]) -> TaskContext:
         check = self._check_mode(task)
         return TaskContext(
             host=host, conn=conn, connections=self.connections, inventory=self.inventory,

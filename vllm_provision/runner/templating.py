@@ -1,35 +1,48 @@
-"""Jinja2 for playbooks: one StrictUndefined environment, lazily resolved variables, ``when``.
+"""Jinja2 for playbooks: one sandboxed StrictUndefined environment, lazily resolved variables.
 
 Variable values may themselves be templates (``vllm_host_ip: "{{ ansible_host }}"``, as in
 Ansible role defaults); they are rendered on first use, with a cycle check, and only the names a
-template actually uses are resolved (``jinja2.meta.find_undeclared_variables``).
+template actually uses are resolved (``jinja2.meta.find_undeclared_variables``); modules see the
+variables through :class:`LazyVars`, which renders a variable only when it is read.
+
+Templates run in Jinja2's :class:`~jinja2.sandbox.ImmutableSandboxedEnvironment`: no attribute
+starting with ``_`` (``lipsum.__globals__``), no call of an unsafe method, no change to a list or
+mapping in place (templates build new ones with ``+`` and the ``combine`` filter). A value read
+with Ansible's ``!unsafe`` tag (:class:`~vllm_provision.inventory.source.UnsafeText`) is never
+rendered, as in Ansible ("Unsafe or raw strings", Ansible docs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import jinja2.meta
+import jinja2.sandbox
 
 from vllm_provision import quoting
 from vllm_provision.errors import ProvisionError
+from vllm_provision.inventory.source import UnsafeText
 
 _MARKERS = ("{{", "{%")
 
 
 def make_environment(search_path: list[Path] | None = None) -> jinja2.Environment:
-    """Return the engine's Jinja2 environment: StrictUndefined, trailing newline kept.
+    """Return the engine's Jinja2 environment: an ImmutableSandboxedEnvironment with
+    StrictUndefined, trailing newline kept, and the filters ``bool``, ``quote``, ``combine``
+    (Ansible's, a new mapping), ``systemd_exec_quote`` and ``env_file_line``.
 
     Args:
         search_path: folders for ``{% include %}`` / ``{% import %}`` (role templates first).
     """
     loader = jinja2.FileSystemLoader([str(p) for p in search_path]) if search_path else None
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             loader=loader, autoescape=False)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, loader=loader,
+        autoescape=False)
     env.filters["bool"] = _to_bool
+    env.filters["combine"] = _combine
     env.filters["quote"] = _quote
     # Unit and env-file templates quote through these (roles vllm_mp, ray, vllm_ray).
     env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
@@ -43,6 +56,16 @@ def _to_bool(value: Any) -> bool:
     return bool(value)
 
 
+def _combine(*mappings: Any) -> dict[str, Any]:
+    """Ansible's ``combine`` filter (shallow): a new mapping, later keys winning."""
+    merged: dict[str, Any] = {}
+    for mapping in mappings:
+        if not isinstance(mapping, Mapping):
+            raise jinja2.TemplateRuntimeError(f"combine expects mappings, got {type(mapping)}")
+        merged.update(mapping)
+    return merged
+
+
 def _quote(value: Any) -> str:
     from vllm_provision.modules import quote
 
@@ -50,8 +73,17 @@ def _quote(value: Any) -> str:
 
 
 def is_template(value: Any) -> bool:
-    """True when ``value`` is a string holding Jinja2 markup."""
-    return isinstance(value, str) and any(marker in value for marker in _MARKERS)
+    """True when ``value`` is a string holding Jinja2 markup and not marked ``!unsafe``."""
+    return (isinstance(value, str) and not isinstance(value, UnsafeText)
+            and any(marker in value for marker in _MARKERS))
+
+
+def _sandbox_error(where: str, label: str, exc: jinja2.sandbox.SecurityError) -> ProvisionError:
+    return ProvisionError.single(
+        f"{where}: {label}", f"template refused by the sandbox: {exc}",
+        expected="a template that only reads variables and uses filters",
+        fix="remove the expression; a value from the inventory or -e is data, not code (write "
+            "it with !unsafe to keep '{{' literally)")
 
 
 class Templar:
@@ -100,8 +132,16 @@ class Templar:
         self._resolved[name] = value
         return value
 
+    def lazy(self) -> LazyVars:
+        """Return the variables as a mapping that renders each one only when it is read."""
+        return LazyVars(self)
+
     def resolved(self) -> dict[str, Any]:
-        """Return every variable that can be rendered (unrenderable ones are left out)."""
+        """Return every variable that can be rendered (unrenderable ones are left out).
+
+        Renders EVERY variable: only for templates that ``{% include %}`` other files (whose
+        names cannot be known up front); modules get :meth:`lazy` instead.
+        """
         out: dict[str, Any] = {}
         for name in self.raw:
             try:
@@ -158,6 +198,8 @@ class Templar:
         _, context = self._context_for(source, label)
         try:
             return self.env.from_string(source).render(context)
+        except jinja2.sandbox.SecurityError as exc:
+            raise _sandbox_error(self.where, label, exc) from None
         except jinja2.UndefinedError as exc:
             raise undefined_error(self.where, label, exc) from None
         except jinja2.TemplateError as exc:
@@ -174,6 +216,8 @@ class Templar:
         try:
             compiled = self.env.compile_expression(expression, undefined_to_none=False)
             value = compiled(context)
+        except jinja2.sandbox.SecurityError as exc:
+            raise _sandbox_error(self.where, label, exc) from None
         except jinja2.UndefinedError as exc:
             raise undefined_error(self.where, label, exc) from None
         except jinja2.TemplateError as exc:
@@ -200,6 +244,30 @@ class Templar:
             if not _to_bool(self.evaluate(text, label)):
                 return False
         return True
+
+
+class LazyVars(Mapping[str, Any]):
+    """A host's variables seen by a module: a variable is rendered when it is read, never
+    before, so an unused value (an unknown inventory variable, a ``-e`` value no task names) is
+    never rendered.
+
+    Args:
+        templar: the host's :class:`Templar`.
+
+    Reading a variable whose template fails raises that :class:`ProvisionError`.
+    """
+
+    def __init__(self, templar: Templar) -> None:
+        self._templar = templar
+
+    def __getitem__(self, name: str) -> Any:
+        return self._templar.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._templar.raw)
+
+    def __len__(self) -> int:
+        return len(self._templar.raw)
 
 
 def undefined_error(where: str, label: str, exc: jinja2.UndefinedError) -> ProvisionError:
