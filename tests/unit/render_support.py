@@ -17,8 +17,9 @@ from vllm_provision import variables
 from vllm_provision.models import Inventory, Replica
 from vllm_provision.runner.templating import Templar, make_environment
 
-ROLES = variables.ROLES_DIR
-PLAYBOOKS = ROLES.parent / "playbooks"
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+PLAYBOOKS = REPO / "playbooks"
 
 # (role of the template, template, which nodes render it) per backend, as the plays install them.
 TEMPLATES = {
