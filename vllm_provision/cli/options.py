@@ -19,6 +19,7 @@ import click
 import yaml
 
 from vllm_provision.errors import ProvisionError
+from vllm_provision.inventory import yaml_limits
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,21 +40,34 @@ def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:
         if raw.startswith("@"):
             path = Path(raw[1:]).expanduser()
             try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+                data = yaml_limits.safe_load(yaml_limits.read_regular_file(path, "-e @file"))
+            except yaml_limits.LimitError as exc:
+                raise ProvisionError.single(exc.where(path) if exc.line else where,
+                                            exc.message if exc.line else f"{exc.message} ({path})",
+                                            fix=exc.fix) from None
+            except UnicodeDecodeError:
+                raise ProvisionError.single(where, f"{path} is not UTF-8 text",
+                                            fix="give a YAML file of variables") from None
             except OSError as exc:
-                raise ProvisionError.single(where, f"cannot read {path}: {exc.strerror}") \
-                    from None
+                raise ProvisionError.single(where, f"cannot read {path}: {exc.strerror}",
+                                            fix="check the path after @") from None
             except yaml.YAMLError as exc:
-                raise ProvisionError.single(where, f"YAML error in {path}: {exc}") from None
+                raise ProvisionError.single(where, f"YAML error in {path}: {_one_line(exc)}",
+                                            fix="correct the YAML at that line") from None
             if not isinstance(data, dict):
                 raise ProvisionError.single(where, f"{path} must hold a mapping",
-                                            actual=type(data).__name__)
+                                            actual=type(data).__name__,
+                                            fix="write 'name: value' lines") from None
             merged.update(data)
         elif raw.lstrip().startswith("{"):
             try:
-                data = yaml.safe_load(raw)
+                data = yaml_limits.safe_load(raw)
+            except yaml_limits.LimitError as exc:
+                raise ProvisionError.single(where, exc.message, fix=exc.fix) from None
             except yaml.YAMLError as exc:
-                raise ProvisionError.single(where, f"invalid YAML/JSON mapping: {exc}") from None
+                raise ProvisionError.single(where, f"invalid YAML/JSON mapping: {_one_line(exc)}",
+                                            fix="write a mapping such as '{\"name\": 1}'") \
+                    from None
             if not isinstance(data, dict):
                 raise ProvisionError.single(where, "must be a mapping")
             merged.update(data)
@@ -65,6 +79,11 @@ def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:
                                             actual=raw)
             merged[key.strip()] = value
     return merged
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    """A PyYAML error on one line (its text spans several, with a quoted excerpt)."""
+    return " ".join(str(error).split())
 
 
 @dataclass(frozen=True)
