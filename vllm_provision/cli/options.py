@@ -146,15 +146,20 @@ class CommonOptions:
                                  host_key_policy=self.host_key_policy,  # type: ignore[arg-type]
                                  forks=self.forks)
 
-    def load_inventory(self) -> Any:
+    def load_inventory(self, *, require_replica: bool = False) -> Any:
         """Load and validate the inventory (and ``--limit``) before any connection is opened.
 
+        Args:
+            require_replica: refuse an inventory without a replica (commands that act on one).
+
         Raises:
-            InventoryError: invalid inventory, extra vars or limit pattern.
+            InventoryError: invalid inventory, extra vars or limit pattern; no replica.
         """
-        from vllm_provision.inventory import load_inventory, select_hosts
+        from vllm_provision.inventory import load_inventory, require_replicas, select_hosts
 
         inventory = load_inventory(self.inventory, self.extra_vars or None)
+        if require_replica:
+            require_replicas(inventory)
         if self.limit:
             select_hosts(inventory, self.limit)
         return inventory

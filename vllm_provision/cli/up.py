@@ -35,11 +35,10 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     from vllm_provision.runner.engine import Runner, RunOptions
 
     overrides = dict(extra_vars or {})
-    if skip_checks:
-        overrides["vllm_skip_checks"] = list(skip_checks)
+    overrides.update(skip_check_vars(skip_checks))
     if overrides:
         opts = replace(opts, extra_vars={**(opts.extra_vars or {}), **overrides})
-    inventory = opts.load_inventory()
+    inventory = opts.load_inventory(require_replica=True)
     reporter = report.HumanReporter(sys.stderr if opts.json else sys.stdout,
                                     diff_mode=opts.diff, verbosity=opts.verbosity)
     runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
@@ -66,6 +65,13 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
                    f"{' (already serving)' if extra.get('already_serving') else ''}; "
                    f"time to first token: {extra.get('ttft_s')} s")
     return report.exit_code(summary, check_mode=opts.check)
+
+
+def skip_check_vars(skip_checks: tuple[str, ...]) -> dict[str, Any]:
+    """The extra variables that carry ``--skip-check NAME ...`` to the preflight task:
+    ``skip_checks``, which ``modules/vllm_preflight.py`` adds to the task's own list and to the
+    inventory's ``preflight_skip_checks`` (so neither replaces the other)."""
+    return {"skip_checks": list(skip_checks)} if skip_checks else {}
 
 
 def _record_good_up(inventory: Any, runner: Any) -> dict[str, str]:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllm_provision.models import Inventory
-from vllm_provision.variables import MASK, MIN_SECRET_LENGTH, is_secret_name
+from vllm_provision.variables import MASK, is_secret_name
 
 # Shorter secrets would mask ordinary words in the output: vllm_provision.variables refuses a
 # shorter vllm_api_key (check_secret); other secret-named values (vllm_env: {HF_TOKEN: ...}) that
