@@ -98,9 +98,10 @@ def _record_good_up(inventory: Any, runner: Any, factory: Any = None) -> dict[st
             inventory, runner.facts, load_playbook(PLAYBOOKS / "up.yml"),
             runner.options.connection, factory))}
     except ProvisionError as exc:
-        click.echo(f"warning: the state record for `provision drift` was not written: {exc}",
+        text = runner.masker.text(exc.render())
+        click.echo(f"warning: the state record for `provision drift` was not written: {text}",
                    err=True)
-        return {"state_record_error": exc.render()}
+        return {"state_record_error": text}
 
 
 @click.command("up")
