@@ -465,6 +465,32 @@ class HostConnection:
             raise command_failed(self.name, command, result)
         return result
 
+    def start(self, command: str, *, sudo: bool | None = None, timeout_s: float = 30.0) -> Any:
+        """Start ``command`` on a new channel of this connection and return the paramiko
+        channel without waiting for it: for a process that must live as long as the run (the
+        run lock's holder, ``vllm_provision.runlock``). The caller reads, writes and closes it.
+
+        Raises:
+            UnreachableError: the connection is down.
+        """
+        use_sudo = self.become if sudo is None else sudo
+        line = sudo_wrap(command, self.host.become_user) if use_sudo else command
+        with self._lock:
+            if self._broken is not None:
+                raise UnreachableError.single(self.name, self._broken)
+            if self._fabric is None:
+                self.open()
+            try:
+                transport = self._fabric.client.get_transport()
+                if transport is None or not transport.is_active():
+                    raise EOFError("SSH transport closed")
+                channel = transport.open_session(timeout=timeout_s)
+                channel.exec_command(line)
+            except Exception as exc:  # paramiko.SSHException, OSError, EOFError
+                raise UnreachableError.single(
+                    self.name, f"connection to {self._address_label()} lost: {exc}") from None
+        return channel
+
     def _exec(self, line: str, stdin: str | bytes | None, limit: float) -> CommandResult:
         started = time.monotonic()
         deadline = started + limit

@@ -42,6 +42,7 @@ from vllm_provision.errors import ProvisionError
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.models import EngineArgs, Inventory
 from vllm_provision.modules import STATE_DIR, quote
+from vllm_provision.runner.masking import Masker
 
 SCHEMA = 1
 HOST_STATE_FILE = f"{STATE_DIR}/state.json"
@@ -339,7 +340,8 @@ def managed_files(inventory: Inventory, plays: Sequence[Any],
 
 
 def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
-                    plays: Sequence[Any], connection_options: Any) -> Path:
+                    plays: Sequence[Any], connection_options: Any,
+                    factory: Callable[[Any], Any] | None = None) -> Path:
     """After a verified ``provision up``: hash the installed files on every node (one round trip
     each), then write the record on every node and on the controller; return the controller path.
 
@@ -348,6 +350,7 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         facts: the facts preflight gathered (``Runner.facts``).
         plays: the playbook's plays (the install plays among them name the files).
         connection_options: ``connection.ConnectionOptions``.
+        factory: builds each host's connection (the run's own, lent by the run lock).
 
     Raises:
         ProvisionError: a node could not be reached or written, or the controller's copy failed.
@@ -357,7 +360,7 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
     chosen = install_plays(plays)
     files = managed_files(inventory, chosen)
     hosts = [node.host for replica in inventory.replicas for node in replica.nodes]
-    connections, errors = open_connections(hosts, connection_options)
+    connections, errors = open_connections(hosts, connection_options, factory)
     problems: list[Any] = [p for exc in errors.values() for p in exc.problems]
     try:
         hashes: dict[str, dict[str, str]] = {}
@@ -365,7 +368,9 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
             paths = sorted(set((files.get(name) or {}).values()))
             result = conn.run(hash_files_script(paths))
             hashes[name] = parse_hashes(result.stdout)
-        record = build_record(inventory, facts, hashes)
+        # The record holds no secret by construction; mask anyway, in every encoding, in case
+        # a secret reached a recorded value (a fact, an argument).
+        record = Masker.from_inventory(inventory).data(build_record(inventory, facts, hashes))
         path, write_errors = save_record(inventory, record, connections)
         problems += [p for exc in write_errors.values() for p in exc.problems]
     finally:

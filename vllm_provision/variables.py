@@ -86,6 +86,19 @@ def check_owned_dirs_list(value: list[str]) -> str | None:
     return None
 
 
+# The shortest secret accepted: a shorter one is easy to guess, and the masker, which replaces
+# every occurrence of a secret in the output, would also hide ordinary words that equal it.
+MIN_SECRET_LENGTH = 8
+
+
+def check_secret(value: str) -> str | None:
+    """Return why ``value`` cannot be a secret (shorter than MIN_SECRET_LENGTH), or None."""
+    if len(value) < MIN_SECRET_LENGTH:
+        return (f"a secret of at least {MIN_SECRET_LENGTH} characters (a shorter one is easy "
+                "to guess; e.g. generate one with: openssl rand -hex 16)")
+    return None
+
+
 @dataclass(frozen=True)
 class Variable:
     """One inventory variable we read.
@@ -202,7 +215,8 @@ _TABLE: tuple[Variable, ...] = (
              "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, nor options "
              "that have a variable here.", "[--max-num-seqs, '64']", engine_field="extra_args"),
     Variable("vllm_api_key", str, None, "API key clients must send (`VLLM_API_KEY` in the 0600 "
-             "env file, never in the unit or output).", "s3cr3t", secret=True,
+             "env file, never in the unit or output); at least 8 characters.",
+             "s3cr3t-k3y-0f-32-chars", secret=True, check=check_secret,
              engine_field="api_key"),
     Variable("vllm_env", dict, {}, "More environment for the vLLM unit (env file); values "
              "whose name contains token/password/secret/key are masked.",

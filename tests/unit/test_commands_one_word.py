@@ -97,7 +97,7 @@ def test_wait_for_passes_the_address_as_its_own_word(tmp_path: Path) -> None:
             scripts.append(script)
             return SimpleNamespace(ok=True, exit_code=0, stdout="", stderr="")
 
-    ctx = SimpleNamespace(host=SimpleNamespace(address="10.0.0.1"), conn=Conn())
+    ctx = SimpleNamespace(host=SimpleNamespace(address="10.0.0.1"), conn=Conn(), check_mode=False)
     wait_for.run(ctx, {"port": 29501, "host": "fe80::1%eth0", "timeout": 1})
     words = shlex.split(scripts[0])
     inner = words[words.index("-c") + 1]
@@ -110,7 +110,7 @@ def test_wait_for_passes_the_address_as_its_own_word(tmp_path: Path) -> None:
 def test_wait_for_refuses_an_address_that_is_not_one(address: str) -> None:
     from vllm_provision.errors import ProvisionError
 
-    ctx = SimpleNamespace(host=SimpleNamespace(address="10.0.0.1"), conn=None)
+    ctx = SimpleNamespace(host=SimpleNamespace(address="10.0.0.1"), conn=None, check_mode=False)
     with pytest.raises(ProvisionError, match="invalid address"):
         wait_for.run(ctx, {"port": 29501, "host": address, "timeout": 1})
 
@@ -126,7 +126,8 @@ def test_the_wait_for_script_runs_under_sh() -> None:
             return SimpleNamespace(ok=result.returncode == 0, exit_code=result.returncode,
                                    stdout=result.stdout, stderr=result.stderr)
 
-    ctx = SimpleNamespace(host=SimpleNamespace(address="127.0.0.1"), conn=Conn())
+    ctx = SimpleNamespace(host=SimpleNamespace(address="127.0.0.1"), conn=Conn(),
+                          check_mode=False)
     result = wait_for.run(ctx, {"port": 9, "host": "127.0.0.1", "state": "stopped",
                                 "timeout": 2})
     assert str(result.status) in ("ok", "Status.OK"), result.message

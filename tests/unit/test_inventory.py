@@ -104,7 +104,7 @@ def test_single_host_ray_replica_defaults_rank_zero_and_converts_values() -> Non
     assert [(n.name, n.rank, n.host_ip) for n in replica.nodes] == [("g1", 0, "2001:db8::11")]
     assert replica.engine.api_port == 8100
     assert replica.engine.extra_args == ("--max-num-seqs", "64", "--enforce-eager")
-    assert replica.engine.api_key == "sk-test"
+    assert replica.engine.api_key == "sk-test-key"
     assert replica.vars["vllm_env"] == {"HF_TOKEN": "hf_abc", "NCCL_DEBUG": "WARN",
                                         "VLLM_USE_V1": "1"}
 

@@ -6,14 +6,17 @@ message fragment, the key path and the value the problem must name.
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from vllm_provision.errors import InventoryError
-from vllm_provision.inventory import load_inventory, select_hosts
+from vllm_provision.cli.options import parse_extra_vars
+from vllm_provision.errors import InventoryError, ProvisionError
+from vllm_provision.inventory import load_inventory, require_replicas, select_hosts, yaml_limits
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "inventories" / "bad"
 EXPECTED: dict[str, dict[str, Any]] = yaml.safe_load((BAD / "expected.yml").read_text())
@@ -21,16 +24,39 @@ EXPECTED: dict[str, dict[str, Any]] = yaml.safe_load((BAD / "expected.yml").read
 
 def _inventory_path(case: str, spec: dict[str, Any]) -> Path:
     if "inventory" in spec:
-        return BAD / spec["inventory"]
+        return BAD / spec["inventory"]  # an absolute path (/dev/zero) stays as it is
     path = BAD / case
     return path / "inventory.yml" if path.is_dir() else path
 
 
-def _error_for(case: str, spec: dict[str, Any]) -> InventoryError:
-    path = _inventory_path(case, spec)
-    with pytest.raises(InventoryError) as caught:
-        inventory = load_inventory(path, spec.get("extra_vars"))
+def _special_file(kind: str, folder: Path) -> Path:
+    """A file git cannot hold: a FIFO (must not hang), or a file over the size cap (sparse)."""
+    path = folder / f"{kind}.yml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge":
+        with path.open("wb") as handle:
+            handle.truncate(yaml_limits.MAX_BYTES + 1)
+    return path
+
+
+def _extra_vars(spec: dict[str, Any], special: Path | None) -> dict[str, Any] | None:
+    """``extra_vars`` as parsed values, or ``extra_args``: raw ``-e`` words parsed as the CLI
+    does (``@name`` relative to this folder, ``@SPECIAL`` for the special file)."""
+    raw = [word.replace("@SPECIAL", f"@{special}") if special else word
+           for word in spec.get("extra_args", ())]
+    raw = [f"@{BAD / word[1:]}" if word.startswith("@") and not word.startswith("@/") else word
+           for word in raw]
+    return parse_extra_vars(raw) if raw else spec.get("extra_vars")
+
+
+def _error_for(case: str, spec: dict[str, Any], tmp_path: Path) -> ProvisionError:
+    special = _special_file(spec["special"], tmp_path) if "special" in spec else None
+    path = special if special and "extra_args" not in spec else _inventory_path(case, spec)
+    with pytest.raises(ProvisionError) as caught:
+        inventory = load_inventory(path, _extra_vars(spec, special))
         select_hosts(inventory, spec["pattern"]) if "pattern" in spec else None
+        require_replicas(inventory)
     return caught.value
 
 
@@ -41,13 +67,17 @@ def test_every_bad_case_has_an_expectation() -> None:
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
-def test_bad_inventory_names_file_key_and_value(case: str) -> None:
+def test_bad_inventory_names_file_key_and_value(case: str, tmp_path: Path) -> None:
     spec = EXPECTED[case]
-    error = _error_for(case, spec)
+    started = time.monotonic()
+    error = _error_for(case, spec, tmp_path)
+    elapsed = time.monotonic() - started
     text = error.render()
+    assert elapsed < 2.0, f"{case} took {elapsed:.1f} s to refuse"
     assert len(error.problems) == spec.get("problems", 1), text
     assert spec["message"] in text
-    if "pattern" not in spec and "extra_vars" not in spec:
+    if not {"pattern", "extra_vars", "extra_args", "special"} & set(spec) and not str(
+            spec.get("inventory", "")).startswith("/"):
         # The file named is the inventory or, for folder cases, a file inside the case folder.
         named = _inventory_path(case, spec) if "inventory" in spec else BAD / case
         assert all(p.where.startswith(str(named)) for p in error.problems), text

@@ -68,9 +68,10 @@ def command(inventory_path: Path, as_json: bool, skip: tuple[str, ...], limit: s
     """
     from vllm_provision.checks.run import has_errors, load_defaults, run_checks, settings_for
     from vllm_provision.facts.collect import collect_facts
-    from vllm_provision.inventory import load_inventory, select_hosts
+    from vllm_provision.inventory import load_inventory, require_replicas, select_hosts
 
     inventory = load_inventory(inventory_path)
+    require_replicas(inventory)
     replicas = list(inventory.replicas)
     if limit:
         wanted = {host.name for host in select_hosts(inventory, limit)}

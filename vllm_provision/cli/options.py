@@ -19,6 +19,7 @@ import click
 import yaml
 
 from vllm_provision.errors import ProvisionError
+from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.source import load_yaml_data
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,21 +41,34 @@ def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:
         if raw.startswith("@"):
             path = Path(raw[1:]).expanduser()
             try:
-                data = load_yaml_data(path.read_text(encoding="utf-8"))
+                data = load_yaml_data(yaml_limits.read_regular_file(path, "-e @file"))
+            except yaml_limits.LimitError as exc:
+                raise ProvisionError.single(exc.where(path) if exc.line else where,
+                                            exc.message if exc.line else f"{exc.message} ({path})",
+                                            fix=exc.fix) from None
+            except UnicodeDecodeError:
+                raise ProvisionError.single(where, f"{path} is not UTF-8 text",
+                                            fix="give a YAML file of variables") from None
             except OSError as exc:
-                raise ProvisionError.single(where, f"cannot read {path}: {exc.strerror}") \
-                    from None
+                raise ProvisionError.single(where, f"cannot read {path}: {exc.strerror}",
+                                            fix="check the path after @") from None
             except yaml.YAMLError as exc:
-                raise ProvisionError.single(where, f"YAML error in {path}: {exc}") from None
+                raise ProvisionError.single(where, f"YAML error in {path}: {_one_line(exc)}",
+                                            fix="correct the YAML at that line") from None
             if not isinstance(data, dict):
                 raise ProvisionError.single(where, f"{path} must hold a mapping",
-                                            actual=type(data).__name__)
+                                            actual=type(data).__name__,
+                                            fix="write 'name: value' lines") from None
             merged.update(data)
         elif raw.lstrip().startswith("{"):
             try:
                 data = load_yaml_data(raw)
+            except yaml_limits.LimitError as exc:
+                raise ProvisionError.single(where, exc.message, fix=exc.fix) from None
             except yaml.YAMLError as exc:
-                raise ProvisionError.single(where, f"invalid YAML/JSON mapping: {exc}") from None
+                raise ProvisionError.single(where, f"invalid YAML/JSON mapping: {_one_line(exc)}",
+                                            fix="write a mapping such as '{\"name\": 1}'") \
+                    from None
             if not isinstance(data, dict):
                 raise ProvisionError.single(where, "must be a mapping")
             merged.update(data)
@@ -66,6 +80,11 @@ def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:
                                             actual=raw)
             merged[key.strip()] = value
     return merged
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    """A PyYAML error on one line (its text spans several, with a quoted excerpt)."""
+    return " ".join(str(error).split())
 
 
 @dataclass(frozen=True)
@@ -128,15 +147,20 @@ class CommonOptions:
                                  host_key_policy=self.host_key_policy,  # type: ignore[arg-type]
                                  forks=self.forks)
 
-    def load_inventory(self) -> Any:
+    def load_inventory(self, *, require_replica: bool = False) -> Any:
         """Load and validate the inventory (and ``--limit``) before any connection is opened.
 
+        Args:
+            require_replica: refuse an inventory without a replica (commands that act on one).
+
         Raises:
-            InventoryError: invalid inventory, extra vars or limit pattern.
+            InventoryError: invalid inventory, extra vars or limit pattern; no replica.
         """
-        from vllm_provision.inventory import load_inventory, select_hosts
+        from vllm_provision.inventory import load_inventory, require_replicas, select_hosts
 
         inventory = load_inventory(self.inventory, self.extra_vars or None)
+        if require_replica:
+            require_replicas(inventory)
         if self.limit:
             select_hosts(inventory, self.limit)
         return inventory

@@ -35,17 +35,22 @@ def run_play(opts: CommonOptions, playbook: Path, roles_paths: tuple[Path, ...] 
     Raises:
         ProvisionError: invalid inventory, limit or playbook (rendered by the CLI's main).
     """
-    from vllm_provision import report
+    from vllm_provision import report, runlock
     from vllm_provision.runner import Runner, RunOptions, load_playbook
 
     inventory = opts.load_inventory()
     plays = load_playbook(playbook, roles_paths)
     stream = sys.stderr if opts.json else sys.stdout
     reporter = report.HumanReporter(stream, diff_mode=opts.diff, verbosity=opts.verbosity)
-    runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
-                                          limit=opts.limit, roles_paths=roles_paths,
-                                          connection=opts.connection_options()), reporter)
-    outcome = runner.run_plays(plays)
+    connection = opts.connection_options()
+    with runlock.locked_run(runlock.hosts_of_plays(inventory, plays, opts.limit), connection,
+                            "play", warn=lambda line: click.echo(f"warning: {line}",
+                                                                 err=True)) as factory:
+        runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
+                                              limit=opts.limit, roles_paths=roles_paths,
+                                              connection=connection), reporter,
+                        connection_factory=factory)
+        outcome = runner.run_plays(plays)
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
                                duration_s=outcome.duration_s, extra={**outcome.extra,
                                                                      **(extra or {})})

@@ -26,34 +26,45 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         extra_vars: more extra variables from the command's own flags (``purge``).
         skip_checks: preflight checks to skip (``--skip-check``).
 
+    The run holds the run lock on every host it may touch (``vllm_provision.runlock``), the
+    state record included.
+
     Raises:
         ProvisionError: invalid inventory or playbook (nothing was changed then).
+        RunLockError: another run holds a host's lock (nothing was changed).
     """
-    from vllm_provision import report
+    from vllm_provision import report, runlock
     from vllm_provision.runner.engine import Runner, RunOptions
+    from vllm_provision.runner.playbook import load_playbook
 
     overrides = dict(extra_vars or {})
-    if skip_checks:
-        overrides["vllm_skip_checks"] = list(skip_checks)
+    overrides.update(skip_check_vars(skip_checks))
     if overrides:
         opts = replace(opts, extra_vars={**(opts.extra_vars or {}), **overrides})
-    inventory = opts.load_inventory()
+    inventory = opts.load_inventory(require_replica=True)
+    plays = load_playbook(resources.playbook(name))
     reporter = report.HumanReporter(sys.stderr if opts.json else sys.stdout,
                                     diff_mode=opts.diff, verbosity=opts.verbosity)
-    runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
-                                          limit=opts.limit,
-                                          connection=opts.connection_options()), reporter)
-    outcome = runner.run_playbook(resources.playbook(name))
     extra: dict[str, Any] = {}
-    for result in outcome.results:
-        if result.data and result.task.startswith(("Wait until rank 0", "Send one completion")):
-            extra.update({k: v for k, v in result.data.items()
-                          if k in ("completion", "served_model", "ttft_s", "completion_s",
-                                   "start_to_serving_s", "start_to_serving_reason",
-                                   "vllm_version", "already_serving")})
-    if (name == "up" and not opts.check and not opts.limit and "completion" in extra
-            and not any(r.failed for r in outcome.results)):
-        extra.update(_record_good_up(inventory, runner))
+    connection = opts.connection_options()
+    with runlock.locked_run(runlock.hosts_of_plays(inventory, plays, opts.limit), connection,
+                            name, warn=lambda line: click.echo(f"warning: {line}",
+                                                               err=True)) as factory:
+        runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
+                                              limit=opts.limit, connection=connection),
+                        reporter, connection_factory=factory)
+        outcome = runner.run_plays(plays)
+        for result in outcome.results:
+            if result.data and result.task.startswith(("Wait until rank 0",
+                                                       "Send one completion")):
+                extra.update({k: v for k, v in result.data.items()
+                              if k in ("completion", "served_model", "ttft_s", "completion_s",
+                                       "start_to_serving_s", "start_to_serving_reason",
+                                       "vllm_version",
+                                       "already_serving")})
+        if (name == "up" and not opts.check and not opts.limit and "completion" in extra
+                and not any(r.failed for r in outcome.results)):
+            extra.update(_record_good_up(inventory, runner, factory))
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
                                duration_s=outcome.duration_s, extra=extra)
     reporter.recap(summary)
@@ -84,7 +95,14 @@ def serving_line(extra: dict[str, Any]) -> str:
             f"time to first token: {seconds(extra.get('ttft_s'))}")
 
 
-def _record_good_up(inventory: Any, runner: Any) -> dict[str, str]:
+def skip_check_vars(skip_checks: tuple[str, ...]) -> dict[str, Any]:
+    """The extra variables that carry ``--skip-check NAME ...`` to the preflight task:
+    ``skip_checks``, which ``modules/vllm_preflight.py`` adds to the task's own list and to the
+    inventory's ``preflight_skip_checks`` (so neither replaces the other)."""
+    return {"skip_checks": list(skip_checks)} if skip_checks else {}
+
+
+def _record_good_up(inventory: Any, runner: Any, factory: Any = None) -> dict[str, str]:
     """Write the state record of a verified `up` for `provision drift` (vllm_provision.state);
     return ``state_record`` (controller path) or ``state_record_error`` (also on stderr)."""
     from vllm_provision import state
@@ -94,11 +112,12 @@ def _record_good_up(inventory: Any, runner: Any) -> dict[str, str]:
     try:
         return {"state_record": str(state.record_after_up(
             inventory, runner.facts, load_playbook(resources.playbook("up")),
-            runner.options.connection))}
+            runner.options.connection, factory))}
     except ProvisionError as exc:
-        click.echo(f"warning: the state record for `provision drift` was not written: {exc}",
+        text = runner.masker.text(exc.render())
+        click.echo(f"warning: the state record for `provision drift` was not written: {text}",
                    err=True)
-        return {"state_record_error": exc.render()}
+        return {"state_record_error": text}
 
 
 @click.command("up")

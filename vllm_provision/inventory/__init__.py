@@ -5,7 +5,7 @@ or raises one :class:`~vllm_provision.errors.InventoryError` listing every probl
 ``select_hosts(inventory, pattern)`` resolves an Ansible host pattern (``--limit``, ``hosts:``).
 """
 
-from vllm_provision.inventory.loader import load_inventory
+from vllm_provision.inventory.loader import load_inventory, require_replicas
 from vllm_provision.inventory.patterns import select_hosts
 
-__all__ = ["load_inventory", "select_hosts"]
+__all__ = ["load_inventory", "require_replicas", "select_hosts"]

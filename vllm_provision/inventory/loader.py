@@ -146,6 +146,28 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
                      extra_vars=plain(extra))
 
 
+def require_replicas(inventory: Inventory) -> None:
+    """Refuse an inventory that defines no replica, for the commands that act on replicas
+    (``check``, ``up``, ``restart``, ``down``): they would otherwise check and change nothing and
+    still exit 0. ``facts``, ``status`` and ``play`` work on any host and do not call this.
+
+    Raises:
+        InventoryError: no child group of ``vllm_replicas`` with hosts.
+    """
+    if inventory.replicas:
+        return
+    present = REPLICAS_GROUP in inventory.groups
+    problems = Problems()
+    problems.add(f"{inventory.path}: all.children.{REPLICAS_GROUP}" if present else
+                 str(inventory.path),
+                 f"the inventory defines no replica: {REPLICAS_GROUP} "
+                 + ("has no child group" if present else "is missing"),
+                 expected=f"one child group of {REPLICAS_GROUP} per replica, holding its hosts",
+                 fix=f"add all.children.{REPLICAS_GROUP}.children.<replica>.hosts (see "
+                     "inventory/example-2x4-mp.yml)")
+    problems.raise_if_any()
+
+
 def _with_groups(host: Host, groups: tuple[str, ...]) -> Host:
     from dataclasses import replace
 

@@ -34,8 +34,33 @@ VARIABLE_OPTIONS = {
     "-pp": "vllm_pipeline_parallel_size",
     "--max-model-len": "vllm_max_model_len", "--served-model-name": "vllm_served_model_name",
     "--host": "vllm_api_host", "--port": "vllm_api_port", "--master-port": "vllm_master_port",
-    "--api-key": "vllm_api_key", "--model": "vllm_model",
+    "--model": "vllm_model",
 }
+
+
+# Options whose value is a secret: in vllm_extra_args it would land in the 0644 unit file, in
+# `ps` output and in the state record. argparse (which `vllm serve` uses) also accepts any
+# unambiguous prefix of a long option (allow_abbrev, Python's argparse docs), so a prefix down
+# to the shortest one that no other vLLM option shares is refused too (`--api` and `--api-` are
+# shared with --api-server-count, `--hf-` with --hf-overrides and --hf-config-path).
+SECRET_OPTIONS = {
+    "--api-key": ("--api-k", "vllm_api_key (written to the 0600 env file as VLLM_API_KEY)"),
+    "--hf-token": ("--hf-t", "vllm_env: {HF_TOKEN: ...} (written to the 0600 env file)"),
+}
+
+
+def secret_option(option: str) -> str | None:
+    """Return the secret-bearing option that ``option`` spells (itself, its ``_`` form or an
+    abbreviation argparse would accept), or None.
+
+    Args:
+        option: a word of ``vllm_extra_args`` up to any ``=`` (``--api-key``, ``--api_k``).
+    """
+    normalized = "--" + option[2:].replace("_", "-") if option.startswith("--") else option
+    for full, (shortest, _variable) in SECRET_OPTIONS.items():
+        if len(normalized) >= len(shortest) and full.startswith(normalized):
+            return full
+    return None
 
 
 def _replica_scope() -> list[str]:
@@ -84,7 +109,17 @@ def _check_extra_args(args: list[str], origin: Origin | None, backend: Any,
         if not word.startswith("-"):
             continue
         place = origin.child(index).where if origin else where
-        if normalized in RENDERED_OPTIONS:
+        secret = secret_option(option)
+        if secret is not None:
+            variable = SECRET_OPTIONS[secret][1]
+            problems.add(place, f"vllm_extra_args must not contain {option}: its value is a "
+                         f"secret, and vllm_extra_args is written to the world-readable unit "
+                         "file and shown in output",
+                         actual=option + (" ********" if "=" in word or index + 1 < len(args)
+                                          else ""),
+                         fix=f"remove {option} and its value from vllm_extra_args and set "
+                             f"{variable} instead")
+        elif normalized in RENDERED_OPTIONS:
             ray_note = (" With vllm_backend: ray, vLLM rejects --nnodes > 1 (\"nnodes > 1 can "
                         "only be set when distributed executor backend is mp\", "
                         "vllm/config/parallel.py)." if backend == "ray" else "")

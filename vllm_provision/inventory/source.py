@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from vllm_provision.errors import InventoryError, Problem
+from vllm_provision.inventory import yaml_limits
 
 KeyPath = tuple[str | int, ...]
 _PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -23,6 +24,8 @@ def render_key_path(path: KeyPath) -> str:
     for part in path:
         if isinstance(part, int):
             text += f"[{part}]"
+        elif not isinstance(part, str):  # a YAML key such as null or true
+            text += f"[{part!r}]"
         elif _PLAIN_KEY_RE.match(part):
             text += f".{part}" if text else part
         else:
@@ -120,7 +123,7 @@ class YamlDocument:
         return Origin(self.path, key, line)
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml_limits.LimitsMixin, yaml.SafeLoader):
     """PyYAML's safe loader plus Ansible's ``!vault`` and ``!unsafe`` tags."""
 
 
@@ -223,7 +226,10 @@ def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | No
         the document, or None when it could not be used (a problem was recorded).
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = yaml_limits.read_regular_file(path, what)
+    except yaml_limits.LimitError as exc:
+        problems.add(str(path), exc.message, fix=exc.fix)
+        return None
     except FileNotFoundError:
         problems.add(str(path), f"the {what} file does not exist",
                      fix="check the path given with -i (relative paths are relative to the "
@@ -244,15 +250,26 @@ def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | No
                      fix="provision cannot decrypt Vault files; decrypt it "
                          "(ansible-vault decrypt) or move its variables elsewhere")
         return None
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
+    except yaml_limits.LimitError as exc:
+        problems.add(exc.where(path), exc.message, fix=exc.fix)
+        return None
+    except yaml.reader.ReaderError as exc:
+        line, column = yaml_limits.reader_error_position(text, exc)
+        problems.add(f"{path}:{line}:{column}", "the file holds "
+                     f"{yaml_limits.describe_reader_error(exc)}, which YAML does not allow",
+                     fix="remove the character (is this a binary file?)")
+        return None
     except yaml.YAMLError as exc:
         _syntax_problem(path, exc, problems)
         return None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if data is None:
         problems.add(str(path), f"the {what} file is empty",
                      expected="a YAML mapping" + (" with a top-level 'all:' group"

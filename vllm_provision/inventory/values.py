@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from vllm_provision import kinds, variables
+from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.source import Problems, Setting, UnsafeText, VaultValue
 from vllm_provision.quoting import find_control_chars
 from vllm_provision.variables import Variable
@@ -58,8 +59,8 @@ def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
         return _INVALID
     if from_command_line and isinstance(value, str):
         try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError:
+            value = yaml_limits.safe_load(value)
+        except (yaml.YAMLError, yaml_limits.LimitError):
             return _INVALID
     if var.type is list:
         if not isinstance(value, list):

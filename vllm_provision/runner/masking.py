@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from jinja2.utils import htmlsafe_json_dumps
 
 from vllm_provision.models import Inventory
 from vllm_provision.variables import MASK, is_secret_name
 
-# Shorter secrets would mask ordinary words in the output; vllm_provision.variables rejects them.
+# Shorter secrets would mask ordinary words in the output: vllm_provision.variables refuses a
+# shorter vllm_api_key (check_secret); other secret-named values (vllm_env: {HF_TOKEN: ...}) that
+# are shorter are still masked, down to this length.
 _MIN_SECRET_LENGTH = 4
 
 
@@ -21,9 +29,12 @@ class Masker:
     """
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        """Create a masker for ``secrets`` (strings shorter than 4 characters are ignored)."""
-        self.secrets = sorted({s for s in secrets if len(s) >= _MIN_SECRET_LENGTH},
-                              key=len, reverse=True)
+        """Create a masker for ``secrets`` (strings shorter than 4 characters are ignored).
+
+        Each secret is matched in every encoding it can take on its way to the output: see
+        :func:`encodings`.
+        """
+        self.secrets = _forms(secrets)
 
     @classmethod
     def from_inventory(cls, inventory: Inventory) -> Masker:
@@ -39,9 +50,7 @@ class Masker:
 
     def add(self, values: Iterable[str]) -> None:
         """Add more secret values (e.g. a role default marked secret)."""
-        self.secrets = sorted({*self.secrets, *(v for v in values
-                                                 if len(v) >= _MIN_SECRET_LENGTH)},
-                              key=len, reverse=True)
+        self.secrets = sorted({*self.secrets, *_forms(values)}, key=len, reverse=True)
 
     def text(self, value: str) -> str:
         """Return ``value`` with every secret replaced by ``********``."""
@@ -62,6 +71,46 @@ class Masker:
         if isinstance(value, (list, tuple)):
             return [self.data(v) for v in value]
         return value
+
+
+def encodings(secret: str) -> set[str]:
+    """Every form ``secret`` takes in what the tool writes or prints, the raw one included.
+
+    - JSON string bodies: ``json.dumps`` (``\\"``, ``\\\\``, ``\\uXXXX`` for non-ASCII),
+      the same without ``ensure_ascii``, and Jinja's ``tojson`` filter (``htmlsafe_json_dumps``:
+      also ``<`` ``>`` ``&`` ``'`` as ``\\u003c`` ...), which renders ``watchdog.json``;
+    - Python ``repr`` bodies (error messages show values with ``!r``), of the raw and JSON forms;
+    - POSIX shell: ``shlex.quote`` and the body it puts between single quotes;
+    - systemd: ``Exec*=`` words (``$$``, ``%%``, ``\\"``, ``\\\\``; systemd.service(5)) and
+      ``EnvironmentFile=`` values (``\\"``, ``\\\\``, ``\\$``, ``\\```; systemd.exec(5));
+    - URLs: percent-encoding (``urllib.parse.quote``, ``quote_plus``).
+    """
+    forms = {secret}
+    json_forms = {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
+                  str(htmlsafe_json_dumps(secret))[1:-1]}
+    forms |= json_forms
+    for form in (secret, *json_forms):
+        forms.add(repr(form)[1:-1])
+        # Inside a longer text, repr escapes whichever quote it delimits with.
+        escaped = form.replace("\\", "\\\\")
+        forms |= {escaped.replace("'", "\\'"), escaped.replace('"', '\\"')}
+    quoted = shlex.quote(secret)
+    forms |= {quoted, quoted[1:-1] if quoted.startswith("'") else quoted}
+    exec_word = secret.replace("%", "%%").replace("$", "$$")
+    forms |= {exec_word, exec_word.replace("\\", "\\\\").replace('"', '\\"')}
+    forms.add(re.sub(r'(["\\$`])', r"\\\1", secret))
+    forms |= {urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)}
+    return forms
+
+
+def _forms(secrets: Iterable[str]) -> list[str]:
+    """Every encoding of every secret long enough to mask, longest first (so a form that
+    contains another is replaced whole)."""
+    found: set[str] = set()
+    for secret in secrets:
+        if len(secret) >= _MIN_SECRET_LENGTH:
+            found |= {form for form in encodings(secret) if len(form) >= _MIN_SECRET_LENGTH}
+    return sorted(found, key=len, reverse=True)
 
 
 def secret_values(variables: Mapping[str, Any]) -> set[str]:

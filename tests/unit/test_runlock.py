@@ -1,0 +1,110 @@
+"""The run lock's holder script and protocol, run by a local bash (the lab tests run it over SSH).
+
+A fake connection starts the script as a local process whose pipes stand in for the SSH
+channel: the same flock(1), holder file and heartbeat rules apply.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from vllm_provision.runlock import Holder, RunLock, RunLockError
+
+
+class _Channel:
+    """The subset of a paramiko channel RunLock uses, over a local process's pipes."""
+
+    def __init__(self, command: str) -> None:
+        self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE)
+        self.status_event = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        self.process.wait()
+        self.status_event.set()
+
+    def settimeout(self, timeout: float) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        assert self.process.stdout is not None
+        return self.process.stdout.read1(size)
+
+    def sendall(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def shutdown_write(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+
+    def close(self) -> None:
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+        self.process.wait(10)
+
+    def drop(self) -> None:
+        """The connection dies: the holder's stdin ends without ``release``."""
+        self.close()
+
+
+class _Connection:
+    def __init__(self) -> None:
+        self.channels: list[_Channel] = []
+
+    def start(self, command: str, **kwargs: object) -> _Channel:
+        channel = _Channel(command)
+        self.channels.append(channel)
+        return channel
+
+
+def _acquire(tmp_path: Path, warnings: list[str] | None = None,
+             command: str = "up") -> tuple[RunLock, _Connection]:
+    conn = _Connection()
+    lock = RunLock.acquire({"h1": conn}, command, (warnings if warnings is not None else [])
+                           .append, state_dir=str(tmp_path))
+    return lock, conn
+
+
+def test_a_second_run_exits_at_once_naming_the_holder(tmp_path: Path) -> None:
+    first, _ = _acquire(tmp_path)
+    holder = Holder.parse((tmp_path / "run.lock.holder").read_text())
+    assert holder is not None and holder.command == "up" and holder.remote_pid > 0
+    with pytest.raises(RunLockError) as caught:
+        _acquire(tmp_path, command="restart")
+    text = caught.value.render()
+    assert caught.value.exit_code == 1
+    assert f"another run holds this host's run lock: {holder.describe()}" in text
+    assert f"PID {holder.pid}" in text and holder.controller in text and holder.started in text
+    first.release()
+    assert not (tmp_path / "run.lock.holder").exists()
+    again, _ = _acquire(tmp_path)  # released: the next run gets it, without a warning
+    again.release()
+
+
+def test_a_lock_whose_holder_vanished_is_taken_over_with_a_warning(tmp_path: Path) -> None:
+    lost, conn = _acquire(tmp_path)
+    conn.channels[0].drop()  # the controller died: the holder exits, its holder file stays
+    lost.channels.clear()
+    lost.release()
+    assert (tmp_path / "run.lock.holder").exists()
+    warnings: list[str] = []
+    lock, _ = _acquire(tmp_path, warnings)
+    assert len(warnings) == 1 and "took over a stale run lock" in warnings[0]
+    assert "provision up by" in warnings[0]
+    lock.release()
+
+
+def test_holder_lines_that_are_not_ours_are_unreadable_not_errors() -> None:
+    assert Holder.parse("") is None
+    assert Holder.parse("garbage\n12") is None
+    line = json.dumps({"controller": "c", "user": "u", "pid": 1, "started": "t",
+                       "command": "up"})
+    assert Holder.parse(f"{line}\n77\n") == Holder("c", "u", 1, "t", "up", 77)
