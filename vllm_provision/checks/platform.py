@@ -25,60 +25,61 @@ MIN_PYTHON = (3, 9)
 SOURCE = "README: Supported hosts (oldest stack proven in the lab: Debian 11)"
 
 
+def _at_least(check: str, node: Node, item: str, found: str | None,
+              minimum: tuple[int, ...], unknown: tuple[str, str], upgrade: str) -> list[Finding]:
+    """One version rule: ERROR below ``minimum``, WARNING when ``found`` is unknown, else OK.
+
+    Args:
+        check: the check's name (``platform.systemd``).
+        node: the node the version was read on.
+        item: what is compared (``"systemd version"``).
+        found: the version text as gathered (``"8.4p1"``, ``"247"``), or None when unread.
+        minimum: the oldest supported version as a tuple of ints.
+        unknown: (actual, fix) of the warning when ``found`` is None or has no number.
+        upgrade: the fix of the error when ``found`` is below ``minimum``.
+    """
+    expected = ">= " + ".".join(str(part) for part in minimum)
+    version = _version_tuple(found) if found else ()
+    if not version:
+        return [Finding(check, Severity.WARNING, node.name, item, expected=expected,
+                        actual=unknown[0], fix=unknown[1], source=SOURCE)]
+    if version[:len(minimum)] < minimum:
+        return [Finding(check, Severity.ERROR, node.name, item, expected=expected,
+                        actual=str(found), fix=upgrade, source=SOURCE)]
+    return [Finding(check, Severity.OK, node.name, item, expected=expected, actual=str(found))]
+
+
 def check_systemd(node: Node, facts: HostFacts) -> list[Finding]:
     """systemd on the host is at least :data:`MIN_SYSTEMD` (``systemctl --version``)."""
     found = facts.systemd_version
-    item = "systemd version"
-    expected = f">= {MIN_SYSTEMD}"
-    if found is None:
-        return [Finding("platform.systemd", Severity.WARNING, node.name, item, expected=expected,
-                        actual="unknown (systemctl --version printed no version)",
-                        fix=f"check `systemctl --version` on {node.name}", source=SOURCE)]
-    if found < MIN_SYSTEMD:
-        return [Finding("platform.systemd", Severity.ERROR, node.name, item, expected=expected,
-                        actual=str(found),
-                        fix=f"run {node.name} on a release with systemd >= {MIN_SYSTEMD} "
-                            "(Debian 11+, Ubuntu 22.04+, RHEL/Rocky 9+)", source=SOURCE)]
-    return [Finding("platform.systemd", Severity.OK, node.name, item, expected=expected,
-                    actual=str(found))]
+    return _at_least(
+        "platform.systemd", node, "systemd version", None if found is None else str(found),
+        (MIN_SYSTEMD,),
+        ("unknown (systemctl --version printed no version)",
+         f"check `systemctl --version` on {node.name}"),
+        f"run {node.name} on a release with systemd >= {MIN_SYSTEMD} "
+        "(Debian 11+, Ubuntu 22.04+, RHEL/Rocky 9+)")
 
 
 def check_openssh(node: Node, facts: HostFacts) -> list[Finding]:
     """The OpenSSH server is at least :data:`MIN_OPENSSH` (``sshd -V``)."""
-    found = facts.openssh_version
-    item = "OpenSSH server version"
-    expected = ">= {}.{}".format(*MIN_OPENSSH)
-    if found is None:
-        return [Finding("platform.openssh", Severity.WARNING, node.name, item, expected=expected,
-                        actual="unknown (no OpenSSH version from sshd -V)",
-                        fix=f"check `sshd -V` on {node.name}; other SSH servers are not proven",
-                        source=SOURCE)]
-    if _version_tuple(found) < MIN_OPENSSH:
-        return [Finding("platform.openssh", Severity.ERROR, node.name, item, expected=expected,
-                        actual=found,
-                        fix=f"upgrade openssh-server on {node.name} to {expected[3:]} or newer",
-                        source=SOURCE)]
-    return [Finding("platform.openssh", Severity.OK, node.name, item, expected=expected,
-                    actual=found)]
+    minimum = ".".join(str(part) for part in MIN_OPENSSH)
+    return _at_least(
+        "platform.openssh", node, "OpenSSH server version", facts.openssh_version, MIN_OPENSSH,
+        ("unknown (no OpenSSH version from sshd -V)",
+         f"check `sshd -V` on {node.name}; other SSH servers are not proven"),
+        f"upgrade openssh-server on {node.name} to {minimum} or newer")
 
 
 def check_python(node: Node, facts: HostFacts) -> list[Finding]:
     """The Python that runs vLLM (the venv's, else the host's python3) is at least
     :data:`MIN_PYTHON`."""
     found = facts.python_micro or facts.python_version.split(" ")[0]
-    item = f"Python version ({facts.python_path or 'python3'})"
-    expected = ">= {}.{}".format(*MIN_PYTHON)
-    if not found:
-        return [Finding("platform.python", Severity.WARNING, node.name, item, expected=expected,
-                        actual="unknown", fix=f"check the venv's python on {node.name}",
-                        source=SOURCE)]
-    if _version_tuple(found)[:2] < MIN_PYTHON:
-        return [Finding("platform.python", Severity.ERROR, node.name, item, expected=expected,
-                        actual=found,
-                        fix=f"rebuild the venv on {node.name} with Python {expected[3:]} or newer",
-                        source=SOURCE)]
-    return [Finding("platform.python", Severity.OK, node.name, item, expected=expected,
-                    actual=found)]
+    minimum = ".".join(str(part) for part in MIN_PYTHON)
+    return _at_least(
+        "platform.python", node, f"Python version ({facts.python_path or 'python3'})",
+        found or None, MIN_PYTHON, ("unknown", f"check the venv's python on {node.name}"),
+        f"rebuild the venv on {node.name} with Python {minimum} or newer")
 
 
 def check_platform(node: Node, facts: HostFacts) -> list[Finding]:
