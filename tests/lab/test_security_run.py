@@ -12,7 +12,8 @@ One module-scoped sequence, four ``provision`` runs in all:
    record, the hosts' /etc, /var/lib/vllm-provision and /run/vllm-provision, and the whole
    journal: only the 0600 files that must hold it (the env file, the watchdog's config) may.
 
-At the end the replica is put back with the lab's own inventory (no key).
+At the end the replica is taken down (``down``), as the module found the lab: later modules
+start vLLM stand-ins by hand on the same ports.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def outcome(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outc
         result.outputs["state_record"] = record.read_text() if record.exists() else ""
         yield result
     finally:
-        subprocess.run([PROVISION, "up", "-i", str(base)], capture_output=True, timeout=600,
+        subprocess.run([PROVISION, "down", "-i", str(base)], capture_output=True, timeout=600,
                        check=False)
 
 
