@@ -97,3 +97,14 @@ def test_parse_probe_output_reports_missing_nvidia_smi():
                                         "stderr": "nvidia-smi: command not found"}}}
     facts = parse_probe_output("h1", raw)
     assert facts.nvidia_smi_error == "nvidia-smi: command not found" and facts.gpus == ()
+
+
+def test_a_listener_that_exited_before_its_cgroup_was_read_holds_no_port():
+    # ss listed two listeners; pid 41's /proc entry was gone when the probe read its cgroup
+    # (null: a unit's old process during a restart), pid 42 is a foreign process in a session.
+    ss = ('LISTEN 0 128 0.0.0.0:29501 0.0.0.0:* users:(("python",pid=41,fd=5))\n'
+          'LISTEN 0 128 0.0.0.0:8000 0.0.0.0:* users:(("python",pid=42,fd=6))\n')
+    raw = {"ss": {"rc": 0, "stdout": ss},
+           "cgroups": {"41": None, "42": "0::/user.slice/user-0.slice/session-3.scope\n"}}
+    facts = parse_probe_output("h1", raw)
+    assert [(s.port, s.pid, s.unit) for s in facts.listening] == [(8000, 42, "session-3.scope")]

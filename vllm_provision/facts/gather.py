@@ -135,8 +135,12 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
         raw: the decoded JSON the probe printed.
     """
     problems = list(raw.get("errors", []))
-    cgroups = {int(pid): parsers.unit_from_cgroup(text)
-               for pid, text in (raw.get("cgroups") or {}).items()}
+    raw_cgroups = raw.get("cgroups") or {}
+    cgroups = {int(pid): parsers.unit_from_cgroup(text or "")
+               for pid, text in raw_cgroups.items()}
+    # A pid whose /proc entry was gone when the probe read its cgroup (null) had exited after
+    # `ss` listed its socket: a restarting unit's old process, not a holder of the port.
+    exited = {int(pid) for pid, text in raw_cgroups.items() if text is None}
 
     smi = raw.get("nvidia_smi") or {}
     query = smi.get("query_gpu") or {}
@@ -171,7 +175,7 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     probe_pid = raw.get("probe_pid")
     ss = raw.get("ss") or {}
     listening = [sock for sock in parsers.parse_ss_listening(ss.get("stdout", ""), cgroups)
-                 if sock.pid is None or sock.pid != probe_pid]
+                 if sock.pid is None or (sock.pid != probe_pid and sock.pid not in exited)]
     if ss.get("rc") not in (0, None):
         problems.append(f"ss -Hltnp failed: {ss.get('stderr', '').strip()}")
 

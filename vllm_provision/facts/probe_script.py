@@ -332,7 +332,9 @@ def main():
         first = line.split(",")[0].strip()
         if first.isdigit():
             cgroup_pids.add(int(first))
-    out["cgroups"] = dict((str(pid), read_text("/proc/%d/cgroup" % pid) or "")
+    # null: the process exited between `ss` and this read (a unit restarting), so it holds
+    # nothing any more (facts.gather drops its sockets)
+    out["cgroups"] = dict((str(pid), read_text("/proc/%d/cgroup" % pid))
                           for pid in sorted(cgroup_pids))
     for thread, _result, target in reach_threads:
         thread.join(float(target.get("timeout_s", 10)) + 2)
