@@ -150,3 +150,14 @@ def test_every_watchdog_knob_can_be_set_in_the_inventory(tmp_path: Path, name: s
     (tmp_path / "group_vars" / "llama.yml").write_text(yaml.safe_dump({name: value}))
     inventory = load_inventory(tmp_path / "inventory.yml")
     assert [inventory.hosts[h].vars[name] for h in ("h1", "h2")] == [value, value]
+
+
+def test_a_wrong_type_message_masks_a_secret_options_value_and_cuts_a_long_value():
+    from vllm_provision.inventory.values import SHOW_MAX_CHARS, show
+
+    text = show("vllm_extra_args", "--max-num-seqs 4 --api-key=k3y-v4lue-1 --api_k k3y-v4lue-2")
+    assert "k3y-v4lue" not in text and text.count(variables.MASK) == 2
+    assert "--max-num-seqs 4" in text
+    listed = show("vllm_extra_args", ["--hf-token", "hf_abcdefgh", "--port", 1])
+    assert "hf_abcdefgh" not in listed and "'--port', 1" in listed
+    assert len(show("vllm_model", "x" * 5000)) <= SHOW_MAX_CHARS + len("... (cut)")

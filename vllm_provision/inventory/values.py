@@ -24,12 +24,50 @@ _owned_dirs: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "provision_owned_dirs", default=())
 
 
+# The longest value a message repeats; a longer one is cut (an inventory value can be huge).
+SHOW_MAX_CHARS = 200
+
+
 def show(name: str, value: Any) -> str:
-    """Render ``value`` for a message, masked when ``name`` is a secret."""
+    """Render ``value`` for a message: masked when ``name`` is a secret, the value of a
+    secret-bearing option (``--api-key K``, ``--api-key=K``) masked wherever it is written as
+    text, and cut to :data:`SHOW_MAX_CHARS` characters."""
     if value is None:
         return "nothing (unset)"
     shown = variables.mask(name, value)
-    return repr(shown) if not isinstance(shown, str) or shown != variables.MASK else shown
+    if isinstance(shown, str) and shown == variables.MASK:
+        return shown
+    text = repr(_mask_secret_options(shown))
+    return text if len(text) <= SHOW_MAX_CHARS else text[:SHOW_MAX_CHARS] + "... (cut)"
+
+
+def _mask_secret_options(value: Any) -> Any:
+    """``value`` with the word after a secret-bearing option (and the part after its ``=``)
+    replaced by the mask, in a string of words or in a list of words."""
+    from vllm_provision.inventory.replicas import secret_option
+
+    if isinstance(value, str):
+        return " ".join(_mask_secret_options(value.split(" ")))
+    if not isinstance(value, list):
+        return value
+    out: list[Any] = []
+    hide_next = False
+    for word in value:
+        if hide_next:
+            out.append(variables.MASK)
+            hide_next = False
+            continue
+        text = str(word)
+        option, equals, _rest = text.partition("=")
+        if option.startswith("--") and secret_option(option) is not None:
+            if equals:
+                out.append(f"{option}={variables.MASK}")
+            else:
+                out.append(word)
+                hide_next = True
+            continue
+        out.append(word)
+    return out
 
 
 def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
