@@ -1,7 +1,7 @@
 """Readiness and the served completion: is the replica up, and does it answer a real request?
 
-Readiness is three signals together (shared/docs/domain.md, "Rendering and starting"): every unit
-of the replica is active, rank 0's ``/health`` is 200, and ``/v1/models`` lists the model. The
+Readiness is three signals together (vLLM's OpenAI-compatible server; docs/deploy.md): every
+unit of the replica is active, rank 0's ``/health`` is 200, and ``/v1/models`` lists the model. The
 HTTP port refuses connections until every node has loaded, so a refused connection means "still
 loading" -- unless a unit failed or is restarting, which ends the wait at once with that unit's
 journal. Verification is one real completion, streamed so the time to first token is measured,
@@ -185,7 +185,7 @@ def unit_problem(state: UnitState, baseline_restarts: int | None = None) -> str 
     (auto-restart)``: Restart= fired after an exit), inactive/deactivating (its process ended), or
     when its ``NRestarts`` grew since ``baseline_restarts`` (it crashed and came back between two
     polls). Rule source: systemd.service(5) ``Restart=``; a rank 0 that lost a peer exits 0 and
-    is restarted (lab-probe.md part 4, B.5).
+    is restarted (measured on vLLM 0.32.0: the table at the top of docs/recovery.md).
     """
     if state.load_state and state.load_state != "loaded":
         return f"is {state.load_state} (not installed)"

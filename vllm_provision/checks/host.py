@@ -47,8 +47,8 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts,
                                 own_units: Sequence[str]) -> list[Finding]:
     """No process outside our own units holds a GPU of the node.
 
-    The shared-pool failure (domain.md): one node sits on its GPUs waiting for the other node
-    while another job holds the GPUs there; vLLM then fails on memory or waits forever.
+    The shared-pool failure (docs/preflight.md): one node sits on its GPUs waiting for the other
+    node while another job holds the GPUs there; vLLM then fails on memory or waits forever.
     """
     uuids = {gpu.uuid: gpu.index for gpu in facts.gpus}
     foreign = [p for p in facts.gpu_processes if not (p.unit and p.unit in own_units)]
@@ -64,14 +64,14 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts,
                     actual=described + (" ..." if len(foreign) > 4 else ""),
                     fix=f"stop the other jobs on {node.name}'s GPUs (or reserve the node for "
                         "this replica) before starting",
-                    source="domain.md: shared-pool failure (GPUs held by another job)")]
+                    source="docs/preflight.md: GPUs held by another job")]
 
 
 def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Finding]:
     """The venv exists and holds vLLM (and Ray for the Ray backend).
 
     Source: gpustack #2415 (Ray workers without vLLM in their Python: ``No module named
-    'vllm'``); research-vllm.md §3.4 (Ray is no longer a vLLM dependency since ~0.18).
+    'vllm'``); vLLM's requirements/cuda.txt (Ray is no longer a vLLM dependency since ~0.18).
     """
     findings = []
     if not facts.venv_found:
@@ -91,7 +91,7 @@ def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Fi
                 "host.venv", Severity.ERROR, node.name, f"{package} in {venv}",
                 expected="installed", actual="not installed",
                 fix=f"install {package} in {venv} on {node.name}",
-                source="gpustack #2415; research-vllm.md §3.4"))
+                source="gpustack #2415; vLLM requirements/cuda.txt"))
     return findings
 
 

@@ -1,8 +1,8 @@
 """Network checks: cluster interface, VLLM_HOST_IP, routes, hostname, reachability and ports.
 
-Sources: vLLM docs ``serving/distributed_troubleshooting.md`` and research-vllm.md §7 (#1
-VLLM_HOST_IP vs the IP Ray registered, #3 Gloo/NCCL interface, #16 rendezvous unreachable,
-#17 EADDRINUSE).
+Sources: vLLM docs ``serving/distributed_troubleshooting.md`` and public vLLM reports:
+VLLM_HOST_IP vs the IP Ray registered (vllm #7815), the Gloo/NCCL interface, the rendezvous
+endpoint unreachable (vllm #14340), EADDRINUSE (vllm #15987).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def check_interface(node: Node, facts: HostFacts, interface_name: str | None) ->
             actual=", ".join(interface.addresses) or "no address",
             fix=f"set vllm_host_ip of {node.name} to the address of {interface.name}, or "
                 "vllm_cluster_interface to the interface holding it",
-            source="vllm #7815; research-vllm.md §7 #1"))
+            source="vllm #7815"))
     else:
         findings.append(Finding("network.host_ip", Severity.OK, node.name, "VLLM_HOST_IP",
                                 expected=f"on {interface.name}", actual=node.host_ip))
@@ -102,7 +102,7 @@ def check_routes(replica: Replica, facts: Mapping[str, HostFacts],
     """Traffic to each peer leaves through the cluster interface (warning otherwise).
 
     Source: NCCL docs "IP Network Interfaces" (an interface that is UP but cannot reach the
-    other node hangs init); research-vllm.md §7 #15.
+    other node hangs init); vLLM docs ``serving/distributed_troubleshooting.md``.
     """
     findings = []
     for node in replica.nodes:
@@ -184,10 +184,10 @@ def _owned(unit: str, own_units: Sequence[str]) -> bool:
 
 def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
                 own_units: Sequence[str], *, alternative: str = "choose another port",
-                source: str = "research-vllm.md §7 #17 (EADDRINUSE)") -> list[Finding]:
+                source: str = "vllm #15987, #39015 (EADDRINUSE)") -> list[Finding]:
     """Ports we will bind are free, or held by our own unit.
 
-    Source: research-vllm.md §7 #17 (EADDRINUSE on start: a stale process or a second
+    Source: vllm #15987 and #39015 (EADDRINUSE on start: a stale process or a second
     instance on master_port / 8000 / 6379).
 
     Args:

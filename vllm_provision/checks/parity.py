@@ -87,7 +87,7 @@ ITEMS: tuple[ParityItem, ...] = (
     ParityItem("nccl", "NCCL version", lambda f: f.nccl_version, _PIP_FIX,
                source="NVIDIA/nccl #354, #1328 (NCCL must match on every rank)"),
     ParityItem("ray", "Ray version", _package("ray"), _PIP_FIX.replace("{package}", "ray"),
-               ray_only=True, source="Ray: Version mismatch (ray #50511; research-vllm.md §7 #10)"),
+               ray_only=True, source="Ray: Version mismatch (ray #50511)"),
     ParityItem("python", "Python version", lambda f: f.python_micro or None,
                "rebuild {venv} on {host} with Python {want} (as on {master})",
                source="Ray compares Python to the patch level (ray #50511); pickles cross nodes"),
@@ -104,7 +104,7 @@ ITEMS: tuple[ParityItem, ...] = (
                source="vLLM docs parallelism_scaling.md (same model path); vllm #2289"),
     ParityItem("driver_branch", "NVIDIA driver branch", _driver_branch,
                "install the {want} driver branch on {host} (as on {master})",
-               source="research-vllm.md §6 (same branch; vllm #4114)"),
+               source="NCCL: every rank of a communicator runs the same version (vllm #4114)"),
     ParityItem("driver_patch", "NVIDIA driver version", lambda f: f.driver_version,
                "align the driver on {host} with {master} ({want}) at the next maintenance",
                source="vllm #4114 (patch differences are common; warn)"),
@@ -251,7 +251,8 @@ def check_driver_minimum(replica: Replica, facts: Mapping[str, HostFacts]) -> li
     """Each node's driver meets the minimum for torch's CUDA major (12.x >= 525, 13.x >= 580).
 
     Source: NVIDIA CUDA compatibility guide (minor-version compatibility table); vLLM >= 0.20
-    ships CUDA 13 wheels by default, so a 570 driver cannot run them (research-vllm.md §6).
+    ships CUDA 13 wheels by default, so a 570 driver cannot run them (vLLM's GPU installation
+    docs).
     """
     from vllm_provision.facts.parsers import cuda_major_of_build
 

@@ -127,7 +127,8 @@ def parse_smi_header(text: str) -> tuple[str | None, str | None]:
 
     Works on the plain ``nvidia-smi`` table header (all driver generations: the 515 series'
     narrow table, the 535+ wide one) and on ``nvidia-smi -q`` (``CUDA Version : 12.7``).
-    There is no documented ``--query-gpu`` field for the CUDA version (research-vllm.md §6).
+    There is no documented ``--query-gpu`` field for the CUDA version (``nvidia-smi
+    --help-query-gpu`` lists none), so the header's "CUDA Version" is the source.
 
     Returns:
         (driver version or None, CUDA version ``"12.8"`` or None).

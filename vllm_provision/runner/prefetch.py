@@ -1,4 +1,4 @@
-"""Batch the read-only commands of a play into one round trip per host (issue 4, item 6).
+"""Batch the read-only commands of a play into one round trip per host (docs/runner-contract.md).
 
 At the start of a play batch the runner asks each task's module for the exact read command its
 ``run`` would send first (``read_command(ctx, args)``), runs all of them on the host in ONE shell
