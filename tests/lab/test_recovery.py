@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lab_support
 import pytest
 
 pytestmark = pytest.mark.lab
@@ -138,14 +139,7 @@ class Replica:
             return None
 
     def complete(self) -> bool:
-        body = json.dumps({"model": self.model, "prompt": "Hello", "max_tokens": 4}).encode()
-        request = urllib.request.Request(self.base_url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return bool(response.status == 200 and json.loads(response.read())["choices"])
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            return False
+        return lab_support.complete(self.base_url, self.model)
 
     def watch(self, since: float, until_s: float) -> list[Sample]:
         """Poll ``/health`` (and a completion when it says 200) every 0.5 s until ``until_s``

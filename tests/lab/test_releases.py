@@ -17,13 +17,12 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lab_support
 import pytest
 
 pytestmark = pytest.mark.lab
@@ -80,14 +79,7 @@ class Release:
         return f"http://{self.lab.config.address(self.nodes[0])}:8000"
 
     def complete(self) -> bool:
-        body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 4}).encode()
-        request = urllib.request.Request(self.base_url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return bool(response.status == 200 and json.loads(response.read())["choices"])
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            return False
+        return lab_support.complete(self.base_url, MODEL)
 
     def invocation(self) -> str:
         """rank 0's vLLM InvocationID while it runs, else ""."""
