@@ -96,7 +96,7 @@ class Master:
             server.settimeout(min(remaining, 1.0))
             try:
                 sock, address = server.accept()
-            except TimeoutError:
+            except (socket.timeout, TimeoutError):  # noqa: UP041 (distinct before Python 3.10)
                 continue
             sock.settimeout(10)
             reader = sock.makefile("r")
@@ -137,7 +137,7 @@ class Master:
                     sock.settimeout(timeout_s)
                     _send(sock, {"step": self.steps})
                     _read_line(reader)
-                except TimeoutError as exc:
+                except (socket.timeout, TimeoutError) as exc:  # noqa: UP041 (Python 3.9)
                     message = watchdog_timeout_message(rank * self.config.local_world_size,
                                                        timeout_s)
                     log("ERROR", "ProcessGroupNCCL.cpp:1", message)
