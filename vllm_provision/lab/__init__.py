@@ -232,6 +232,8 @@ class Lab:
                 hosts are then removed again).
         """
         require_root("lab add")
+        if not names:
+            return
         if not self.is_up():
             raise LabError.single(f"lab {self.config.name}", "the lab is not up",
                                   fix="run `provision lab up` first")
