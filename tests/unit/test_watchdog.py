@@ -116,6 +116,64 @@ def test_one_way_binds_an_older_dependency_and_restarts_after_a_newer_one() -> N
     assert newer.action == "restart" and "started after" in newer.reason
 
 
+HEADLESS = wd.Rule("vllm.service", "h1", "vllm.service", True, "10.213.6.11", 29501)
+
+
+def test_a_headless_node_binds_rank0_only_after_joining_its_rendezvous() -> None:
+    """A headless unit restarted while rank 0's group had already formed with the node's
+    previous, still-stopping worker is not in that group: it waits (no binding), so that
+    group's failure does not restart it, and binds once its worker connected."""
+    waiting = wd.decide(HEADLESS, view("b2", 2), view("a2", 6), True, None, 0.0, SETTINGS,
+                        joined=False)
+    assert waiting.action == "wait" and waiting.binding is None
+    assert "10.213.6.11:29501" in waiting.reason
+    dying = wd.decide(HEADLESS, view("b2", 3), view("a2", 7, "activating", "auto-restart"),
+                      False, None, 0.0, SETTINGS, joined=False)
+    assert dying.action == "wait"
+    joined = wd.decide(HEADLESS, view("b2", 9), view("a3", 3), False, None, 0.0, SETTINGS,
+                       joined=True)
+    assert joined.action == "bind" and joined.binding.peer_invocation == "a3"
+
+
+def _fake_proc(root: Path, members: dict[int, tuple[str, list[str]]], tcp: list[str],
+               tcp6: list[str]) -> Path:
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt" \
+             "   uid  timeout inode"
+    for pid, (cgroup, inodes) in members.items():
+        (root / str(pid) / "fd").mkdir(parents=True)
+        (root / str(pid) / "cgroup").write_text(cgroup)
+        for fd, inode in enumerate(inodes):
+            (root / str(pid) / "fd" / str(fd)).symlink_to(f"socket:[{inode}]")
+    (root / "net").mkdir()
+    (root / "net" / "tcp").write_text("\n".join([header, *tcp]) + "\n")
+    (root / "net" / "tcp6").write_text("\n".join([header, *tcp6]) + "\n")
+    return root
+
+
+def _line(local: str, remote: str, state: str, inode: str) -> str:
+    return f"   0: {local} {remote} {state} 00000000:00000000 00:00000000 00000000     0  0 {inode}"
+
+
+def test_connected_to_reads_the_cgroups_established_sockets(tmp_path: Path) -> None:
+    unit = "/system.slice/vllm.service"
+    # 10.213.6.11:29501 is 0B06D50A:733D in /proc/net/tcp (little-endian words, hex port)
+    proc = _fake_proc(tmp_path, {
+        100: (f"0::{unit}\n", ["11"]),                          # cgroup v2 member
+        101: (f"12:cpu:/x\n1:name=systemd:{unit}\n", ["12"]),  # cgroup v1 member
+        200: ("0::/system.slice/other.service\n", ["13"]),
+    }, tcp=[_line("0C06D50A:9C40", "0B06D50A:733D", "06", "11"),   # TIME_WAIT: not joined
+            _line("0C06D50A:9C41", "0B06D50A:733D", "01", "13")],  # other unit's socket
+        tcp6=[])
+    assert not wd.connected_to(unit, "10.213.6.11", 29501, str(proc))
+    with (proc / "net" / "tcp6").open("a") as handle:  # IPv4-mapped, established, pid 101
+        handle.write(_line("0000000000000000FFFF00000C06D50A:9C42",
+                           "0000000000000000FFFF00000B06D50A:733D", "01", "12") + "\n")
+    assert wd.connected_to(unit, "10.213.6.11", 29501, str(proc))
+    assert not wd.connected_to(unit, "10.213.6.11", 29502, str(proc))
+    assert not wd.connected_to("/system.slice/none.service", "10.213.6.11", 29501, str(proc))
+    assert wd.connected_to(unit, "rank0.example", 29501, str(proc))  # a name: not judged
+
+
 class Pair:
     """Two nodes applying the mutual rule to each other, poll by poll (same clock)."""
 
@@ -476,6 +534,12 @@ def test_mp_config_makes_every_node_depend_on_every_other_node_both_ways() -> No
         assert config["listen_host"] == replica.nodes[rank].host_ip
         assert set(config["peers"]) == {r["peer"] for r in config["rules"]}
     assert configs[0]["peers"]["h2"] == "10.213.6.12:29510"
+    # only a headless node's rule for rank 0 names the rendezvous it must have joined
+    for rank, config in enumerate(configs):
+        for rule in config["rules"]:
+            wanted = (replica.master_addr, replica.engine.master_port) if rule["peer"] == "h1" \
+                else (None, None)
+            assert (rule.get("master_addr"), rule.get("master_port")) == wanted, (rank, rule)
 
 
 def test_ray_config_makes_vllm_and_workers_depend_on_the_head_one_way() -> None:

@@ -22,7 +22,12 @@ seconds. Binding rules (no clocks compared across hosts; ages are durations on e
 * mutual (mp: every node needs every other node): bind when V is younger than U (started after
   it, within ``slack_s``), or when P already bound V to U's current invocation. A node that
   restarted is younger than its peers, so they bind it and it binds them back: one fault gives
-  one restart of each other node, never a ping-pong.
+  one restart of each other node, never a ping-pong. A headless node binds rank 0 only once its
+  unit holds an established TCP connection to the rendezvous (``master_addr:master_port``, the
+  TCPStore that torch.distributed's ``tcp://`` init method opens and keeps for the group's
+  life): a headless unit that started after rank 0's group had formed (with a worker of the
+  node's previous invocation that was still stopping) is not in that group, and must not be
+  restarted when that group fails; its workers join rank 0's next rendezvous instead.
 * one-way (Ray: the head's vLLM and each worker depend on the head's ``ray start``): bind when V
   is older than U; when V is younger (it restarted after U started), restart U.
 
@@ -44,6 +49,7 @@ already answered (``/health`` 200 or a completion), so a loading engine is never
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import socket
@@ -94,12 +100,16 @@ class Rule:
     """Local ``unit`` depends on ``peer_unit`` of node ``peer`` (the local node allowed).
 
     ``mutual``: the dependency goes both ways (mp replicas); otherwise one-way (Ray).
+    ``master_addr``/``master_port``: set on a headless node's rule for rank 0 (mp): the
+    rendezvous its workers connect to; "" / 0 otherwise.
     """
 
     unit: str
     peer: str
     peer_unit: str
     mutual: bool = True
+    master_addr: str = ""
+    master_port: int = 0
 
     @property
     def key(self) -> str:
@@ -144,7 +154,8 @@ class Settings:
 
 
 def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound_me: bool,
-           bound: Binding | None, missing_for_s: float, settings: Settings) -> Decision:
+           bound: Binding | None, missing_for_s: float, settings: Settings,
+           joined: bool = True) -> Decision:
     """Decide one rule for one poll (pure).
 
     Args:
@@ -156,6 +167,8 @@ def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound
         bound: the current binding of this rule, if any.
         missing_for_s: seconds the peer's watchdog has not answered (0 when it answers).
         settings: timings.
+        joined: for a rule with ``master_addr``: the local unit holds an established
+            connection to the rendezvous (see :func:`connected_to`); True otherwise.
 
     Returns:
         a :class:`Decision`; ``bind`` and ``keep`` carry the binding to keep.
@@ -182,6 +195,9 @@ def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound
         return Decision("wait", f"{rule.peer}:{rule.peer_unit} is not running")
     binding = Binding(rule.unit, local.invocation, rule.peer, rule.peer_unit, peer.invocation)
     if rule.mutual:
+        if not joined:
+            return Decision("wait", f"{rule.unit} has not joined {rule.peer}'s rendezvous "
+                            f"({rule.master_addr}:{rule.master_port}) yet")
         if peer.age_s <= local.age_s + settings.slack_s or peer_bound_me:
             return Decision("bind", "peer is newer than this unit or already bound to it",
                             binding)
@@ -212,6 +228,71 @@ def parse_show(text: str, now_monotonic_s: float) -> dict[str, UnitView]:
             age_s=round(now_monotonic_s - start_us / 1e6, 3) if start_us else -1.0,
             main_pid=_int(values.get("MainPID")))
     return views
+
+
+def _proc_address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """``0100007F:1F90`` (``/proc/net/tcp``) or its 32-digit IPv6 form (``/proc/net/tcp6``:
+    four 32-bit words in host byte order) -> (address, port); IPv4-mapped IPv6 -> IPv4."""
+    host, port = text.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw[::-1]), int(port, 16)
+    v6 = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return (v6.ipv4_mapped or v6), int(port, 16)
+
+
+def cgroup_socket_inodes(cgroup: str, proc: str = "/proc") -> set[str]:
+    """Socket inodes held by every process of the cgroup ``cgroup`` (systemd's ControlGroup,
+    ``/system.slice/vllm.service``): a process belongs when a line of ``/proc/PID/cgroup`` ends
+    with ``:<cgroup>`` (cgroup v2 ``0::``, v1 ``name=systemd:``). Processes that exit while
+    being read are skipped."""
+    inodes: set[str] = set()
+    if not cgroup:
+        return inodes
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as handle:
+                member = any(line.rstrip("\n").split(":", 2)[-1] == cgroup for line in handle)
+            if not member:
+                continue
+            for fd in os.listdir(f"{proc}/{pid}/fd"):
+                link = os.readlink(f"{proc}/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    return inodes
+
+
+def connected_to(cgroup: str, host: str, port: int, proc: str = "/proc") -> bool:
+    """True when a process of ``cgroup`` holds an ESTABLISHED TCP connection to ``host:port``
+    (``/proc/net/tcp`` and ``tcp6``, state 01; proc(5)). A ``host`` that is not an IP address
+    cannot be compared: True (the caller then keeps the age rules alone)."""
+    try:
+        wanted = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return True
+    if isinstance(wanted, ipaddress.IPv6Address) and wanted.ipv4_mapped:
+        wanted = wanted.ipv4_mapped
+    inodes = cgroup_socket_inodes(cgroup, proc)
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/net/{table}", encoding="utf-8") as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "01" or fields[9] not in inodes:
+                continue
+            try:
+                if _proc_address(fields[2]) == (wanted, port):
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def _int(value: str | None) -> int:
@@ -529,6 +610,12 @@ class Watchdog:
             capture_output=True, text=True, timeout=20, check=False)
         return parse_show(result.stdout, time.monotonic())
 
+    def control_group(self, unit: str) -> str:
+        """The unit's cgroup (``systemctl show -p ControlGroup --value``), "" when unknown."""
+        result = subprocess.run(["systemctl", "show", "-p", "ControlGroup", "--value", unit],
+                                capture_output=True, text=True, timeout=20, check=False)
+        return result.stdout.strip()
+
     def fetch_peer(self, node: str) -> dict[str, Any] | None:
         """The peer's published state, or None when it does not answer within ``poll_s``."""
         address = self.config["peers"][node]
@@ -594,8 +681,13 @@ class Watchdog:
                 and peer_view is not None and b.get("invocation") == peer_view.invocation
                 for b in state.get("bindings", [])))
             missing = mono - self.missing_since.get(rule.peer, mono)
+        joined = True
+        if rule.master_addr and mine is not None and mine.running and \
+                self.bindings.get(rule.key) is None:
+            joined = connected_to(self.control_group(rule.unit), rule.master_addr,
+                                  rule.master_port)
         decision = decide(rule, mine, peer_view, bound_me, self.bindings.get(rule.key), missing,
-                          self.settings)
+                          self.settings, joined)
         if decision.binding is not None:
             if self.bindings.get(rule.key) != decision.binding:
                 log(f"{rule.key}: bound {decision.binding.invocation[:8]} to "
