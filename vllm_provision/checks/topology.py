@@ -32,8 +32,7 @@ def local_world_size(replica: Replica) -> int:
 
 
 # Where vLLM's default backend rule lives, cited wherever the tool applies it.
-DEFAULT_BACKEND_RULE = ("vLLM's default when --distributed-executor-backend is unset: "
-                        "ParallelConfig.__post_init__, vllm/config/parallel.py")
+DEFAULT_BACKEND_RULE = "ParallelConfig.__post_init__, vllm/config/parallel.py"
 
 
 def default_backend(world_size: int, nnodes: int, local_gpus: int) -> tuple[str | None, str]:
@@ -79,14 +78,14 @@ def backend_choice(world_size: int, nnodes: int) -> tuple[str, str]:
         ``("mp", reason)``; the reason cites :data:`DEFAULT_BACKEND_RULE`.
     """
     if nnodes > 1:
-        why = f"{nnodes} nodes: vLLM's default with nnodes > 1 on CUDA is mp"
+        why = f"mp when nnodes > 1 on CUDA; this replica has {nnodes} nodes"
     elif world_size > 1:
-        why = (f"one node, world size {world_size}: vLLM's default is mp when the world size "
-               "fits on the node (else it refuses to start; preflight counts the GPUs)")
+        why = (f"mp when the world size ({world_size}) fits on the node's GPUs, else vLLM "
+               "refuses to start (preflight counts the GPUs)")
     else:
-        why = ("one node, world size 1: vLLM's default is uni (one process); the mp unit runs "
-               "the same single worker")
-    return "mp", f"vllm_backend is not set; {why} ({DEFAULT_BACKEND_RULE})"
+        why = "uni for world size 1 (one process); the mp unit runs that single worker alike"
+    return "mp", (f"vllm_backend is not set, so vLLM's own default applies "
+                  f"({DEFAULT_BACKEND_RULE}): {why}")
 
 
 def check_default_backend(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:

@@ -51,7 +51,8 @@ def render_backends(replicas: Sequence[Any]) -> None:
 
 
 def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
-    """Print findings as one table per severity (error, warning, ok) with a summary line."""
+    """Print findings as one table per severity (error, warning, ok) with a summary line; the
+    replica column names the replica each finding belongs to."""
     from rich.console import Console
     from rich.table import Table
 
@@ -63,12 +64,12 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
             continue
         table = Table(title=f"{severity.value} ({len(group)})", title_style=styles[severity],
                       title_justify="left", show_lines=severity is not Severity.OK)
-        for column in ("check", "host", "item", "expected", "actual"):
+        for column in ("check", "replica", "host", "item", "expected", "actual"):
             table.add_column(column, overflow="fold")
         if severity is not Severity.OK:
             table.add_column("fix", overflow="fold")
         for f in group:
-            row = [f.check, f.host, f.item, f.expected, f.actual]
+            row = [f.check, f.replica or "-", f.host, f.item, f.expected, f.actual]
             table.add_row(*(row + [f.fix] if severity is not Severity.OK else row))
         console.print(table)
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
