@@ -3,6 +3,7 @@ stops only its replica (``fatal_scope: replica``), and `up` reports one result p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -203,5 +204,13 @@ def test_up_reports_one_result_per_replica(tmp_path: Path) -> None:
     assert lines[0].startswith("replica good: served; completion from m: ' hello'")
     assert lines[2] == "replica bad: FAILED"
     assert "topology.gpus on h2: GPUs on the node: expected >= 8, got 4" in lines[3]
+    # a failure after the completion (a follower's watchdog release) fails it, yet it served
+    later = TaskResult("h1", "Wait until the watchdog is released and bound to its peers",
+                       Status.FAILED, "timed out")
+    [good] = replica_results(inventory, results + [later], ["h1"])
+    assert (good["served"], good["failed"]) == (True, True)
+    failed_completion = replace(results[3], status=Status.FAILED)
+    [good] = replica_results(inventory, results[:3] + [failed_completion], ["h1"])
+    assert not good["served"]
     # a replica the run did not target (--limit) is left out
     assert [r["name"] for r in replica_results(inventory, results[:1], ["h1"])] == ["good"]

@@ -98,8 +98,8 @@ def replica_results(inventory: Any, results: Sequence[TaskResult],
                     hosts: Sequence[str]) -> list[dict[str, Any]]:
     """One result per replica the run targeted, for the recap and ``--json`` (``replicas``).
 
-    Each: ``name``, ``backend``, ``hosts`` (its nodes), ``served`` (its completion came back
-    and none of its nodes failed), ``failed`` (a node failed or was unreachable),
+    Each: ``name``, ``backend``, ``hosts`` (its nodes), ``served`` (the completion task on its
+    rank 0 succeeded and returned a completion), ``failed`` (a node failed or was unreachable),
     ``failed_findings`` (its preflight error findings, as the ``vllm_preflight`` task reports
     them), ``failures`` (``host``, ``task``, ``status``, ``message`` of each failed result on its
     nodes) and, when the readiness and completion tasks ran on its rank 0, their keys
@@ -133,7 +133,10 @@ def replica_results(inventory: Any, results: Sequence[TaskResult],
             if (result.host == replica.master.name and result.data
                     and result.task.startswith(("Wait until rank 0", "Send one completion"))):
                 entry.update({k: v for k, v in result.data.items() if k in SERVING_KEYS})
-        entry["served"] = "completion" in entry and not failures
+        entry["served"] = any(
+            r.host == replica.master.name and r.task.startswith("Send one completion")
+            and r.status in (Status.OK, Status.CHANGED) and "completion" in (r.data or {})
+            for r in mine)
         out.append(entry)
     return out
 
