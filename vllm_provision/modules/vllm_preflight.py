@@ -3,7 +3,9 @@
 Runs once per play batch on the controller: probes every node of the replicas in the play (one
 SSH round trip each, in parallel), stores the facts for later tasks (the ``facts`` variable),
 and fails every node of a replica that has an error finding, so ``provision up`` touches no
-host of it. Read-only: it runs the same in check mode.
+host of it; the other replicas pass on their own findings (``checks.run.findings_of``). Each
+node's result carries its replica's name and findings (``provision up`` reports per replica).
+Read-only: it runs the same in check mode.
 
 Arguments: ``skip_checks`` (list of check names or prefixes, as ``--skip-check``), merged with
 the ``preflight_skip_checks`` variable and the ``skip_checks`` extra variable.

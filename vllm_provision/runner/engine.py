@@ -1,8 +1,9 @@
 """Run plays: hosts in parallel (bounded by ``forks``), tasks in order, handlers at the end.
 
 Semantics follow Ansible's linear strategy (docs playbooks_strategies.rst, playbooks_handlers.rst)
-with two extensions: notifications are persisted on the host until their handler ran
-(``handlers_state``), and a handler may have ``scope: replica``.
+with three extensions: notifications are persisted on the host until their handler ran
+(``handlers_state``), a handler may have ``scope: replica``, and a play's ``any_errors_fatal``
+may be narrowed to the failed host's replica (``fatal_scope: replica``, docs/engine.md).
 """
 
 from __future__ import annotations
