@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 
 HostKeyPolicyName = Literal["strict", "accept-new"]
 
+# The one set of defaults of the shared command-line options (``vllm_provision.cli.options``
+# reads them from here): seconds for the SSH connect and for one command, parallel hosts.
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_FORKS = 10
+DEFAULT_HOST_KEY_POLICY: HostKeyPolicyName = "strict"
+
 # Seconds between drains of a running command's output (the exit status wakes the wait at once).
 POLL_S = 0.05
 # After the exit status: seconds between drains while the output's end (EOF) is still in flight,
@@ -94,12 +100,16 @@ class ConnectionOptions:
             append them to the first writable known_hosts file; changed keys are still refused).
         forks: how many connections are opened at once.
         connect_attempts: attempts for transient connect errors (refused, reset, banner timeout).
+
+    The defaults are those of the shared command-line options (``--timeout``,
+    ``--host-key-policy``, ``-f``): :data:`DEFAULT_TIMEOUT_S`, :data:`DEFAULT_HOST_KEY_POLICY`,
+    :data:`DEFAULT_FORKS`.
     """
 
-    connect_timeout_s: float = 10.0
-    command_timeout_s: float = 30.0
-    host_key_policy: HostKeyPolicyName = "strict"
-    forks: int = 10
+    connect_timeout_s: float = DEFAULT_TIMEOUT_S
+    command_timeout_s: float = DEFAULT_TIMEOUT_S
+    host_key_policy: HostKeyPolicyName = DEFAULT_HOST_KEY_POLICY
+    forks: int = DEFAULT_FORKS
     connect_attempts: int = 3
 
 

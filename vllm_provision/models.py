@@ -114,6 +114,8 @@ class Replica:
         nodes: ordered by rank; ``nodes[0]`` is rank 0.
         engine: the shared engine arguments.
         vars: the replica group's merged vars (for roles), read-only.
+        backend_reason: empty when ``vllm_backend`` is set; else why vLLM's default rule gave
+            ``backend`` (``checks.topology.backend_choice``), shown by ``provision check``.
     """
 
     name: str
@@ -121,6 +123,7 @@ class Replica:
     nodes: tuple[Node, ...]
     engine: EngineArgs
     vars: Mapping[str, Any] = field(default_factory=dict)
+    backend_reason: str = ""
 
     @property
     def master(self) -> Node:

@@ -183,9 +183,9 @@ _TABLE: tuple[Variable, ...] = (
              "(`~` expanded, relative to the inventory file's folder).",
              "/var/lib/vllm-provision/lab/known_hosts", scope="host"),
     # The replica and its nodes.
-    Variable("vllm_backend", str, None, "Executor backend, always explicit: vLLM multi-node "
-             "multiprocessing (`mp`) or a Ray cluster (`ray`).", "mp", required=True,
-             choices=("mp", "ray")),
+    Variable("vllm_backend", str, None, "Executor backend: vLLM multi-node multiprocessing "
+             "(`mp`) or a Ray cluster (`ray`). Unset: vLLM's own default rule picks it (`mp`; "
+             "see \"Backend default\").", "mp", choices=("mp", "ray")),
     Variable("vllm_node_rank", int, None, "This node's rank in its replica, 0..N-1; 0 is the "
              "master (mp) or Ray head. May be omitted on a single-host replica.", "0",
              scope="host", minimum=0),

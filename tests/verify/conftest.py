@@ -29,9 +29,10 @@ def verify_inventory(request: pytest.FixtureRequest) -> Inventory:
     path = request.config.getoption("--inventory")
     if not path:
         pytest.skip("the verify suite needs --inventory INVENTORY (a deployed replica)")
+    from vllm_provision.cli.options import parse_extra_vars
     from vllm_provision.inventory import load_inventory
 
-    extra = dict(item.split("=", 1) for item in request.config.getoption("--verify-extra-vars"))
+    extra = parse_extra_vars(request.config.getoption("--verify-extra-vars"))
     return load_inventory(Path(path), extra_vars=extra or None)
 
 

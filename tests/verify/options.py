@@ -14,5 +14,5 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vllm-provision verify suite")
     group.addoption("--inventory", default=None,
                     help="inventory of a deployed replica to verify")
-    group.addoption("--verify-extra-vars", action="append", default=[], metavar="K=V",
-                    help="extra variables for the verify suite's inventory")
+    group.addoption("--verify-extra-vars", action="append", default=[], metavar="K=V|@FILE",
+                    help="extra variables for the verify suite's inventory (as provision -e)")

@@ -30,6 +30,9 @@ class Finding:
         actual: the value found.
         fix: one line telling the operator what to do; empty for ``ok``.
         source: where the rule comes from (vLLM file/PR, Ray doc, man page).
+        replica: the replica whose check found it (``run_checks`` fills it in); empty for a
+            host-level finding made outside any replica's checks (facts not gathered), which
+            belongs to every replica with a node on that host.
     """
 
     check: str
@@ -40,3 +43,4 @@ class Finding:
     actual: str = ""
     fix: str = ""
     source: str = ""
+    replica: str = ""

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -257,10 +257,23 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
     for replica in inventory.replicas if replicas is None else replicas:
         settings = settings_for(replica, defaults)
         skipped = (*skip, *settings.skip_checks)
-        findings += [f for f in check_replica(replica, facts, settings)
+        findings += [replace(f, replica=replica.name)
+                     for f in check_replica(replica, facts, settings)
                      if not is_skipped(f.check, skipped)]
     findings = [f for f in findings if not is_skipped(f.check, skip)]
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.check, f.host))
+
+
+def findings_of(replica: Replica, findings: Iterable[Finding]) -> list[Finding]:
+    """The findings that belong to ``replica``: those its own checks made (``replica`` set to
+    its name, replica-wide ``*`` findings included), and host-level findings made outside any
+    replica's checks (``replica`` empty, e.g. facts that could not be gathered) on a host that
+    is one of its nodes. A finding of another replica never belongs to it, so one replica's
+    error does not fail the others.
+    """
+    nodes = {node.name for node in replica.nodes}
+    return [f for f in findings
+            if f.replica == replica.name or (not f.replica and f.host in nodes)]
 
 
 def has_errors(findings: Iterable[Finding]) -> bool:

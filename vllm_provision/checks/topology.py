@@ -31,11 +31,19 @@ def local_world_size(replica: Replica) -> int:
     return replica.engine.world_size // max(1, replica.nnodes)
 
 
+# Where vLLM's default backend rule lives, cited wherever the tool applies it.
+DEFAULT_BACKEND_RULE = "ParallelConfig.__post_init__, vllm/config/parallel.py"
+
+
 def default_backend(world_size: int, nnodes: int, local_gpus: int) -> tuple[str | None, str]:
     """The executor backend vLLM picks when ``--distributed-executor-backend`` is unset (CUDA).
 
     Source: ``ParallelConfig.__post_init__`` in ``vllm/config/parallel.py`` (>= v0.11.1, PR
-    #25775 removed the silent fallback to Ray; PR #30140 added the two-bullet error).
+    #25775 removed the silent fallback to Ray; PR #30140 added the two-bullet error): with a
+    world size above 1 the backend starts as ``mp``; on CUDA ``nnodes > 1`` keeps ``mp``; a
+    single node with fewer GPUs than the world size raises; Ray is chosen only for Ray data
+    parallelism or inside a Ray placement group (neither applies to a replica started by its
+    systemd unit). A world size of 1 gets ``uni``.
 
     Args:
         world_size: TP x PP.
@@ -52,6 +60,65 @@ def default_backend(world_size: int, nnodes: int, local_gpus: int) -> tuple[str 
     if local_gpus < world_size:
         return None, WORLD_SIZE_ERROR.format(world=world_size, gpus=local_gpus)
     return "mp", ""
+
+
+def backend_choice(world_size: int, nnodes: int) -> tuple[str, str]:
+    """The backend a replica without ``vllm_backend`` gets, and why, in words.
+
+    vLLM's rule (:func:`default_backend`) gives ``mp`` whenever the replica can run at all
+    without Ray: several nodes, or one node holding the whole world size (whether it does is
+    checked by preflight, :func:`check_default_backend`, once the GPUs are counted). For a world
+    size of 1 vLLM runs ``uni`` (one process); the mp units run that single worker the same way.
+
+    Args:
+        world_size: TP x PP.
+        nnodes: the replica's node count.
+
+    Returns:
+        ``("mp", reason)``; the reason cites :data:`DEFAULT_BACKEND_RULE`.
+    """
+    if nnodes > 1:
+        why = f"mp when nnodes > 1 on CUDA; this replica has {nnodes} nodes"
+    elif world_size > 1:
+        why = (f"mp when the world size ({world_size}) fits on the node's GPUs, else vLLM "
+               "refuses to start (preflight counts the GPUs)")
+    else:
+        why = "uni for world size 1 (one process); the mp unit runs that single worker alike"
+    return "mp", (f"vllm_backend is not set, so vLLM's own default applies "
+                  f"({DEFAULT_BACKEND_RULE}): {why}")
+
+
+def check_default_backend(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:
+    """A replica whose backend came from vLLM's default rule (``vllm_backend`` unset): say which
+    backend was chosen and why; an error where vLLM itself would refuse to start (one node
+    with fewer GPUs than the world size: vLLM's "World size (N) is larger than the number of
+    available GPUs" error). Nothing for a replica with ``vllm_backend`` set.
+
+    Source: :func:`default_backend` (``ParallelConfig.__post_init__``,
+    ``vllm/config/parallel.py``).
+
+    Args:
+        replica: the replica.
+        gpu_counts: GPUs (devices) found per host name.
+    """
+    if not replica.backend_reason:
+        return []
+    source = "vllm/config/parallel.py ParallelConfig.__post_init__"
+    master = replica.master.name
+    world = replica.engine.world_size
+    if replica.nnodes == 1 and world > 1 and master in gpu_counts:
+        chosen, error = default_backend(world, 1, gpu_counts[master])
+        if chosen is None:
+            return [Finding(
+                "topology.backend_default", Severity.ERROR, master, "default executor backend",
+                expected=f"one node with >= {world} GPUs for vLLM's default (mp)",
+                actual=error.replace("\n", " "),
+                fix="set vllm_backend: ray for a Ray cluster, or add nodes to the replica (mp "
+                    "over several nodes), or lower TP x PP to the node's GPUs",
+                source=source)]
+    return [Finding("topology.backend_default", Severity.OK, "*", "default executor backend",
+                    expected="vllm_backend, or vLLM's default rule",
+                    actual=f"{replica.backend}: {replica.backend_reason}", source=source)]
 
 
 def check_parallel_sizes(replica: Replica) -> list[Finding]:
@@ -220,7 +287,9 @@ def check_backend_args(replica: Replica) -> list[Finding]:
     if not findings:
         findings.append(Finding(
             "topology.backend", Severity.OK, "*", "executor backend",
-            expected="explicit", actual=f"--distributed-executor-backend {replica.backend}"
+            expected="explicit" if not replica.backend_reason else
+                     "explicit in the unit (vLLM's default rule chose it)",
+            actual=f"--distributed-executor-backend {replica.backend}"
             + (f" --nnodes {replica.nnodes}" if replica.backend == "mp" else "")))
     return findings
 
@@ -229,4 +298,4 @@ def check_topology(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Find
     """Run every topology rule on one replica (see the functions above for each source)."""
     return (check_parallel_sizes(replica) + check_gpus_per_node(replica, gpu_counts)
             + check_tensor_parallel_in_node(replica) + check_node_ranks(replica)
-            + check_backend_args(replica))
+            + check_default_backend(replica, gpu_counts) + check_backend_args(replica))

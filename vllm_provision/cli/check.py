@@ -4,26 +4,55 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 
 
-def findings_json(findings: list[Finding]) -> dict:
-    """The ``--json`` object: every finding plus counts per severity."""
+def findings_json(findings: list[Finding], replicas: Sequence[Any] = ()) -> dict:
+    """The ``--json`` object: every finding (with the replica it belongs to), counts per
+    severity, and per replica its backend and where the backend came from: ``inventory``
+    (``vllm_backend``) or ``default`` (vLLM's rule; ``backend_reason`` says why and cites it).
+    """
     return {
         "ok": not any(f.severity is Severity.ERROR for f in findings),
         "counts": {s.value: sum(1 for f in findings if f.severity is s) for s in Severity},
+        "replicas": [backend_json(replica) for replica in replicas],
         "findings": [{"check": f.check, "severity": f.severity.value, "host": f.host,
-                      "item": f.item, "expected": f.expected, "actual": f.actual, "fix": f.fix,
-                      "source": f.source} for f in findings],
+                      "replica": f.replica, "item": f.item, "expected": f.expected,
+                      "actual": f.actual, "fix": f.fix, "source": f.source} for f in findings],
     }
 
 
+def backend_json(replica: Any) -> dict[str, Any]:
+    """``name``, ``backend``, ``backend_source`` (``inventory`` or ``default``) and
+    ``backend_reason`` (empty when set in the inventory) of one replica."""
+    return {"name": replica.name, "backend": replica.backend,
+            "backend_source": "default" if replica.backend_reason else "inventory",
+            "backend_reason": replica.backend_reason}
+
+
+def backend_lines(replicas: Sequence[Any]) -> list[str]:
+    """One line per replica: its backend, and for one without ``vllm_backend`` which backend
+    vLLM's default rule chose and why."""
+    return [f"replica {r.name}: backend {r.backend} "
+            + (f"(chosen: {r.backend_reason})" if r.backend_reason else "(vllm_backend)")
+            for r in replicas]
+
+
+def render_backends(replicas: Sequence[Any]) -> None:
+    """Print :func:`backend_lines`."""
+    for line in backend_lines(replicas):
+        click.echo(line)
+
+
 def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
-    """Print findings as one table per severity (error, warning, ok) with a summary line."""
+    """Print findings as one table per severity (error, warning, ok) with a summary line; the
+    replica column names the replica each finding belongs to."""
     from rich.console import Console
     from rich.table import Table
 
@@ -35,12 +64,12 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
             continue
         table = Table(title=f"{severity.value} ({len(group)})", title_style=styles[severity],
                       title_justify="left", show_lines=severity is not Severity.OK)
-        for column in ("check", "host", "item", "expected", "actual"):
+        for column in ("check", "replica", "host", "item", "expected", "actual"):
             table.add_column(column, overflow="fold")
         if severity is not Severity.OK:
             table.add_column("fix", overflow="fold")
         for f in group:
-            row = [f.check, f.host, f.item, f.expected, f.actual]
+            row = [f.check, f.replica or "-", f.host, f.item, f.expected, f.actual]
             table.add_row(*(row + [f.fix] if severity is not Severity.OK else row))
         console.print(table)
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
@@ -50,31 +79,26 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
 
 
 @click.command("check")
-@click.option("-i", "--inventory", "inventory_path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Inventory YAML file.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@shared_options(HOST_OPTIONS)
 @click.option("--skip-check", "skip", multiple=True, metavar="NAME",
               help="Skip a check by name or prefix (e.g. host.shm, parity.transformers, parity); "
                    "repeatable.")
-@click.option("-l", "--limit", default=None, metavar="PATTERN",
-              help="Only the replicas with a host matching this Ansible host pattern.")
 @click.option("--quiet-ok", is_flag=True, help="Do not list the checks that passed.")
-def command(inventory_path: Path, as_json: bool, skip: tuple[str, ...], limit: str | None,
-            quiet_ok: bool) -> None:
+def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     """Gather facts from every node and run all preflight checks.
 
+    With --limit, only the replicas with a host matching the pattern are checked.
     Exit status 0 when no check is an error, 1 otherwise.
     """
     from vllm_provision.checks.run import has_errors, load_defaults, run_checks, settings_for
     from vllm_provision.facts.collect import collect_facts
-    from vllm_provision.inventory import load_inventory, require_replicas, select_hosts
+    from vllm_provision.inventory import select_hosts
 
-    inventory = load_inventory(inventory_path)
-    require_replicas(inventory)
+    opts = CommonOptions.from_kwargs(kwargs)
+    inventory = opts.load_inventory(require_replica=True)
     replicas = list(inventory.replicas)
-    if limit:
-        wanted = {host.name for host in select_hosts(inventory, limit)}
+    if opts.limit:
+        wanted = {host.name for host in select_hosts(inventory, opts.limit)}
         replicas = [r for r in replicas if any(node.name in wanted for node in r.nodes)]
     hosts = [node.host for replica in replicas for node in replica.nodes]
     defaults = load_defaults()
@@ -84,11 +108,12 @@ def command(inventory_path: Path, as_json: bool, skip: tuple[str, ...], limit: s
         from dataclasses import replace
 
         probe = replace(probe, nccl_loaded=True)
-    facts, errors = collect_facts(inventory, hosts, probe)
+    facts, errors = collect_facts(inventory, hosts, probe, opts.connection_options())
     findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
                           defaults=defaults)
-    if as_json:
-        click.echo(json.dumps(findings_json(findings), indent=2))
+    if opts.json:
+        click.echo(json.dumps(findings_json(findings, replicas), indent=2))
     else:
+        render_backends(replicas)
         render_findings(findings, show_ok=not quiet_ok)
     sys.exit(1 if has_errors(findings) else 0)

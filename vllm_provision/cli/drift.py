@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from vllm_provision import resources
-from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 
 NO_RECORD = "no record of a good `provision up`; run it first"
 
@@ -161,7 +161,7 @@ def render_plan(outcome: dict[str, Any]) -> str:
 
 
 @click.command("drift")
-@common_options
+@shared_options((*HOST_OPTIONS, "diff"))  # always a dry run: no -C
 def command(**kwargs: Any) -> None:
     """Show what changed since the last good `provision up`: facts and configuration.
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from typing import Any
 
 import click
 
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 from vllm_provision.facts.model import HostFacts
 
 MIB = 1024 * 1024
@@ -107,29 +108,26 @@ def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
 
 
 @click.command("facts")
-@click.option("-i", "--inventory", "inventory_path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Inventory YAML file.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("-l", "--limit", default="all", metavar="PATTERN",
-              help="Ansible host pattern of the hosts to probe (default: all).")
+@shared_options(HOST_OPTIONS)
 @click.option("--nccl-loaded", is_flag=True,
               help="Also import torch and read the NCCL it loads (slow).")
 @click.option("--sha256", is_flag=True, help="Hash every model file (slow on big models).")
-def command(inventory_path: Path, as_json: bool, limit: str, nccl_loaded: bool,
-            sha256: bool) -> None:
+def command(nccl_loaded: bool, sha256: bool, **kwargs: Any) -> None:
     """Probe every host in one SSH round trip each and print the facts, hosts as columns.
 
-    Values that differ between the nodes of one replica are highlighted.
+    --limit selects the hosts to probe (default: all). Values that differ between the nodes of
+    one replica are highlighted.
     """
     from vllm_provision.facts.collect import collect_facts
     from vllm_provision.facts.gather import ProbeOptions
-    from vllm_provision.inventory import load_inventory, select_hosts
+    from vllm_provision.inventory import select_hosts
 
-    inventory = load_inventory(inventory_path)
-    hosts = select_hosts(inventory, limit)
+    opts = CommonOptions.from_kwargs(kwargs)
+    as_json = opts.json
+    inventory = opts.load_inventory()
+    hosts = select_hosts(inventory, opts.limit or "all")
     facts, errors = collect_facts(inventory, hosts, ProbeOptions(
-        nccl_loaded=nccl_loaded, sha256=sha256, reachability=False))
+        nccl_loaded=nccl_loaded, sha256=sha256, reachability=False), opts.connection_options())
     ordered = {h.name: facts[h.name] for h in hosts if h.name in facts}
     if as_json:
         click.echo(json.dumps({

@@ -1,10 +1,15 @@
 """Command-line options every command that touches hosts shares, and what they turn into.
 
-Usage in a command module::
+Every shared option is declared once, in :data:`OPTIONS`, with its one default (the connection
+defaults come from :mod:`vllm_provision.connection`). Usage in a command module::
 
     @click.command()
-    @common_options
+    @common_options                      # every shared option
     def command(**kwargs): opts = CommonOptions.from_kwargs(kwargs); ...
+
+    @click.command()
+    @shared_options(HOST_OPTIONS)        # without -C/--check and -D/--diff
+    def command(**kwargs): ...
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ from typing import Any, TypeVar
 import click
 import yaml
 
+from vllm_provision.connection import (
+    DEFAULT_FORKS,
+    DEFAULT_HOST_KEY_POLICY,
+    DEFAULT_TIMEOUT_S,
+    ConnectionOptions,
+)
 from vllm_provision.errors import ProvisionError
 from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.source import load_yaml_data
@@ -104,11 +115,11 @@ class CommonOptions:
     check: bool = False
     diff: bool = False
     extra_vars: dict[str, Any] | None = None
-    forks: int = 10
+    forks: int = DEFAULT_FORKS
     verbosity: int = 0
     json: bool = False
-    host_key_policy: str = "strict"
-    timeout_s: float = 30.0
+    host_key_policy: str = DEFAULT_HOST_KEY_POLICY
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> CommonOptions:
@@ -119,11 +130,11 @@ class CommonOptions:
             check=kwargs.pop("check", False),
             diff=kwargs.pop("diff", False),
             extra_vars=parse_extra_vars(kwargs.pop("extra_vars", ()) or ()),
-            forks=kwargs.pop("forks", 10),
+            forks=kwargs.pop("forks", DEFAULT_FORKS),
             verbosity=kwargs.pop("verbose", 0),
             json=kwargs.pop("json_output", False),
-            host_key_policy=kwargs.pop("host_key_policy", "strict"),
-            timeout_s=kwargs.pop("timeout", 30.0),
+            host_key_policy=kwargs.pop("host_key_policy", DEFAULT_HOST_KEY_POLICY),
+            timeout_s=kwargs.pop("timeout", DEFAULT_TIMEOUT_S),
         )
         opts.apply_globals()
         return opts
@@ -138,10 +149,8 @@ class CommonOptions:
         if self.verbosity < 3:
             logging.getLogger("paramiko").setLevel(max(level, logging.WARNING))
 
-    def connection_options(self) -> Any:
+    def connection_options(self) -> ConnectionOptions:
         """Return :class:`vllm_provision.connection.ConnectionOptions` for these options."""
-        from vllm_provision.connection import ConnectionOptions
-
         return ConnectionOptions(connect_timeout_s=self.timeout_s,
                                  command_timeout_s=self.timeout_s,
                                  host_key_policy=self.host_key_policy,  # type: ignore[arg-type]
@@ -166,30 +175,60 @@ class CommonOptions:
         return inventory
 
 
+# Every shared option, declared once: name -> click decorator. Commands take them all
+# (:func:`common_options`) or a named subset (:func:`shared_options`).
+OPTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "inventory": click.option("-i", "--inventory", required=True,
+                              type=click.Path(dir_okay=False, path_type=Path),
+                              help="Inventory file (Ansible YAML)."),
+    "limit": click.option("-l", "--limit", metavar="PATTERN",
+                          help="Only hosts matching this pattern (e.g. 'h1', 'llama:!h2')."),
+    "check": click.option("-C", "--check", is_flag=True,
+                          help="Dry run: change nothing; exit 2 if changes are pending."),
+    "diff": click.option("-D", "--diff", is_flag=True, help="Show what changes in files."),
+    "extra_vars": click.option("-e", "--extra-vars", "extra_vars", multiple=True,
+                               metavar="K=V|@FILE",
+                               help="Extra variable (highest precedence); repeatable."),
+    "forks": click.option("-f", "--forks", type=click.IntRange(1, 1000), default=DEFAULT_FORKS,
+                          show_default=True, help="Hosts handled in parallel."),
+    "verbose": click.option("-v", "--verbose", count=True, help="More output (-v, -vv)."),
+    "json": click.option("--json", "json_output", is_flag=True,
+                         help="Print exactly one JSON object on stdout (progress on stderr)."),
+    "host_key_policy": click.option(
+        "--host-key-policy", type=click.Choice(["strict", "accept-new"]),
+        default=DEFAULT_HOST_KEY_POLICY, show_default=True,
+        help="Unknown SSH host keys: refuse, or accept and remember them."),
+    "timeout": click.option("--timeout", type=click.FloatRange(1, 86400),
+                            default=DEFAULT_TIMEOUT_S, show_default=True,
+                            help="SSH connect and per-command timeout (seconds)."),
+}
+# The options of a command that reads hosts but runs no playbook (no dry run, no diff).
+HOST_OPTIONS: tuple[str, ...] = ("inventory", "limit", "extra_vars", "forks", "verbose", "json",
+                                 "host_key_policy", "timeout")
+RUN_OPTIONS: tuple[str, ...] = tuple(OPTIONS)
+
+
+def shared_options(names: Sequence[str] = RUN_OPTIONS) -> Callable[[F], F]:
+    """Return a decorator adding the shared options ``names`` (keys of :data:`OPTIONS`), in
+    the table's order, to a click command; :meth:`CommonOptions.from_kwargs` reads them.
+
+    Raises:
+        KeyError: a name that is not in :data:`OPTIONS` (a programming error).
+    """
+    chosen = [OPTIONS[name] for name in OPTIONS if name in names]
+    unknown = set(names) - set(OPTIONS)
+    if unknown:
+        raise KeyError(f"unknown shared options: {sorted(unknown)}")
+
+    def decorate(function: F) -> F:
+        decorated: Callable[..., Any] = function
+        for option in reversed(chosen):
+            decorated = option(decorated)
+        return decorated  # type: ignore[return-value]  # click returns the same function
+
+    return decorate
+
+
 def common_options(function: F) -> F:
-    """Decorate a click command with the shared options (see :class:`CommonOptions`)."""
-    options = [
-        click.option("-i", "--inventory", required=True,
-                     type=click.Path(dir_okay=False, path_type=Path),
-                     help="Inventory file (Ansible YAML)."),
-        click.option("-l", "--limit", metavar="PATTERN",
-                     help="Only hosts matching this pattern (e.g. 'h1', 'llama:!h2')."),
-        click.option("-C", "--check", is_flag=True,
-                     help="Dry run: change nothing; exit 2 if changes are pending."),
-        click.option("-D", "--diff", is_flag=True, help="Show what changes in files."),
-        click.option("-e", "--extra-vars", "extra_vars", multiple=True, metavar="K=V|@FILE",
-                     help="Extra variable (highest precedence); repeatable."),
-        click.option("-f", "--forks", type=click.IntRange(1, 1000), default=10,
-                     show_default=True, help="Hosts handled in parallel."),
-        click.option("-v", "--verbose", count=True, help="More output (-v, -vv)."),
-        click.option("--json", "json_output", is_flag=True,
-                     help="Print exactly one JSON object on stdout (progress on stderr)."),
-        click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]),
-                     default="strict", show_default=True,
-                     help="Unknown SSH host keys: refuse, or accept and remember them."),
-        click.option("--timeout", type=click.FloatRange(1, 86400), default=30.0,
-                     show_default=True, help="SSH connect and per-command timeout (seconds)."),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+    """Decorate a click command with every shared option (see :class:`CommonOptions`)."""
+    return shared_options(RUN_OPTIONS)(function)

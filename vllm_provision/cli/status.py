@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 from vllm_provision.errors import ProvisionError
 
 
@@ -119,7 +119,7 @@ def _iso(seconds: float | None) -> str | None:
 
 
 @click.command("status")
-@common_options
+@shared_options(HOST_OPTIONS)
 def command(**kwargs: Any) -> None:
     """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.
 

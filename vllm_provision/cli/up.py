@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -10,6 +11,7 @@ import click
 
 from vllm_provision import resources
 from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.results import Status, TaskResult
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
@@ -18,7 +20,10 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     return the exit code (0, 1, or 2 for pending changes in check mode).
 
     The summary gains ``completion``, ``served_model``, ``ttft_s``, ``start_to_serving_s`` and
-    ``vllm_version`` when the readiness and verify tasks ran.
+    ``vllm_version`` when the readiness and verify tasks ran (with several replicas: the first
+    that served), and for ``up`` and ``restart`` ``replicas``: one result per replica
+    (:func:`replica_results`). Replicas are independent: one that fails preflight or readiness
+    is reported failed (exit 1) and the others go on.
 
     Args:
         name: ``up``, ``down`` or ``restart``.
@@ -54,14 +59,15 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
                                               limit=opts.limit, connection=connection),
                         reporter, connection_factory=factory)
         outcome = runner.run_plays(plays)
-        for result in outcome.results:
-            if result.data and result.task.startswith(("Wait until rank 0",
-                                                       "Send one completion")):
-                extra.update({k: v for k, v in result.data.items()
-                              if k in ("completion", "served_model", "ttft_s", "completion_s",
-                                       "start_to_serving_s", "start_to_serving_reason",
-                                       "vllm_version",
-                                       "already_serving")})
+        replicas = replica_results(inventory, outcome.results, outcome.hosts)
+        # the top-level keys (one replica's, as before there were several): the first replica
+        # that served, else the first that got as far as the readiness wait
+        first = next((r for r in replicas if "completion" in r),
+                     next((r for r in replicas if set(r) & set(SERVING_KEYS)), None))
+        if first is not None:
+            extra.update({k: first[k] for k in SERVING_KEYS if k in first})
+        if name in ("up", "restart"):
+            extra["replicas"] = replicas
         if (name == "up" and not opts.check and not opts.limit and "completion" in extra
                 and not any(r.failed for r in outcome.results)):
             extra.update(_record_good_up(inventory, runner, factory))
@@ -70,6 +76,9 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     reporter.recap(summary)
     if opts.json:
         report.print_json(summary)
+    elif name in ("up", "restart") and len(replicas) > 1:
+        for line in replica_lines(replicas):
+            click.echo(line)
     elif "completion" in extra:
         click.echo(f"completion from {extra.get('served_model')}: {extra['completion']!r}")
         click.echo(serving_line(extra))
@@ -77,6 +86,82 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
             reason = extra.get("start_to_serving_reason") or "the readiness wait did not run"
             click.echo(f"warning: start to serving was not measured: {reason}", err=True)
     return report.exit_code(summary, check_mode=opts.check)
+
+
+# What the readiness and completion tasks report, per replica and (for one replica) on top.
+SERVING_KEYS = ("completion", "served_model", "ttft_s", "completion_s", "start_to_serving_s",
+                "start_to_serving_reason", "vllm_version", "already_serving")
+PREFLIGHT_TASK = "Gather facts and run the preflight checks"
+
+
+def replica_results(inventory: Any, results: Sequence[TaskResult],
+                    hosts: Sequence[str]) -> list[dict[str, Any]]:
+    """One result per replica the run targeted, for the recap and ``--json`` (``replicas``).
+
+    Each: ``name``, ``backend``, ``hosts`` (its nodes), ``served`` (the completion task on its
+    rank 0 succeeded and returned a completion), ``failed`` (a node failed or was unreachable),
+    ``failed_findings`` (its preflight error findings, as the ``vllm_preflight`` task reports
+    them), ``failures`` (``host``, ``task``, ``status``, ``message`` of each failed result on its
+    nodes) and, when the readiness and completion tasks ran on its rank 0, their keys
+    (:data:`SERVING_KEYS`: ``completion``, ``start_to_serving_s``, ...).
+
+    Args:
+        inventory: the loaded inventory.
+        results: every task result of the run, in order.
+        hosts: the hosts any play targeted (a replica with none of them is left out).
+    """
+    targeted = set(hosts)
+    out: list[dict[str, Any]] = []
+    for replica in inventory.replicas:
+        nodes = [node.name for node in replica.nodes]
+        if not targeted & set(nodes):
+            continue
+        mine = [r for r in results if r.host in nodes]
+        failures = [{"host": r.host, "task": r.task, "status": r.status.value,
+                     "message": r.message} for r in mine
+                    if r.status in (Status.FAILED, Status.UNREACHABLE)]
+        findings: list[dict[str, Any]] = []
+        for result in mine:
+            if result.task == PREFLIGHT_TASK and result.data:
+                findings = [f for f in result.data.get("findings", [])
+                            if f.get("severity") == "error"]
+                break
+        entry: dict[str, Any] = {"name": replica.name, "backend": replica.backend,
+                                 "hosts": nodes, "served": False, "failed": bool(failures),
+                                 "failed_findings": findings, "failures": failures}
+        for result in mine:
+            if (result.host == replica.master.name and result.data
+                    and result.task.startswith(("Wait until rank 0", "Send one completion"))):
+                entry.update({k: v for k, v in result.data.items() if k in SERVING_KEYS})
+        entry["served"] = any(
+            r.host == replica.master.name and r.task.startswith("Send one completion")
+            and r.status in (Status.OK, Status.CHANGED) and "completion" in (r.data or {})
+            for r in mine)
+        out.append(entry)
+    return out
+
+
+def replica_lines(replicas: Sequence[dict[str, Any]]) -> list[str]:
+    """The human lines of :func:`replica_results`, one block per replica: served (with its
+    completion and timings) or failed (with its failed findings, else its first failure)."""
+    lines = []
+    for entry in replicas:
+        if entry["served"]:
+            lines.append(f"replica {entry['name']}: served; completion from "
+                         f"{entry.get('served_model')}: {entry['completion']!r}")
+            lines.append(f"  {serving_line(entry)}")
+        elif entry["failed"]:
+            lines.append(f"replica {entry['name']}: FAILED")
+            for finding in entry["failed_findings"]:
+                lines.append(f"  {finding['check']} on {finding['host']}: {finding['item']}: "
+                             f"expected {finding['expected']}, got {finding['actual']}")
+            if not entry["failed_findings"]:
+                first = entry["failures"][0]
+                text = " ".join(first["message"].split())[:200]
+                lines.append(f"  {first['host']}: {first['task']}: {text}")
+        else:
+            lines.append(f"replica {entry['name']}: not served (its completion did not run)")
+    return lines
 
 
 def serving_line(extra: dict[str, Any]) -> str:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import click
 
+from vllm_provision.cli.options import shared_options
+
 
 def pytest_args(inventory: Path, extra_vars: tuple[str, ...], pytest_extra: tuple[str, ...],
                 suite: Path) -> list[str]:
@@ -28,7 +30,9 @@ def pytest_args(inventory: Path, extra_vars: tuple[str, ...], pytest_extra: tupl
 
     Args:
         inventory: the deployed replica's inventory file.
-        extra_vars: ``K=V`` strings for the suite's inventory (``--verify-extra-vars``).
+        extra_vars: ``-e`` values for the suite's inventory (``--verify-extra-vars``), each
+            ``K=V``, a ``{...}`` mapping or ``@file.yml``
+            (:func:`vllm_provision.cli.options.parse_extra_vars`).
         pytest_extra: arguments passed to pytest unchanged.
         suite: the verify suite's folder (:func:`vllm_provision.resources.folder`).
     """
@@ -40,25 +44,27 @@ def pytest_args(inventory: Path, extra_vars: tuple[str, ...], pytest_extra: tupl
     return args + list(pytest_extra)
 
 
+# The shared options that mean something to a pytest run over SSH: the inventory, its extra
+# variables and pytest's verbosity. (The suite opens its own connections with unknown host keys
+# refused; --timeout, --host-key-policy and -f do not apply to it.)
+VERIFY_OPTIONS = ("inventory", "extra_vars", "verbose")
+
+
 @click.command("verify", context_settings={"ignore_unknown_options": False})
-@click.option("-i", "--inventory", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Inventory of the deployed replica.")
-@click.option("-e", "--extra-vars", "extra_vars", multiple=True, metavar="K=V",
-              help="Extra variable for the inventory (K=V); repeatable.")
+@shared_options(VERIFY_OPTIONS)
 @click.argument("pytest_extra", nargs=-1, type=click.UNPROCESSED)
-def command(inventory: Path, extra_vars: tuple[str, ...], pytest_extra: tuple[str, ...]) -> None:
+def command(inventory: Path, extra_vars: tuple[str, ...], verbose: int,
+            pytest_extra: tuple[str, ...]) -> None:
     """Check a deployed replica with the packaged verify suite (pytest-testinfra over SSH).
 
-    Arguments after `--` are passed to pytest.
+    -e takes what the other commands take (K=V, a {...} mapping, @file.yml); -v is passed to
+    pytest. Arguments after `--` are passed to pytest.
     """
     from vllm_provision import resources
+    from vllm_provision.cli.options import parse_extra_vars
     from vllm_provision.errors import ProvisionError
 
-    for item in extra_vars:
-        if "=" not in item:
-            raise ProvisionError.single(f"-e {item}", "invalid extra variable",
-                                        expected="K=V", actual=item)
+    parse_extra_vars(extra_vars)  # refuse a bad -e here, with the same message as elsewhere
     missing = [name for name in ("pytest", "testinfra") if importlib.util.find_spec(name) is None]
     if missing:
         raise ProvisionError.single(
@@ -69,4 +75,6 @@ def command(inventory: Path, extra_vars: tuple[str, ...], pytest_extra: tuple[st
     import pytest
 
     suite = resources.folder("verify")
-    sys.exit(int(pytest.main(pytest_args(inventory, extra_vars, pytest_extra, suite))))
+    verbosity = ("-" + "v" * verbose,) if verbose else ()
+    sys.exit(int(pytest.main(pytest_args(inventory, extra_vars, verbosity + pytest_extra,
+                                         suite))))

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision import kinds, variables
+from vllm_provision.checks import topology
 from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.tree import Tree
@@ -221,7 +222,9 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
     Checks: a replica has hosts; a host is in one replica only; ranks are 0..N-1, unique and
     complete (a single-host replica may omit its rank: 0); each node has an IP address; every
     replica-scope variable (engine arguments, backend, service settings) is equal on all nodes;
-    ``vllm_backend`` and ``vllm_model`` are set; ``vllm_extra_args`` holds no option we render.
+    ``vllm_model`` is set; ``vllm_extra_args`` holds no option we render. A replica without
+    ``vllm_backend`` gets vLLM's default backend (``checks.topology.backend_choice``), with the
+    reason kept in ``Replica.backend_reason``.
 
     Args:
         tree: the parsed group tree.
@@ -260,7 +263,7 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                   for var in _replica_scope()}
         ok = True
         for var in ("vllm_backend", "vllm_model"):
-            if agreed[var] is None:
+            if agreed[var] is None and var == "vllm_model":
                 problems.add(f"{group_where}.vars.{var}", f"replica {name!r} has no {var}",
                              expected=variables.VARIABLES[var].expected(),
                              fix=f"add {var}: {variables.VARIABLES[var].example} to the vars "
@@ -338,7 +341,13 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
         replica_vars = {**{k: v for k, v in agreed.items() if v is not None},
                         **group_vars.get(name, {})}
         replica_vars.update({k: v for k, v in agreed.items() if v is not None})
-        replicas.append(Replica(name=name, backend=agreed["vllm_backend"],
+        backend, backend_reason = agreed["vllm_backend"], ""
+        if backend is None:  # vLLM's own default rule decides (docs/inventory.md)
+            backend, backend_reason = topology.backend_choice(
+                agreed["vllm_tensor_parallel_size"] * agreed["vllm_pipeline_parallel_size"],
+                len(nodes))
+        replicas.append(Replica(name=name, backend=backend,
                                 nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
-                                engine=EngineArgs(**engine_values), vars=replica_vars))
+                                engine=EngineArgs(**engine_values), vars=replica_vars,
+                                backend_reason=backend_reason))
     return tuple(replicas)

@@ -3,7 +3,9 @@
 Runs once per play batch on the controller: probes every node of the replicas in the play (one
 SSH round trip each, in parallel), stores the facts for later tasks (the ``facts`` variable),
 and fails every node of a replica that has an error finding, so ``provision up`` touches no
-host of it. Read-only: it runs the same in check mode.
+host of it; the other replicas pass on their own findings (``checks.run.findings_of``). Each
+node's result carries its replica's name and findings (``provision up`` reports per replica).
+Read-only: it runs the same in check mode.
 
 Arguments: ``skip_checks`` (list of check names or prefixes, as ``--skip-check``), merged with
 the ``preflight_skip_checks`` variable and the ``skip_checks`` extra variable.
@@ -20,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from vllm_provision.checks.finding import Severity
-from vllm_provision.checks.run import load_defaults, run_checks, settings_for
+from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.checks.run import findings_of, load_defaults, run_checks, settings_for
 from vllm_provision.facts.gather import gather_facts
 from vllm_provision.results import Status
 
@@ -35,6 +37,14 @@ def _as_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return [str(item) for item in value]
+
+
+def finding_dict(finding: Finding) -> dict[str, str]:
+    """One finding as the task's JSON data shows it (check, severity, host, replica, item,
+    expected, actual, fix, source)."""
+    return {"check": finding.check, "severity": finding.severity.value, "host": finding.host,
+            "replica": finding.replica, "item": finding.item, "expected": finding.expected,
+            "actual": finding.actual, "fix": finding.fix, "source": finding.source}
 
 
 def run(ctx: Any, args: Mapping[str, Any]) -> Any:
@@ -71,13 +81,15 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
     failing = [f for f in findings if f.severity is Severity.ERROR]
     warnings = [f for f in findings if f.severity is Severity.WARNING]
     data = {"errors": len(failing), "warnings": len(warnings),
-            "findings": [{"check": f.check, "severity": f.severity.value, "host": f.host,
-                          "item": f.item, "expected": f.expected, "actual": f.actual,
-                          "fix": f.fix} for f in findings if f.severity is not Severity.OK]}
+            "findings": [finding_dict(f) for f in findings if f.severity is not Severity.OK]}
     host_results: dict[str, Any] = {}
     for replica in replicas:
-        replica_hosts = {node.name for node in replica.nodes}
-        mine = [f for f in failing if f.host in replica_hosts or f.host == "*"]
+        own_findings = findings_of(replica, findings)
+        mine = [f for f in own_findings if f.severity is Severity.ERROR]
+        # every node's result carries its replica's findings: `provision up` reports per replica
+        replica_data = {"replica": replica.name, "errors": len(mine),
+                        "findings": [finding_dict(f) for f in own_findings
+                                     if f.severity is not Severity.OK]}
         for node in replica.nodes:
             if node.name not in ctx.connections and node.name not in errors:
                 continue
@@ -86,12 +98,13 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
                          + (f" (fix: {f.fix})" if f.fix else "") for f in mine]
                 host_results[node.name] = ModuleResult(
                     Status.FAILED, f"preflight of replica {replica.name} found {len(mine)} "
-                                   "error(s); nothing was changed:\n" + "\n".join(lines))
+                                   "error(s); nothing was changed:\n" + "\n".join(lines),
+                    data=replica_data)
             else:
                 own = [f for f in warnings if f.host == node.name]
                 host_results[node.name] = ModuleResult(
                     Status.OK, f"preflight passed ({len(own)} warning(s))" if own
-                    else "preflight passed")
+                    else "preflight passed", data=replica_data)
     status = Status.FAILED if failing else Status.OK
     message = (f"{len(failing)} preflight error(s), {len(warnings)} warning(s)" if failing
                else f"preflight passed, {len(warnings)} warning(s)")

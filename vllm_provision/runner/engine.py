@@ -1,8 +1,9 @@
 """Run plays: hosts in parallel (bounded by ``forks``), tasks in order, handlers at the end.
 
 Semantics follow Ansible's linear strategy (docs playbooks_strategies.rst, playbooks_handlers.rst)
-with two extensions: notifications are persisted on the host until their handler ran
-(``handlers_state``), and a handler may have ``scope: replica``.
+with three extensions: notifications are persisted on the host until their handler ran
+(``handlers_state``), a handler may have ``scope: replica``, and a play's ``any_errors_fatal``
+may be narrowed to the failed host's replica (``fatal_scope: replica``, docs/engine.md).
 """
 
 from __future__ import annotations
@@ -350,14 +351,37 @@ class Runner:
             outcomes = []
             for future in as_completed(futures):
                 outcomes.append(future.result())
-        failed_any = False
+        failed_hosts: list[str] = []
         for result_list in outcomes:
             for result in result_list:
                 self._after_result(task, result, notified)
                 if result.status in (Status.FAILED, Status.UNREACHABLE) and not task.ignore_errors:
-                    failed_any = True
-        if failed_any and play.any_errors_fatal:
-            self._aborted = True
+                    failed_hosts.append(result.host)
+        if failed_hosts and play.any_errors_fatal:
+            if play.fatal_scope == "replica":
+                self._stop_replicas(task, failed_hosts)
+            else:
+                self._aborted = True
+
+    def _stop_replicas(self, task: Task, failed_hosts: Sequence[str]) -> None:
+        """``any_errors_fatal`` with ``fatal_scope: replica``: drop every node of each failed
+        host's replica from the rest of the run (each gets a ``skipped`` result saying why);
+        the other replicas go on. A failed host in no replica stops the whole run, as plain
+        ``any_errors_fatal`` does."""
+        for host_name in failed_hosts:
+            replica = self.inventory.replica_of(host_name)
+            if replica is None:
+                self._aborted = True
+                return
+            for node in replica.nodes:
+                if node.name in self.dropped:
+                    continue
+                self.dropped[node.name] = Status.FAILED
+                self._drop_prefetched([node.name])
+                self._record(TaskResult(
+                    node.name, task.name, Status.SKIPPED,
+                    f"replica {replica.name} stopped: {host_name} failed this task "
+                    "(any_errors_fatal, fatal_scope: replica)"))
 
     def _refill_and_run(self, play: Play, task: Task, host: Host, batch: list[Host],
                         index: int) -> list[TaskResult]:

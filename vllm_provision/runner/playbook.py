@@ -25,7 +25,7 @@ TASK_KEYS = frozenset({
 })
 HANDLER_KEYS = TASK_KEYS | {"listen", "scope", "order"}
 PLAY_KEYS = frozenset({"name", "hosts", "serial", "vars", "roles", "tasks", "handlers",
-                       "any_errors_fatal", "gather_facts", "tags"})
+                       "any_errors_fatal", "fatal_scope", "gather_facts", "tags"})
 ROLE_ENTRY_KEYS = frozenset({"role", "when", "tags"})
 
 
@@ -72,7 +72,12 @@ class Task:
 
 @dataclass(frozen=True)
 class Play:
-    """One play: hosts pattern, variables, tasks (roles' first) and handlers."""
+    """One play: hosts pattern, variables, tasks (roles' first) and handlers.
+
+    ``any_errors_fatal`` stops the run at a failed task; ``fatal_scope`` (an engine extension,
+    docs/engine.md) says how far: ``play`` (Ansible's rule: every host) or ``replica`` (every
+    node of the failed host's replica; other replicas go on).
+    """
 
     name: str
     hosts: str
@@ -84,6 +89,7 @@ class Play:
     role_defaults: Mapping[str, Any] = field(default_factory=dict)
     any_errors_fatal: bool = False
     template_dirs: tuple[Path, ...] = ()
+    fatal_scope: Literal["play", "replica"] = "play"
 
 
 def _error(where: str, message: str, *, expected: str = "", actual: str = "",
@@ -179,10 +185,18 @@ def _load_play(raw: Any, where: str, playbook: Path, search: list[Path]) -> Play
     fatal = raw.get("any_errors_fatal", False)
     if not isinstance(fatal, bool):
         raise _error(f"{where}.any_errors_fatal", "must be true or false", actual=repr(fatal))
+    fatal_scope = raw.get("fatal_scope", "play")
+    if fatal_scope not in ("play", "replica"):
+        raise _error(f"{where}.fatal_scope", "invalid fatal scope", expected="play or replica",
+                     actual=repr(fatal_scope))
+    if fatal_scope == "replica" and not fatal:
+        raise _error(f"{where}.fatal_scope", "fatal_scope only narrows any_errors_fatal",
+                     actual="fatal_scope: replica without any_errors_fatal: true",
+                     fix="add any_errors_fatal: true to the play, or remove fatal_scope")
     return Play(name=name, hosts=hosts.strip(), where=where, tasks=tuple(tasks),
                 handlers=tuple(handlers), serial=serial, vars=dict(play_vars),
                 role_defaults=defaults, any_errors_fatal=fatal,
-                template_dirs=tuple(template_dirs))
+                template_dirs=tuple(template_dirs), fatal_scope=fatal_scope)
 
 
 def _role_entry(entry: Any, where: str) -> tuple[str, tuple[Any, ...]]:

@@ -1,0 +1,116 @@
+"""Replicas are independent, on the lab's two hosts.
+
+One inventory holds two single-node mp replicas: ``good`` on h1 (TP=4, the stand-in's 4 GPUs)
+and ``bad`` on h2 (TP=8, more GPUs than the node has). One ``provision up --json``: the good one
+serves, the bad one is reported failed with its own preflight finding and nothing started on h2,
+the JSON has both results, and the exit code is 1. Then, check only (no more ``up``): the lab's
+two-node replica without ``vllm_backend`` gets mp, and ``check`` says it chose mp and why.
+The module takes its replicas down at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lab_support
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+PROVISION = str(Path(sys.executable).parent / "provision")
+GPUS_PER_NODE = 4  # the stand-in's default (vllm_provision/lab/gpu/spec.py)
+
+
+def provision(state: Path, *args: str, timeout_s: float = 400
+              ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with the lab's environment and a private controller state folder."""
+    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "XDG_STATE_HOME": str(state)}, check=False)
+
+
+@pytest.fixture(scope="module")
+def workdir(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The two inventories, made from the lab's mp inventory (its hosts, key, known_hosts)."""
+    if lab.vllm != "standin":
+        pytest.skip("needs the GPU stand-in lab (`provision lab up`)")
+    folder = tmp_path_factory.mktemp("replicas")
+    source = yaml.safe_load(lab.inventory_path("mp").read_text())
+    lab_group = source["all"]["children"]["vllm_replicas"]["children"]["lab"]
+
+    def single(host: str, tp: int) -> dict[str, Any]:
+        group_vars = {k: lab_group["vars"][k]
+                      for k in ("vllm_backend", "vllm_model", "vllm_cluster_interface")}
+        group_vars.update(vllm_tensor_parallel_size=tp, vllm_pipeline_parallel_size=1)
+        return {"vars": group_vars,
+                "hosts": {host: {"ansible_host": lab_group["hosts"][host]["ansible_host"]}}}
+
+    two = {"all": {"vars": source["all"]["vars"], "children": {"vllm_replicas": {"children": {
+        "good": single("h1", GPUS_PER_NODE), "bad": single("h2", 2 * GPUS_PER_NODE)}}}}}
+    no_backend = copy.deepcopy(source)
+    del no_backend["all"]["children"]["vllm_replicas"]["children"]["lab"]["vars"]["vllm_backend"]
+    paths = {"two": folder / "two-replicas.yml", "no_backend": folder / "no-backend.yml",
+             "state": folder / "state"}
+    paths["two"].write_text(yaml.safe_dump(two, sort_keys=False))
+    paths["no_backend"].write_text(yaml.safe_dump(no_backend, sort_keys=False))
+    return paths
+
+
+def test_check_chooses_mp_for_a_two_node_replica_without_vllm_backend(workdir):
+    human = provision(workdir["state"], "check", "-i", str(workdir["no_backend"]), "--quiet-ok",
+                      "--timeout", "10")
+    assert human.returncode == 0, human.stdout + human.stderr
+    assert ("replica lab: backend mp (chosen: vllm_backend is not set, so vLLM's own default "
+            "applies (ParallelConfig.__post_init__, vllm/config/parallel.py): mp when nnodes > 1 "
+            "on CUDA; this replica has 2 nodes)") in " ".join(human.stdout.split())
+    result = provision(workdir["state"], "check", "-i", str(workdir["no_backend"]), "--json")
+    [replica] = json.loads(result.stdout)["replicas"]
+    assert (replica["name"], replica["backend"], replica["backend_source"]) == (
+        "lab", "mp", "default")
+    assert "nnodes > 1" in replica["backend_reason"]
+
+
+@pytest.fixture(scope="module")
+def up_two(workdir) -> Iterator[tuple[int, dict[str, Any]]]:
+    """One `provision up --json` of both replicas; both taken down after the module."""
+    result = provision(workdir["state"], "up", "-i", str(workdir["two"]), "--json")
+    try:
+        assert result.stdout.strip(), result.stderr
+        yield result.returncode, json.loads(result.stdout)
+    finally:
+        down = provision(workdir["state"], "down", "-i", str(workdir["two"]))
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_the_invalid_replica_fails_alone_and_the_exit_code_is_1(up_two):
+    code, summary = up_two
+    assert code == 1
+    results = {r["name"]: r for r in summary["replicas"]}
+    assert set(results) == {"good", "bad"}
+    bad = results["bad"]
+    assert (bad["served"], bad["failed"], bad["hosts"]) == (False, True, ["h2"])
+    [finding] = bad["failed_findings"]
+    assert (finding["check"], finding["host"], finding["replica"]) == (
+        "topology.gpus", "h2", "bad")
+    assert finding["actual"] == str(GPUS_PER_NODE)
+    assert {f["host"] for f in bad["failures"]} == {"h2"}
+    assert summary["failed"] == 1  # the top-level count the other lab tests read
+
+
+def test_the_valid_replica_serves(up_two, lab, lab_host):
+    _, summary = up_two
+    good = next(r for r in summary["replicas"] if r["name"] == "good")
+    assert (good["served"], good["failed"], good["failed_findings"]) == (True, False, [])
+    assert good["completion"] and isinstance(good["start_to_serving_s"], float)
+    assert summary["completion"] == good["completion"]  # top-level keys kept
+    assert summary["start_to_serving_s"] == good["start_to_serving_s"]
+    assert lab_support.complete(f"http://{lab.config.address('h1')}:8000", good["served_model"])
+    assert lab_host("h1").service("vllm.service").is_running
+    assert not lab_host("h2").service("vllm.service").is_running  # preflight changed nothing
