@@ -5,8 +5,8 @@ SSH round trip each, in parallel), stores the facts for later tasks (the ``facts
 and fails every node of a replica that has an error finding, so ``provision up`` touches no
 host of it. Read-only: it runs the same in check mode.
 
-Arguments: ``skip_checks`` (list of check names or prefixes, as ``--skip-check``), merged with
-the ``preflight_skip_checks`` variable and the ``skip_checks`` extra variable.
+The task's ``skip_checks`` are merged with the ``preflight_skip_checks`` variable and the
+``skip_checks`` extra variable (``--skip-check``).
 
 Example task::
 
@@ -23,10 +23,16 @@ from typing import Any
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import load_defaults, run_checks, settings_for
 from vllm_provision.facts.gather import gather_facts
+from vllm_provision.modules import ModuleResult
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
 RUNS_ON = "controller"
-ARGUMENTS = ("skip_checks",)
+ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (
+    Argument("skip_checks", ("list", "str"), "check names or prefixes to skip, as --skip-check "
+             "(a string: comma-separated)"),
+))
 
 
 def _as_list(value: Any) -> list[str]:
@@ -37,7 +43,7 @@ def _as_list(value: Any) -> list[str]:
     return [str(item) for item in value]
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Probe the play's replicas, run the checks, store facts, fail on any error finding.
 
     Args:
@@ -48,14 +54,13 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
         ModuleResult: ``ok`` with per-host results, or ``failed`` on every node of a replica
         with an error finding (the message lists them: host, item, expected, actual, fix).
     """
-    from vllm_provision.modules import ModuleResult
-
+    values = ARGUMENT_SPEC.validate(args)
     inventory = ctx.inventory
     replicas = [r for r in inventory.replicas
                 if any(node.name in ctx.connections for node in r.nodes)]
     if not replicas:
         return ModuleResult(Status.SKIPPED, "no replica among the play's hosts")
-    skip = (_as_list(args.get("skip_checks")) + _as_list(ctx.vars.get("skip_checks"))
+    skip = (_as_list(values["skip_checks"]) + _as_list(ctx.vars.get("skip_checks"))
             + _as_list(ctx.vars.get("preflight_skip_checks")))
     defaults = load_defaults()
     settings = [settings_for(replica, defaults) for replica in replicas]
@@ -74,7 +79,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
             "findings": [{"check": f.check, "severity": f.severity.value, "host": f.host,
                           "item": f.item, "expected": f.expected, "actual": f.actual,
                           "fix": f.fix} for f in findings if f.severity is not Severity.OK]}
-    host_results: dict[str, Any] = {}
+    host_results: dict[str, ModuleResult] = {}
     for replica in replicas:
         replica_hosts = {node.name for node in replica.nodes}
         mine = [f for f in failing if f.host in replica_hosts or f.host == "*"]
