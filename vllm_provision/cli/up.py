@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -10,6 +11,7 @@ import click
 
 from vllm_provision import resources
 from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.results import TaskResult
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
@@ -54,14 +56,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
                                               limit=opts.limit, connection=connection),
                         reporter, connection_factory=factory)
         outcome = runner.run_plays(plays)
-        for result in outcome.results:
-            if result.data and result.task.startswith(("Wait until rank 0",
-                                                       "Send one completion")):
-                extra.update({k: v for k, v in result.data.items()
-                              if k in ("completion", "served_model", "ttft_s", "completion_s",
-                                       "start_to_serving_s", "start_to_serving_reason",
-                                       "vllm_version",
-                                       "already_serving")})
+        extra.update(serving_summary(outcome.results))
         if (name == "up" and not opts.check and not opts.limit and "completion" in extra
                 and not any(r.failed for r in outcome.results)):
             extra.update(_record_good_up(inventory, runner, factory))
@@ -77,6 +72,27 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
             reason = extra.get("start_to_serving_reason") or "the readiness wait did not run"
             click.echo(f"warning: start to serving was not measured: {reason}", err=True)
     return report.exit_code(summary, check_mode=opts.check)
+
+
+# The playbooks' ``register`` names of the readiness and verify tasks (playbooks/up.yml,
+# restart.yml): stable handles, where task names are prose.
+SERVING_REGISTERS = ("vllm_ready", "vllm_verified")
+SERVING_KEYS = ("completion", "served_model", "ttft_s", "completion_s", "start_to_serving_s",
+                "start_to_serving_reason", "vllm_version", "already_serving")
+
+
+def serving_summary(results: Iterable[TaskResult]) -> dict[str, Any]:
+    """The summary keys (``SERVING_KEYS``) from the results registered as ``vllm_ready`` or
+    ``vllm_verified``, later results winning; ``{}`` when neither ran.
+
+    Args:
+        results: every task result of the run, in order.
+    """
+    found: dict[str, Any] = {}
+    for result in results:
+        if result.data and result.register in SERVING_REGISTERS:
+            found.update({k: v for k, v in result.data.items() if k in SERVING_KEYS})
+    return found
 
 
 def serving_line(extra: dict[str, Any]) -> str:
