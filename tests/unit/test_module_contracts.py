@@ -3,6 +3,7 @@ connection) and after rendering, the generated reference in docs/, results found
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -268,3 +269,27 @@ def test_a_handler_note_comes_from_the_notifier_not_from_message_text() -> None:
     assert Notifier("Install the unit", earlier_run=True).note == (
         "notified by an earlier run (Install the unit)")
     assert Notifier("", earlier_run=True).note == "notified by an earlier run"
+
+
+def test_connection_imports_no_module() -> None:
+    """The connection layer sits below the modules: importing it loads none of them."""
+    code = ("import sys, vllm_provision.connection; "
+            "print(sorted(m for m in sys.modules if m.startswith('vllm_provision.modules')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()
+    assert out == "[]"
+
+
+def test_no_product_file_points_to_documents_outside_the_repository() -> None:
+    """Users get the package and this repository's docs/, nothing else: no issue numbers, no
+    notes of the people who built it."""
+    pattern = re.compile(r"shared/docs|\bissue [0-9]|lab-probe\.md|domain\.md|research-"
+                         r"(anchors|vllm)")
+    found = []
+    for folder in ("vllm_provision", "roles", "playbooks", "docs"):
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".yml", ".j2", ".md", ".json", ".sh"):
+                for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                    if pattern.search(line):
+                        found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert found == []
