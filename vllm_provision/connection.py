@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Host
+from vllm_provision.quoting import quote
 
 if TYPE_CHECKING:  # paramiko/fabric load lazily: `provision --help` must stay fast
     import paramiko
@@ -139,8 +140,6 @@ def sudo_wrap(command: str, become_user: str = "root") -> str:
     ``sudo -n`` never prompts (sudo(8)): a missing NOPASSWD rule fails fast with "a password is
     required" instead of hanging the run.
     """
-    from vllm_provision.modules import quote
-
     return f"sudo -n -H -u {quote(become_user)} -- /bin/sh -c {quote(command)}"
 
 

@@ -1,7 +1,7 @@
 """Drift: what changed since the last good ``provision up`` (pure: no I/O).
 
 Two kinds of change, as Terraform's ``plan -refresh-only`` vs ``plan`` tell them apart
-(shared/docs/research-anchors.md section 7):
+(https://developer.hashicorp.com/terraform/cli/commands/plan#planning-modes):
 
 - ``facts``: a parity fact of a node (vLLM, torch, NCCL, driver, GPUs, model manifest, ...)
   differs from the record (:mod:`vllm_provision.state`);

@@ -74,6 +74,22 @@ def shell_quote(value: str) -> str:
     return shlex.quote(value)
 
 
+def quote(value: object) -> str:
+    """Quote ``value`` (converted with ``str``) as one POSIX shell word; refuse control chars.
+
+    The one quoting function of the task modules, the connection layer (``sudo_wrap``) and the
+    ``quote`` template filter.
+
+    Raises:
+        ProvisionError: the value contains a newline or another control character.
+    """
+    try:
+        return shell_quote(str(value))
+    except ValueError as exc:
+        raise ProvisionError.single("task argument", str(exc),
+                                    fix="remove the line break or control character") from None
+
+
 def shell_join(argv: Sequence[str]) -> str:
     """Quote every word of ``argv`` for a POSIX shell and join them with spaces.
 

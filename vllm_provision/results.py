@@ -33,6 +33,9 @@ class TaskResult:
         diff: unified diff text when diff mode is on and something changed, else ``""``.
         duration_s: wall time of the task on this host, in seconds.
         data: module-specific values for ``--json`` (e.g. completion text); JSON-serialisable.
+        register: the task's ``register`` name, or None: the stable handle a command uses to
+            find a result (``provision up`` reads ``vllm_ready`` and ``vllm_verified``), where the
+            task's name is prose that may change. Not part of the ``--json`` task entry.
     """
 
     host: str
@@ -42,6 +45,7 @@ class TaskResult:
     diff: str = ""
     duration_s: float = 0.0
     data: dict | None = None
+    register: str | None = None
 
     @property
     def changed(self) -> bool:

@@ -8,7 +8,6 @@ import copy
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +126,11 @@ def test_the_cli_refuses_with_exit_1_and_no_traceback(case_id: str, tmp_path: Pa
     args = ["check", "-i", str(path)]
     for key, value in (extra or {}).items():
         args += ["-e", f"{key}={value}"]
-    started = time.monotonic()
     result = _cli(*args)
-    elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stdout + result.stderr
     output = result.stdout + result.stderr
     assert "Traceback" not in output and "internal error" not in output.lower()
-    assert case["error"] in output
-    assert elapsed < 2.0
+    assert case["error"] in output  # an inventory-load message: refused before any SSH
     assert not MARKER.exists()
 
 

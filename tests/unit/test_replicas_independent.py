@@ -185,14 +185,17 @@ def test_up_reports_one_result_per_replica(tmp_path: Path) -> None:
                "source": ""}
     results = [
         TaskResult("h1", "Gather facts and run the preflight checks", Status.OK,
-                   data={"replica": "good", "errors": 0, "findings": []}),
+                   data={"replica": "good", "errors": 0, "findings": []},
+                   register="vllm_preflight"),
         TaskResult("h2", "Gather facts and run the preflight checks", Status.FAILED,
                    "preflight of replica bad found 1 error(s)",
-                   data={"replica": "bad", "errors": 1, "findings": [finding]}),
+                   data={"replica": "bad", "errors": 1, "findings": [finding]},
+                   register="vllm_preflight"),
         TaskResult("h1", "Wait until rank 0 serves the model", Status.OK,
-                   data={"start_to_serving_s": 5.2, "served_model": "m"}),
+                   data={"start_to_serving_s": 5.2, "served_model": "m"}, register="vllm_ready"),
         TaskResult("h1", "Send one completion and compare the running vLLM version",
-                   Status.OK, data={"completion": " hello", "ttft_s": 0.05}),
+                   Status.OK, data={"completion": " hello", "ttft_s": 0.05},
+                   register="vllm_verified"),
     ]
     good, bad = replica_results(inventory, results, ["h1", "h2"])
     assert (good["name"], good["served"], good["failed"]) == ("good", True, False)

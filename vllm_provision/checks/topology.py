@@ -256,7 +256,7 @@ def check_backend_args(replica: Replica) -> list[Finding]:
     templates render them); nothing in ``vllm_extra_args`` may override them. Ray: never
     ``--nnodes`` (vLLM: "nnodes > 1 can only be set when distributed executor backend is mp,
     uni or external_launcher."). Source: ``ParallelConfig.__post_init__``,
-    ``vllm/config/parallel.py``; research-vllm.md §2.
+    ``vllm/config/parallel.py`` (https://github.com/vllm-project/vllm).
     """
     args = replica.engine.extra_args
     backend_overrides = _flag_values(args, "--distributed-executor-backend")

@@ -36,7 +36,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     ``verdict`` (never ``serving`` when a node is unreachable).
     """
     from vllm_provision.connection import UnreachableError
-    from vllm_provision.modules.ray_wait_cluster import read_snapshot
+    from vllm_provision.modules.ray_wait_cluster import read_head_snapshot
     from vllm_provision.modules.vllm_wait_ready import replica_units
     from vllm_provision.recovery_status import node_command, parse_node, replica_whole
     from vllm_provision.verify import Endpoint, parse_show, show_command, verdict
@@ -83,12 +83,9 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         # timeout); there is no cluster to ask.
         info["ray"] = {"error": f"{head_unit} is not active on {replica.master.name}"}
     elif replica.backend == "ray":
-        class _Ctx:  # read_snapshot needs the connections and vars only
-            pass
-        ctx = _Ctx()
-        ctx.connections, ctx.conn, ctx.vars = connections, None, vars_  # type: ignore[attr-defined]
         try:
-            snapshot, error = read_snapshot(ctx, replica)
+            snapshot, error = read_head_snapshot(connections[replica.master.name], replica,
+                                                 vars_)
         except UnreachableError as exc:  # lost after its units were read: say so, keep them
             lost[replica.master.name] = error = one_line(exc)
             snapshot = None

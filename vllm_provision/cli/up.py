@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -88,10 +88,29 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     return report.exit_code(summary, check_mode=opts.check)
 
 
-# What the readiness and completion tasks report, per replica and (for one replica) on top.
+# The playbooks' ``register`` names of the readiness and verify tasks (playbooks/up.yml,
+# restart.yml): stable handles, where task names are prose.
+SERVING_REGISTERS = ("vllm_ready", "vllm_verified")
 SERVING_KEYS = ("completion", "served_model", "ttft_s", "completion_s", "start_to_serving_s",
                 "start_to_serving_reason", "vllm_version", "already_serving")
-PREFLIGHT_TASK = "Gather facts and run the preflight checks"
+
+
+def serving_summary(results: Iterable[TaskResult]) -> dict[str, Any]:
+    """The summary keys (``SERVING_KEYS``) from the results registered as ``vllm_ready`` or
+    ``vllm_verified``, later results winning; ``{}`` when neither ran.
+
+    Args:
+        results: every task result of the run, in order.
+    """
+    found: dict[str, Any] = {}
+    for result in results:
+        if result.data and result.register in SERVING_REGISTERS:
+            found.update({k: v for k, v in result.data.items() if k in SERVING_KEYS})
+    return found
+
+
+# The ``register`` name of the preflight task (playbooks/up.yml, restart.yml).
+PREFLIGHT_REGISTER = "vllm_preflight"
 
 
 def replica_results(inventory: Any, results: Sequence[TaskResult],
@@ -122,7 +141,7 @@ def replica_results(inventory: Any, results: Sequence[TaskResult],
                     if r.status in (Status.FAILED, Status.UNREACHABLE)]
         findings: list[dict[str, Any]] = []
         for result in mine:
-            if result.task == PREFLIGHT_TASK and result.data:
+            if result.register == PREFLIGHT_REGISTER and result.data:
                 findings = [f for f in result.data.get("findings", [])
                             if f.get("severity") == "error"]
                 break
@@ -131,10 +150,10 @@ def replica_results(inventory: Any, results: Sequence[TaskResult],
                                  "failed_findings": findings, "failures": failures}
         for result in mine:
             if (result.host == replica.master.name and result.data
-                    and result.task.startswith(("Wait until rank 0", "Send one completion"))):
+                    and result.register in SERVING_REGISTERS):
                 entry.update({k: v for k, v in result.data.items() if k in SERVING_KEYS})
         entry["served"] = any(
-            r.host == replica.master.name and r.task.startswith("Send one completion")
+            r.host == replica.master.name and r.register == "vllm_verified"
             and r.status in (Status.OK, Status.CHANGED) and "completion" in (r.data or {})
             for r in mine)
         out.append(entry)

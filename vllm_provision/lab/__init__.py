@@ -2,7 +2,7 @@
 
 Each host is a ``systemd-nspawn --boot`` guest from one shared read-only base (overlayfs), in its
 own network namespace on a private bridge, reached only through SSH with the lab's key and strict
-host-key checking. Recipe and gotchas: shared/docs/lab-probe.md. Instances: docs/architecture.md.
+host-key checking. Instances: docs/architecture.md; the real-vLLM base: docs/real-vllm.md.
 
     lab = Lab.from_env()
     lab.up(hosts=2)

@@ -47,7 +47,8 @@ class Release:
     ray_pin: str
 
 
-# one pinned Ray on every host of a release: Ray refuses nodes whose Ray/Python differ (domain.md)
+# one pinned Ray on every host of a release: Ray refuses nodes whose Ray/Python differ
+# (ray-project/ray#50511; docs/measured.md, "The reference scenario")
 RAY_PIN = "ray==2.60.0"
 RELEASES: dict[str, Release] = {r.suite: r for r in (
     Release("bullseye", "11", "247", "8.4", "3.9", "ray==2.51.2"),
@@ -57,8 +58,9 @@ RELEASES: dict[str, Release] = {r.suite: r for r in (
 DEFAULT_SUITE = "bookworm"
 SUITE = DEFAULT_SUITE
 MIRROR = "http://deb.debian.org/debian"
-# the probe's list (shared/docs/lab-probe.md): libpam-systemd gives ssh logins a logind session
-# (gotcha 10); python3-venv for /opt/vllm; libnuma1 for vllm._C (probe part 4, G3); curl for checks
+# libpam-systemd gives ssh logins a logind session (a Recommends only, so minbase lacks it:
+# `systemctl --user` then fails with "No medium found"); python3-venv for /opt/vllm; libnuma1
+# for vllm._C (docs/measured.md, "Real vLLM on CPU in the lab"); curl for checks
 PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "libpam-systemd", "dbus", "openssh-server", "python3", "iproute2",
     "procps", "sudo", "ca-certificates", "iputils-ping", "less", "python3-venv", "libnuma1", "curl",

@@ -1,7 +1,8 @@
 """Running commands inside a base image being built: bind mounts for pip and a clean env.
 
 Shared by the stand-in base (vllm_provision/lab/base.py) and the real-vLLM base
-(vllm_provision/lab/real.py). Measured gotchas: shared/docs/lab-probe.md part 4, G1 and G2.
+(vllm_provision/lab/real.py). Why the clean env and the CA bundle: docs/measured.md, "Real vLLM
+on CPU in the lab".
 """
 
 from __future__ import annotations

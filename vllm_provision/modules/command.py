@@ -1,15 +1,11 @@
 """Run a shell command on the host.
 
-Arguments: a string (the command), or a mapping:
-    cmd: the command line (run by the remote user's shell; quote interpolated values with the
-        ``quote`` filter: ``{{ path | quote }}``).
-    creates: skip (``ok``) when this path exists. removes: skip when this path does NOT exist.
-    chdir: folder to run in. stdin: text fed to the command. timeout: seconds (default: the
-        run's ``--timeout``).
+The arguments are a string (the command, ``cmd``) or a mapping. The command line is run by the
+remote user's shell: quote interpolated values with the ``quote`` filter (``{{ path | quote }}``).
 
 A command reports ``changed`` when it ran and exited 0, ``failed`` otherwise; use the task keys
-``changed_when`` / ``failed_when`` to say what it really did (Ansible's command module; its
-"always changed" is the top idempotency complaint, research-anchors 1.3.4). In check mode the
+``changed_when`` / ``failed_when`` to say what it really did (Ansible's command module, whose
+"always changed" results are its best-known idempotency complaint). In check mode the
 command is not run (``skipped``) unless the task sets ``check_mode: false`` (a read-only probe).
 The registered value has ``rc``, ``stdout``, ``stderr``, ``stdout_lines``. Example::
 
@@ -26,30 +22,35 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.errors import ProvisionError
-from vllm_provision.modules import ModuleResult, check_arguments, check_type, quote
+from vllm_provision.modules import ModuleResult, quote
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
-ARGUMENTS = ("cmd", "creates", "removes", "chdir", "stdin", "timeout")
+ARGUMENT_SPEC = ArgumentSpec("command", (
+    Argument("cmd", "str", "the command line, run by the remote user's shell", required=True),
+    Argument("creates", "str", "skip (ok) when this path exists"),
+    Argument("removes", "str", "skip (ok) when this path does not exist"),
+    Argument("chdir", "str", "folder to run in"),
+    Argument("stdin", "str", "text fed to the command's standard input"),
+    Argument("timeout", "float", "seconds the command may run",
+             default_text="the run's --timeout", minimum=0),
+), free_form="cmd")
 _SKIP = "__vllm_provision_skip__"
 
 
-def run(ctx: Any, args: Mapping[str, Any] | str) -> ModuleResult:
+def run(ctx: ModuleContext, args: Mapping[str, Any] | str) -> ModuleResult:
     """Run the command unless ``creates``/``removes`` say it is done; see the module docstring.
 
     Raises:
         ProvisionError: bad arguments. UnreachableError: the connection failed.
     """
-    if isinstance(args, str):
-        args = {"cmd": args}
-    check_arguments(args, ARGUMENTS, "command")
-    cmd = check_type(args, "cmd", "command", str)
-    if not cmd or not cmd.strip():
+    values = ARGUMENT_SPEC.validate(args)
+    cmd = values["cmd"]
+    if not cmd.strip():
         raise ProvisionError.single("command: cmd", "the command is empty")
-    creates = check_type(args, "creates", "command", str)
-    removes = check_type(args, "removes", "command", str)
-    chdir = check_type(args, "chdir", "command", str)
-    stdin = check_type(args, "stdin", "command", str)
-    timeout = check_type(args, "timeout", "command", (int, float))
+    creates, removes, chdir = values["creates"], values["removes"], values["chdir"]
+    stdin, timeout = values["stdin"], values["timeout"]
     guards: list[str] = []
     if creates:
         guards.append(f"if [ -e {quote(creates)} ]; then echo {_SKIP} {quote(creates)} exists; "

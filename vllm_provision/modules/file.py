@@ -1,10 +1,8 @@
 """Make sure a path is a file, a directory, or absent, with the given owner, group and mode.
 
-Arguments:
-    path: absolute path on the host.
-    state: ``file`` (must exist; attributes fixed), ``directory`` (created with parents, like
-        ``mkdir -p``), ``touch`` (created empty if missing) or ``absent`` (removed recursively).
-    owner, group: names (optional). mode: octal string such as ``"0755"`` (optional).
+``state: file`` only fixes the attributes of a file that exists; ``directory`` creates it with
+its parents (like ``mkdir -p``); ``touch`` creates an empty file if it is missing; ``absent``
+removes it recursively.
 
 One round trip when nothing changes (one ``stat``), two when something does. Example::
 
@@ -19,38 +17,34 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.errors import ProvisionError
-from vllm_provision.modules import (
-    ModuleResult,
-    check_arguments,
-    check_type,
-    parse_mode,
-    quote,
-    require,
-)
+from vllm_provision.modules import ModuleResult, parse_mode, quote
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
-ARGUMENTS = ("path", "state", "owner", "group", "mode")
 STATES = ("file", "directory", "touch", "absent")
+ARGUMENT_SPEC = ArgumentSpec("file", (
+    Argument("path", "str", "absolute path on the host (not /)", required=True),
+    Argument("state", "str", "what the path must be", default="file", choices=STATES),
+    Argument("owner", "str", "owner's user name (unchanged when absent)"),
+    Argument("group", "str", "group name (unchanged when absent)"),
+    Argument("mode", ("str", "int"), "octal mode such as \"0755\" (unchanged when absent)"),
+))
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Bring ``path`` to ``state``; see the module docstring.
 
     Raises:
         ProvisionError: bad arguments. UnreachableError: the connection failed.
     """
-    check_arguments(args, ARGUMENTS, "file")
-    path = require(args, "path", "file")
+    values = ARGUMENT_SPEC.validate(args)
+    path, state = values["path"], values["state"]
     if not posixpath.isabs(path) or posixpath.normpath(path) == "/":
         raise ProvisionError.single("file: path", "must be an absolute path other than /",
                                     actual=path)
-    state = check_type(args, "state", "file", str) or "file"
-    if state not in STATES:
-        raise ProvisionError.single("file: state", "invalid state", expected=", ".join(STATES),
-                                    actual=state)
-    owner = check_type(args, "owner", "file", str)
-    group = check_type(args, "group", "file", str)
-    mode = parse_mode(args.get("mode"), "file")
+    owner, group = values["owner"], values["group"]
+    mode = parse_mode(values["mode"], "file")
     quoted = quote(path)
     read = ctx.conn.run(_stat_command(path))
     line = read.stdout.strip()
@@ -108,7 +102,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
                         {"path": path, "state": state}, persisted_notify=bool(notify))
 
 
-def read_command(ctx: Any, args: Mapping[str, Any]) -> str | None:
+def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
     """Return the read-only ``stat`` command :func:`run` sends first, or None when ``path`` is
     not usable; the runner batches it (runner/prefetch.py).
 

@@ -1,16 +1,8 @@
 """Make an HTTP request and check the answer, retrying until a condition holds.
 
-Arguments:
-    url: ``http(s)://...``, required. method: GET (default) or POST (or any verb).
-    body: request body (a string, or a mapping/list sent as JSON with ``body_format: json``).
-    headers: mapping. timeout: seconds per request (default 10).
-    status_code: wanted status, an int or a list (default 200).
-    body_contains: text the body must contain.
-    until: Jinja2 condition over the result (``status``, ``body``, ``json``), retried until true.
-    retries: extra attempts (default 0; 3 when ``until`` is given, Ansible's default).
-    delay: seconds between attempts (default 5).
-    from: ``controller`` (default) or ``host`` (``python3`` urllib on the target, one round trip
-        per attempt).
+A mapping or list ``body`` is sent as JSON (``body_format`` defaults to ``json`` then). With
+``from: host`` the request is made by ``python3`` (urllib) on the target, one round trip per
+attempt.
 
 Reports ``ok`` on success (a request changes nothing we track) and ``failed`` with the last
 status and body otherwise. Not sent in check mode for methods other than GET/HEAD (``skipped``).
@@ -32,11 +24,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.errors import ProvisionError
-from vllm_provision.modules import ModuleResult, check_arguments, check_type, quote, require
+from vllm_provision.modules import ModuleResult, quote
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
-ARGUMENTS = ("url", "method", "body", "body_format", "headers", "timeout", "status_code",
-             "body_contains", "until", "retries", "delay", "from")
+ARGUMENT_SPEC = ArgumentSpec("http", (
+    Argument("url", "str", "http:// or https:// URL", required=True),
+    Argument("method", "str", "HTTP verb (GET, POST, ...)", default="GET"),
+    Argument("body", "raw", "request body: a string, or a mapping/list sent as JSON"),
+    Argument("body_format", "str", "how the body is sent",
+             default_text="json for a mapping or list, else raw", choices=("json", "raw")),
+    Argument("headers", "dict", "request headers"),
+    Argument("timeout", "float", "seconds per request", default=10.0, minimum=0.1),
+    Argument("status_code", ("int", "list"), "wanted status, or a list of them", default=200),
+    Argument("body_contains", "str", "text the body must contain"),
+    Argument("until", ("str", "list"), "Jinja2 condition over the answer (status, body, json), "
+             "retried until true"),
+    Argument("retries", "int", "extra attempts", default_text="0; 3 with until (Ansible's)",
+             minimum=0),
+    Argument("delay", "float", "seconds between attempts", default=5.0, minimum=0),
+    Argument("from", "str", "where the request is made", default="controller",
+             choices=("controller", "host")),
+))
 
 _REMOTE = r"""
 import json, sys, urllib.request, urllib.error
@@ -54,38 +64,35 @@ print(json.dumps(out))
 """
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Send the request (with retries); see the module docstring.
 
     Raises:
         ProvisionError: bad arguments. UnreachableError: the connection failed (``from: host``).
     """
-    check_arguments(args, ARGUMENTS, "http")
-    url = require(args, "url", "http")
+    values = ARGUMENT_SPEC.validate(args)
+    url = values["url"]
     if not url.startswith(("http://", "https://")):
         raise ProvisionError.single("http: url", "not an http(s) URL", actual=url)
-    method = (check_type(args, "method", "http", str) or "GET").upper()
-    body = args.get("body")
-    body_format = check_type(args, "body_format", "http", str) or (
+    method = values["method"].upper()
+    body = values["body"]
+    body_format = values["body_format"] or (
         "json" if isinstance(body, (Mapping, list)) else "raw")
-    headers = dict(check_type(args, "headers", "http", Mapping) or {})
+    headers = dict(values["headers"] or {})
     if body is not None and body_format == "json":
         body = json.dumps(body)
         headers.setdefault("Content-Type", "application/json")
     elif body is not None:
         body = str(body)
-    timeout = float(check_type(args, "timeout", "http", (int, float)) or 10)
-    wanted = args.get("status_code", 200)
+    timeout = values["timeout"]
+    wanted = values["status_code"]
     wanted_codes = set(wanted) if isinstance(wanted, list) else {wanted}
-    contains = check_type(args, "body_contains", "http", str)
-    until = args.get("until")
-    retries = check_type(args, "retries", "http", int)
+    contains = values["body_contains"]
+    until = values["until"]
+    retries = values["retries"]
     retries = (3 if until else 0) if retries is None else retries
-    delay = float(check_type(args, "delay", "http", (int, float)) or 5)
-    origin = check_type(args, "from", "http", str) or "controller"
-    if origin not in ("controller", "host"):
-        raise ProvisionError.single("http: from", "invalid origin",
-                                    expected="controller or host", actual=origin)
+    delay = values["delay"]
+    origin = values["from"]
     if ctx.check_mode and method not in ("GET", "HEAD"):
         return ModuleResult(Status.SKIPPED, f"{method} not sent in check mode")
     # Check mode never waits: what a retried request waits for (a server coming up, a watchdog
@@ -126,7 +133,7 @@ def _send(request: Mapping[str, Any]) -> dict[str, Any]:
         return {"status": -1, "body": "", "error": str(getattr(exc, "reason", exc))}
 
 
-def _send_remote(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+def _send_remote(ctx: ModuleContext, request: Mapping[str, Any]) -> dict[str, Any]:
     # The script travels base64-encoded: shell words may not hold line breaks (quoting rules),
     # and stdin carries the request.
     script = base64.b64encode(_REMOTE.encode()).decode()
@@ -139,7 +146,7 @@ def _send_remote(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         return {"status": -1, "body": "", "error": (result.stderr or result.stdout)[-300:]}
 
 
-def _judge(ctx: Any, answer: Mapping[str, Any], wanted: set[Any], contains: str | None,
+def _judge(ctx: ModuleContext, answer: Mapping[str, Any], wanted: set[Any], contains: str | None,
            until: Any) -> str:
     if answer.get("status", -1) == -1:
         return f"no answer ({answer.get('error', 'unknown error')})"

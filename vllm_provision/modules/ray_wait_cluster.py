@@ -19,12 +19,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_provision.connection import Connection
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Replica
+from vllm_provision.modules import ModuleResult
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.quoting import shell_join
 from vllm_provision.results import Status
 
-ARGUMENTS = ("timeout_s", "poll_s", "gpus_per_node")
+ARGUMENT_SPEC = ArgumentSpec("ray_wait_cluster", (
+    Argument("timeout_s", "float", "seconds to wait in all",
+             default_text="the ray_cluster_timeout_s variable (300)", minimum=0),
+    Argument("poll_s", "float", "seconds between polls", default=2.0, minimum=0.05),
+    Argument("gpus_per_node", "float", "GPUs every node must show in Ray",
+             default_text="ray_num_gpus, else the GPUs preflight found, else world size / "
+                          "nodes", minimum=0),
+))
 
 # Runs on the head as the service user; prints one JSON object. Ray API: ray.nodes(),
 # ray.cluster_resources(), ray.available_resources(), ray.util.placement_group_table().
@@ -178,15 +189,31 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
                        "RAY_USAGE_STATS_ENABLED=0", python, "-", address])
 
 
-def read_snapshot(ctx: Any, replica: Replica) -> tuple[RaySnapshot | None, str]:
-    """Run the snapshot on the head; returns (snapshot or None, error text)."""
+def read_snapshot(ctx: ModuleContext, replica: Replica) -> tuple[RaySnapshot | None, str]:
+    """Run the snapshot on the head (its connection, else the task's); see
+    :func:`read_head_snapshot`."""
     conn = ctx.connections.get(replica.master.name, ctx.conn)
-    result = conn.run(snapshot_command(replica, ctx.vars), stdin=SNAPSHOT_SCRIPT, timeout_s=90)
+    return read_head_snapshot(conn, replica, ctx.vars)
+
+
+def read_head_snapshot(conn: Connection, replica: Replica, vars_: Mapping[str, Any],
+                       ) -> tuple[RaySnapshot | None, str]:
+    """Run the snapshot over ``conn`` (the head's connection) with the unit variables ``vars_``.
+
+    Returns:
+        (the snapshot, or None when Ray's API did not answer; the last 600 characters of the
+        error output).
+
+    Raises:
+        UnreachableError: the connection failed.
+    """
+    result = conn.run(snapshot_command(replica, vars_), stdin=SNAPSHOT_SCRIPT, timeout_s=90)
     snapshot = parse_snapshot(result.stdout) if result.exit_code == 0 else None
     return snapshot, (result.stderr or result.stdout).strip()[-600:]
 
 
-def expected_gpus(ctx: Any, replica: Replica, gpus_per_node: float | None) -> dict[str, float]:
+def expected_gpus(ctx: ModuleContext, replica: Replica,
+                  gpus_per_node: float | None) -> dict[str, float]:
     """Node IP -> GPUs it must show in Ray: ``gpus_per_node``, else ``ray_num_gpus``, else the
     GPUs preflight found on that node, else the world size divided evenly over the nodes."""
     expected = {}
@@ -202,28 +229,25 @@ def expected_gpus(ctx: Any, replica: Replica, gpus_per_node: float | None) -> di
     return expected
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Poll Ray's API on the head until every node is alive with its GPUs, then check placement.
 
-    Args (task arguments):
-        timeout_s: total seconds (default ``ray_cluster_timeout_s``, 300).
-        poll_s: seconds between polls (default 2).
-        gpus_per_node: GPUs every node must show (default: see :func:`expected_gpus`).
+    Args:
+        ctx: the task context. args: see ``ARGUMENT_SPEC`` (docs/modules.md).
 
     Returns:
         ok with ``data``: nodes, GPUs, seconds waited; failed naming the missing node/GPUs or
         why vLLM's placement group could not be placed.
     """
-    from vllm_provision.modules import ModuleResult
-
+    values = ARGUMENT_SPEC.validate(args)
     replica = ctx.replica
     if replica is None or replica.backend != "ray":
         return ModuleResult(Status.SKIPPED, "not a node of a Ray replica")
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, "check mode: the Ray cluster is not queried")
-    timeout_s = float(args.get("timeout_s") or ctx.vars.get("ray_cluster_timeout_s", 300))
-    poll_s = float(args.get("poll_s") or 2)
-    expected = expected_gpus(ctx, replica, args.get("gpus_per_node"))
+    timeout_s = float(values["timeout_s"] or ctx.vars.get("ray_cluster_timeout_s", 300))
+    poll_s = values["poll_s"]
+    expected = expected_gpus(ctx, replica, values["gpus_per_node"])
     started = time.monotonic()
     gaps: list[str] = ["no answer from Ray yet"]
     while True:
@@ -256,7 +280,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
                               "ray_cluster_wait_s": waited})
 
 
-def _driver_ip(ctx: Any, replica: Replica) -> str:
+def _driver_ip(ctx: ModuleContext, replica: Replica) -> str:
     """VLLM_HOST_IP vLLM will use on the head: an operator override in ``vllm_env`` or in the
     head's ``vllm_node_env`` (written after ``vllm_env`` in the env file, so it wins) wins."""
     head_vars = replica.master.host.vars

@@ -1,12 +1,8 @@
 """Control a systemd unit: daemon-reload, enabled, started/stopped/restarted.
 
-Arguments:
-    name: the unit (``vllm.service``); optional when only ``daemon_reload`` is asked.
-    state: ``started`` / ``stopped`` (idempotent) or ``restarted`` (always bounces; use it in
-        handlers).
-    enabled: true/false.
-    daemon_reload: run ``systemctl daemon-reload`` first, reported as ``changed`` ONLY when a unit
-        file changed since the last reload (unlike Ansible, ansible/ansible#77606): the unit's
+``started`` / ``stopped`` are idempotent; ``restarted`` always bounces the unit (use it in
+handlers). ``daemon_reload`` runs ``systemctl daemon-reload`` first, reported as ``changed`` ONLY
+when a unit file changed since the last reload (unlike Ansible, ansible/ansible#77606): the unit's
         ``NeedDaemonReload=yes`` (systemctl show), or the marker the template module writes in
         the same round trip as a unit-file change, or (check mode) a unit file that would change
         earlier in this run. A restart after editing a unit without a reload would use the old
@@ -26,17 +22,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.errors import ProvisionError
-from vllm_provision.modules import (
-    DAEMON_RELOAD_MARKER,
-    ModuleResult,
-    check_arguments,
-    check_type,
-    quote,
-)
+from vllm_provision.modules import DAEMON_RELOAD_MARKER, ModuleResult, quote
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
-ARGUMENTS = ("name", "state", "enabled", "daemon_reload")
 STATES = ("started", "stopped", "restarted")
+ARGUMENT_SPEC = ArgumentSpec("systemd", (
+    Argument("name", "str", "the unit (vllm.service); required with state or enabled"),
+    Argument("state", "str", "the wanted state", choices=STATES),
+    Argument("enabled", "bool", "started at boot or not"),
+    Argument("daemon_reload", "bool", "systemctl daemon-reload first, when a unit file changed",
+             default=False),
+))
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload",
               "ExecMainStartTimestamp")
 # systemd.unit(5): unit names are [A-Za-z0-9:_.\-@] plus a type suffix.
@@ -45,20 +43,15 @@ _RUNNING = ("active", "activating", "reloading")
 _JOURNAL_LINES = 30
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Bring a unit to the wanted state; see the module docstring.
 
     Raises:
         ProvisionError: bad arguments. UnreachableError: the connection failed.
     """
-    check_arguments(args, ARGUMENTS, "systemd")
-    name = check_type(args, "name", "systemd", str)
-    state = check_type(args, "state", "systemd", str)
-    enabled = check_type(args, "enabled", "systemd", bool)
-    daemon_reload = bool(check_type(args, "daemon_reload", "systemd", bool))
-    if state is not None and state not in STATES:
-        raise ProvisionError.single("systemd: state", "invalid state",
-                                    expected=", ".join(STATES), actual=state)
+    values = ARGUMENT_SPEC.validate(args)
+    name, state, enabled = values["name"], values["state"], values["enabled"]
+    daemon_reload = values["daemon_reload"]
     if name is None and (state is not None or enabled is not None):
         raise ProvisionError.single("systemd: name", "required with state or enabled")
     if name is not None and not _UNIT_RE.match(name):
@@ -127,7 +120,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
                         persisted_notify=bool(notify))
 
 
-def read_command(ctx: Any, args: Mapping[str, Any]) -> str | None:
+def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
     """Return the read-only ``systemctl show`` command :func:`run` sends first, or None when
     ``name`` is not a unit name; the runner batches it (runner/prefetch.py).
 
@@ -148,7 +141,7 @@ def _show_command(name: str | None) -> str:
     return read
 
 
-def ctx_timeout(ctx: Any) -> float:
+def ctx_timeout(ctx: ModuleContext) -> float:
     """The run's per-command timeout, in seconds (starting a unit may take longer)."""
     options = getattr(getattr(ctx.conn, "options", None), "command_timeout_s", None)
     return float(options) if options else 30.0

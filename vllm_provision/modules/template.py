@@ -1,16 +1,9 @@
 """Render a Jinja2 template locally and install it on the host atomically, only if it differs.
 
-Arguments:
-    src: template file, relative to the role's ``templates/`` (then the playbook's), or absolute.
-    dest: absolute path on the host.
-    owner, group: names (optional; unchanged when absent).
-    mode: octal string such as ``"0644"`` (optional).
-    backup: keep the replaced file as ``<dest>.prev`` (default true).
-    validate: command run on the rendered temp file before it is moved into place; ``%s`` is
-        replaced by the temp file's path (Ansible's ``validate``).
-    validate_unit: run ``systemd-analyze verify`` on the rendered file, placed under its REAL unit
-        name in a temp folder (ansible/ansible#19232); ANY output counts as failure, because the
-        tool exits 0 on warnings (systemd/systemd#11651).
+``validate`` is Ansible's: a command run on the rendered temp file before it is moved into
+place. ``validate_unit`` runs ``systemd-analyze verify`` on the rendered file, placed under its
+REAL unit name in a temp folder (ansible/ansible#19232); ANY output counts as failure, because
+the tool exits 0 on warnings (systemd/systemd#11651).
 
 Round trips: one when nothing changed (sha256 and owner/group/mode read on the host), a second
 to write when it did (plus one to read the old text in diff mode). Example::
@@ -32,38 +25,44 @@ from vllm_provision.errors import ProvisionError
 from vllm_provision.modules import (
     DAEMON_RELOAD_MARKER,
     ModuleResult,
-    check_arguments,
-    check_type,
     is_unit_path,
     parse_mode,
     quote,
-    require,
     unified_diff,
 )
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
-ARGUMENTS = ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit")
+ARGUMENT_SPEC = ArgumentSpec("template", (
+    Argument("src", "str", "template file: relative to the role's templates/ (then the "
+             "playbook's), or absolute", required=True),
+    Argument("dest", "str", "absolute path on the host", required=True),
+    Argument("owner", "str", "owner's user name (unchanged when absent)"),
+    Argument("group", "str", "group name (unchanged when absent)"),
+    Argument("mode", ("str", "int"), "octal mode such as \"0644\" (unchanged when absent)"),
+    Argument("backup", "bool", "keep the replaced file as <dest>.prev", default=True),
+    Argument("validate", "str", "command run on the rendered temp file; %s is its path"),
+    Argument("validate_unit", "bool", "systemd-analyze verify the rendered unit file",
+             default=False),
+))
 _VALIDATE_FAILED = 97
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
-    """Install the rendered ``src`` at ``dest``; see the module docstring for arguments.
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
+    """Install the rendered ``src`` at ``dest``; see the module docstring.
 
     Raises:
         ProvisionError: bad arguments, template missing or failing to render.
         UnreachableError: the connection failed.
     """
-    check_arguments(args, ARGUMENTS, "template")
-    src = require(args, "src", "template")
-    dest = require(args, "dest", "template")
+    values = ARGUMENT_SPEC.validate(args)
+    src, dest = values["src"], values["dest"]
     if not posixpath.isabs(dest):
         raise ProvisionError.single("template: dest", "must be an absolute path", actual=dest)
-    owner = check_type(args, "owner", "template", str)
-    group = check_type(args, "group", "template", str)
-    mode = parse_mode(args.get("mode"), "template")
-    backup = check_type(args, "backup", "template", bool)
-    validate = check_type(args, "validate", "template", str)
-    validate_unit = bool(check_type(args, "validate_unit", "template", bool))
+    owner, group = values["owner"], values["group"]
+    mode = parse_mode(values["mode"], "template")
+    backup, validate, validate_unit = values["backup"], values["validate"], values["validate_unit"]
     if validate is not None and "%s" not in validate:
         raise ProvisionError.single("template: validate", "the command must contain %s",
                                     actual=validate, fix="e.g. 'visudo -cf %s'")
@@ -99,7 +98,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
     data = {"dest": dest, "checksum": wanted_hash}
     if ctx.check_mode:
         return ModuleResult(Status.CHANGED, f"would change: {message}", diff, data)
-    script = _write_script(dest, owner, group, mode, backup is not False, validate,
+    script = _write_script(dest, owner, group, mode, backup, validate,
                            validate_unit, content_changed, unit_file)
     notify = ctx.on_change_script()
     if notify:
@@ -120,7 +119,7 @@ def _oct(mode: int | None) -> str:
     return "none" if mode is None else f"0{mode:o}"
 
 
-def read_command(ctx: Any, args: Mapping[str, Any]) -> str | None:
+def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
     """Return the read-only command :func:`run` sends first (sha256 and owner/group/mode of
     ``dest``), or None when ``dest`` is not usable; the runner batches it (runner/prefetch.py).
 
@@ -141,7 +140,7 @@ def _state_command(dest: str) -> str:
             f"stat -c '%U %G %a' {path}; else echo ABSENT; fi")
 
 
-def _read_state(ctx: Any, dest: str) -> dict[str, Any]:
+def _read_state(ctx: ModuleContext, dest: str) -> dict[str, Any]:
     result = ctx.conn.run(_state_command(dest))
     lines = result.stdout.split()
     if not result.ok:
@@ -155,7 +154,7 @@ def _read_state(ctx: Any, dest: str) -> dict[str, Any]:
     return {"hash": lines[0], "owner": lines[1], "group": lines[2], "mode": int(lines[3], 8)}
 
 
-def _read_text(ctx: Any, dest: str) -> str:
+def _read_text(ctx: ModuleContext, dest: str) -> str:
     result = ctx.conn.run(f"cat {quote(dest)}")
     return result.stdout if result.ok else ""
 

@@ -7,8 +7,8 @@ host of it; the other replicas pass on their own findings (``checks.run.findings
 node's result carries its replica's name and findings (``provision up`` reports per replica).
 Read-only: it runs the same in check mode.
 
-Arguments: ``skip_checks`` (list of check names or prefixes, as ``--skip-check``), merged with
-the ``preflight_skip_checks`` variable and the ``skip_checks`` extra variable.
+The task's ``skip_checks`` are merged with the ``preflight_skip_checks`` variable and the
+``skip_checks`` extra variable (``--skip-check``).
 
 Example task::
 
@@ -25,10 +25,16 @@ from typing import Any
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.run import findings_of, load_defaults, run_checks, settings_for
 from vllm_provision.facts.gather import gather_facts
+from vllm_provision.modules import ModuleResult
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
 RUNS_ON = "controller"
-ARGUMENTS = ("skip_checks",)
+ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (
+    Argument("skip_checks", ("list", "str"), "check names or prefixes to skip, as --skip-check "
+             "(a string: comma-separated)"),
+))
 
 
 def _as_list(value: Any) -> list[str]:
@@ -47,7 +53,7 @@ def finding_dict(finding: Finding) -> dict[str, str]:
             "actual": finding.actual, "fix": finding.fix, "source": finding.source}
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Probe the play's replicas, run the checks, store facts, fail on any error finding.
 
     Args:
@@ -58,14 +64,13 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
         ModuleResult: ``ok`` with per-host results, or ``failed`` on every node of a replica
         with an error finding (the message lists them: host, item, expected, actual, fix).
     """
-    from vllm_provision.modules import ModuleResult
-
+    values = ARGUMENT_SPEC.validate(args)
     inventory = ctx.inventory
     replicas = [r for r in inventory.replicas
                 if any(node.name in ctx.connections for node in r.nodes)]
     if not replicas:
         return ModuleResult(Status.SKIPPED, "no replica among the play's hosts")
-    skip = (_as_list(args.get("skip_checks")) + _as_list(ctx.vars.get("skip_checks"))
+    skip = (_as_list(values["skip_checks"]) + _as_list(ctx.vars.get("skip_checks"))
             + _as_list(ctx.vars.get("preflight_skip_checks")))
     defaults = load_defaults()
     settings = [settings_for(replica, defaults) for replica in replicas]
@@ -82,7 +87,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
     warnings = [f for f in findings if f.severity is Severity.WARNING]
     data = {"errors": len(failing), "warnings": len(warnings),
             "findings": [finding_dict(f) for f in findings if f.severity is not Severity.OK]}
-    host_results: dict[str, Any] = {}
+    host_results: dict[str, ModuleResult] = {}
     for replica in replicas:
         own_findings = findings_of(replica, findings)
         mine = [f for f in own_findings if f.severity is Severity.ERROR]

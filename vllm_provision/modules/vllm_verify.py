@@ -17,13 +17,23 @@ from typing import Any
 
 from vllm_provision.errors import ProvisionError
 from vllm_provision.models import Replica
+from vllm_provision.modules import ModuleResult
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.vllm_wait_ready import served_model
 from vllm_provision.results import Status
 from vllm_provision.verify import Endpoint
 
-ARGUMENTS = ("prompt", "max_tokens", "expect_version")
+ARGUMENT_SPEC = ArgumentSpec("vllm_verify", (
+    Argument("prompt", "str", "the prompt of the completion", default="Hello"),
+    Argument("max_tokens", "int", "tokens to generate", default=8, minimum=1),
+    Argument("expect_version", "str", "the version /version must report",
+             default_text="the vLLM preflight found on rank 0, else the vllm_version pin; not "
+                          "compared when neither is known"),
+))
 
 
-def expected_version(ctx: Any, replica: Replica) -> str | None:
+def expected_version(ctx: ModuleContext, replica: Replica) -> str | None:
     """The vLLM version preflight found on rank 0 (``facts``), else the ``vllm_version`` pin."""
     facts = ctx.facts.get(replica.master.name) if isinstance(ctx.facts, Mapping) else None
     packages = getattr(facts, "packages", None) or {}
@@ -45,14 +55,11 @@ def same_version(running: str, wanted: str) -> bool:
     return run_public == want_public and not (run_local and want_local)
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Send one completion and compare the running version.
 
-    Args (task arguments):
-        prompt: prompt text (default ``"Hello"``).
-        max_tokens: tokens to generate (default 8).
-        expect_version: the version ``/version`` must report (default: see
-            :func:`expected_version`; not compared when unknown).
+    Args:
+        ctx: the task context. args: see ``ARGUMENT_SPEC`` (docs/modules.md).
 
     Returns:
         ok with ``data``: ``completion``, ``served_model``, ``ttft_s``, ``completion_s``,
@@ -61,19 +68,17 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
     Raises:
         ProvisionError: the completion failed, or the running version differs.
     """
-    from vllm_provision.modules import ModuleResult
-    from vllm_provision.modules.vllm_wait_ready import served_model
-
+    values = ARGUMENT_SPEC.validate(args)
     replica: Replica | None = ctx.replica
     if replica is None:
         return ModuleResult(Status.SKIPPED, "not a node of a replica")
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, "check mode: no request is sent")
     endpoint = Endpoint.for_replica(replica, timeout_s=60)
-    completion = endpoint.complete(served_model(replica), prompt=str(args.get("prompt", "Hello")),
-                                   max_tokens=int(args.get("max_tokens", 8)))
+    completion = endpoint.complete(served_model(replica), prompt=values["prompt"],
+                                   max_tokens=values["max_tokens"])
     running = endpoint.version()
-    wanted = args.get("expect_version") or expected_version(ctx, replica)
+    wanted = values["expect_version"] or expected_version(ctx, replica)
     if wanted and not same_version(running, str(wanted)):
         raise ProvisionError.single(
             endpoint.base_url + "/version", "the running vLLM is not the version preflight found",

@@ -18,6 +18,10 @@ from typing import Any
 
 from vllm_provision.errors import Problem
 from vllm_provision.models import Replica
+from vllm_provision.modules import ModuleResult
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.ray_wait_cluster import pending_placement_problem, read_snapshot
 from vllm_provision.results import Status
 from vllm_provision.verify import (
     Endpoint,
@@ -30,7 +34,11 @@ from vllm_provision.verify import (
     wait_ready,
 )
 
-ARGUMENTS = ("timeout_s", "poll_s")
+ARGUMENT_SPEC = ArgumentSpec("vllm_wait_ready", (
+    Argument("timeout_s", "float", "seconds to wait in all",
+             default_text="the vllm_ready_timeout_s variable (1800)", minimum=0),
+    Argument("poll_s", "float", "seconds between polls", default=1.0, minimum=0.05),
+))
 
 
 def replica_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -48,7 +56,7 @@ def replica_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[
             for node in replica.nodes}
 
 
-def observe_units(ctx: Any, replica: Replica) -> Observation:
+def observe_units(ctx: ModuleContext, replica: Replica) -> Observation:
     """One ``systemctl show`` per node; the master's clock comes with it."""
     states: list[UnitState] = []
     master_now = None
@@ -61,7 +69,7 @@ def observe_units(ctx: Any, replica: Replica) -> Observation:
     return Observation(states, master_now)
 
 
-def read_journal(ctx: Any, replica: Replica, state: UnitState) -> str:
+def read_journal(ctx: ModuleContext, replica: Replica, state: UnitState) -> str:
     """The last journal lines of one unit, secrets masked."""
     result = ctx.connections[state.host].run(journal_command(state.unit), timeout_s=30)
     secrets = [replica.engine.api_key, ctx.vars.get("vllm_hf_token")]
@@ -73,12 +81,11 @@ def served_model(replica: Replica) -> str:
     return replica.engine.served_model_name or replica.engine.model
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> Any:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Poll until the replica serves (see :func:`vllm_provision.verify.wait_ready`).
 
-    Args (task arguments):
-        timeout_s: total seconds (default ``vllm_ready_timeout_s``, 1800).
-        poll_s: seconds between polls (default 1).
+    Args:
+        ctx: the task context. args: see ``ARGUMENT_SPEC`` (docs/modules.md).
 
     Returns:
         ok with ``data``: ``start_to_serving_s`` (None when not measured),
@@ -86,15 +93,13 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
         ``already_serving``, ``served_model``. Raises ProvisionError (the runner reports it as
         failed) otherwise.
     """
-    from vllm_provision.modules import ModuleResult
-    from vllm_provision.modules.ray_wait_cluster import pending_placement_problem, read_snapshot
-
+    values = ARGUMENT_SPEC.validate(args)
     replica: Replica | None = ctx.replica
     if replica is None:
         return ModuleResult(Status.SKIPPED, "not a node of a replica")
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, "check mode: readiness is not polled")
-    timeout_s = float(args.get("timeout_s") or ctx.vars.get("vllm_ready_timeout_s", 1800))
+    timeout_s = float(values["timeout_s"] or ctx.vars.get("vllm_ready_timeout_s", 1800))
     model = served_model(replica)
 
     def ray_check() -> Problem | None:
@@ -107,7 +112,7 @@ def run(ctx: Any, args: Mapping[str, Any]) -> Any:
         journal=lambda state: read_journal(ctx, replica, state),
         endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
         vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
-        poll_s=float(args.get("poll_s") or 1),
+        poll_s=values["poll_s"],
         extra_check=ray_check if replica.backend == "ray" else None)
     if ready.already_serving:
         message = "already serving"

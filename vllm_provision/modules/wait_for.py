@@ -1,14 +1,7 @@
 """Wait until a TCP port is open (or closed), probed from the host or from the controller.
 
-Arguments:
-    port: TCP port (1-65535), required.
-    host: address to probe (default: the target host's own address when probing from the
-        controller, ``127.0.0.1`` when probing on the host).
-    state: ``started`` (open, default) or ``stopped`` (closed).
-    timeout: seconds to wait in all (default 300). delay: seconds before the first probe.
-    connect_timeout: seconds per probe (default 5, Ansible's).
-    from: ``host`` (default, like Ansible's wait_for: bash ``/dev/tcp`` on the target, one round
-        trip for the whole wait) or ``controller``.
+From the host (the default, like Ansible's wait_for) the probe is bash's ``/dev/tcp`` on the
+target, one round trip for the whole wait.
 
 ``ok`` when the port reached the state (nothing was changed); ``failed`` on timeout; ``skipped``
 in check mode, which never waits (the real run starts what a playbook waits for). Example::
@@ -26,37 +19,38 @@ from typing import Any
 from vllm_provision.connection import probe_tcp
 from vllm_provision.errors import ProvisionError
 from vllm_provision.kinds import check_ssh_host
-from vllm_provision.modules import ModuleResult, check_arguments, check_type, quote, require
+from vllm_provision.modules import ModuleResult, quote
+from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.modules.context import ModuleContext
 from vllm_provision.results import Status
 
-ARGUMENTS = ("port", "host", "state", "timeout", "delay", "connect_timeout", "from")
+ARGUMENT_SPEC = ArgumentSpec("wait_for", (
+    Argument("port", "int", "TCP port", required=True, minimum=1, maximum=65535),
+    Argument("host", "str", "address to probe",
+             default_text="the host's own address from the controller, 127.0.0.1 on the host"),
+    Argument("state", "str", "started: open; stopped: closed", default="started",
+             choices=("started", "stopped")),
+    Argument("timeout", "float", "seconds to wait in all", default=300.0, minimum=0),
+    Argument("delay", "float", "seconds before the first probe", default=0.0, minimum=0),
+    Argument("connect_timeout", "float", "seconds per probe (Ansible's default)", default=5.0,
+             minimum=0.1),
+    Argument("from", "str", "where the probe runs", default="host",
+             choices=("host", "controller")),
+))
 _POLL_S = 1.0
 
 
-def run(ctx: Any, args: Mapping[str, Any]) -> ModuleResult:
+def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Wait for the port; see the module docstring.
 
     Raises:
         ProvisionError: bad arguments. UnreachableError: the connection failed.
     """
-    check_arguments(args, ARGUMENTS, "wait_for")
-    port = require(args, "port", "wait_for", int)
-    if not 1 <= port <= 65535:
-        raise ProvisionError.single("wait_for: port", "out of range", expected="1-65535",
-                                    actual=str(port))
-    state = check_type(args, "state", "wait_for", str) or "started"
-    if state not in ("started", "stopped"):
-        raise ProvisionError.single("wait_for: state", "invalid state",
-                                    expected="started or stopped", actual=state)
-    timeout = float(check_type(args, "timeout", "wait_for", (int, float)) or 300)
-    delay = float(check_type(args, "delay", "wait_for", (int, float)) or 0)
-    per_probe = float(check_type(args, "connect_timeout", "wait_for", (int, float)) or 5)
-    origin = check_type(args, "from", "wait_for", str) or "host"
-    if origin not in ("host", "controller"):
-        raise ProvisionError.single("wait_for: from", "invalid origin",
-                                    expected="host or controller", actual=origin)
-    address = check_type(args, "host", "wait_for", str) or (
-        ctx.host.address if origin == "controller" else "127.0.0.1")
+    values = ARGUMENT_SPEC.validate(args)
+    port, state, origin = values["port"], values["state"], values["from"]
+    timeout, delay = float(values["timeout"]), float(values["delay"])
+    per_probe = float(values["connect_timeout"])
+    address = values["host"] or (ctx.host.address if origin == "controller" else "127.0.0.1")
     wrong = check_ssh_host(address)
     if wrong is not None:
         raise ProvisionError.single("wait_for: host", "invalid address", expected=wrong,

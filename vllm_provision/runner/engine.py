@@ -184,7 +184,7 @@ class Runner:
             batch = [h for h in batch if h.name not in self.dropped]
             self._no_prefetch = set()
             self._prefetch(play, batch)
-            notified: dict[str, dict[str, str]] = {}  # target -> host -> notifying task
+            notified: dict[str, dict[str, Notifier]] = {}  # target -> host -> notifying task
             self._load_pending(play, batch, notified)
             for index, task in enumerate(play.tasks):
                 if self._aborted:
@@ -304,7 +304,7 @@ class Runner:
                 conn.drop()
 
     def _load_pending(self, play: Play, batch: list[Host],
-                      notified: dict[str, dict[str, str]]) -> None:
+                      notified: dict[str, dict[str, Notifier]]) -> None:
         """Read notifications left by earlier runs (one round trip per host, in parallel)."""
         if not play.handlers:
             return
@@ -326,13 +326,13 @@ class Runner:
                 continue
             for item in found:
                 if item.handler in targets:
-                    notified.setdefault(item.handler, {})[host.name] = (
-                        f"an earlier run ({item.task})" if item.task else "an earlier run")
+                    notified.setdefault(item.handler, {})[host.name] = Notifier(
+                        item.task, earlier_run=True)
 
     # -- tasks ----------------------------------------------------------------------------------
 
     def _run_task(self, play: Play, task: Task, batch: list[Host],
-                  notified: dict[str, dict[str, str]], index: int = 0) -> None:
+                  notified: dict[str, dict[str, Notifier]], index: int = 0) -> None:
         self.reporter.task_started(task.name)
         spec = find_module(task.module)
         assert spec is not None  # validated at load time
@@ -389,12 +389,12 @@ class Runner:
         return self._run_on_host(play, task, host, batch)
 
     def _after_result(self, task: Task, result: TaskResult,
-                      notified: dict[str, dict[str, str]]) -> None:
+                      notified: dict[str, dict[str, Notifier]]) -> None:
         if result.status in (Status.CHANGED, Status.FAILED, Status.UNREACHABLE):
             self._drop_prefetched([result.host])  # a write may change what a later read sees
         if result.status is Status.CHANGED:
             for target in task.notify:
-                notified.setdefault(target, {}).setdefault(result.host, task.name)
+                notified.setdefault(target, {}).setdefault(result.host, Notifier(task.name))
         if result.status in (Status.FAILED, Status.UNREACHABLE) and not (
                 task.ignore_errors and result.status is Status.FAILED):
             self.dropped.setdefault(result.host, result.status)
@@ -445,7 +445,8 @@ class Runner:
             diff = "(diff hidden: no_log)" if diff else ""
             data = None
         result = TaskResult(host, task.name, module_result.status, self.masker.text(message),
-                            self.masker.text(diff), duration, self.masker.data(data))
+                            self.masker.text(diff), duration, self.masker.data(data),
+                            register=task.register)
         return result
 
     def _record(self, result: TaskResult) -> TaskResult:
@@ -504,6 +505,8 @@ class Runner:
         spec = find_module(task.module)
         assert spec is not None
         args = templar.render_value(task.args, f"{task.where}.{task.module}")
+        if spec.arguments is not None:  # the rendered values, against the module's declaration
+            args = spec.arguments.validate(args, f"{task.where}.{task.module}")
         conn = self._connection_for(task, host)
         ctx = self._task_context(play, task, host, templar, conn, templar.lazy())
         result = spec.run(ctx, args)
@@ -589,7 +592,7 @@ class Runner:
     # -- handlers -------------------------------------------------------------------------------
 
     def _run_handlers(self, play: Play, batch: list[Host],
-                      notified: dict[str, dict[str, str]]) -> None:
+                      notified: dict[str, dict[str, Notifier]]) -> None:
         """Run each notified handler once, in definition order; then clear what ran."""
         if not notified:
             return
@@ -600,7 +603,7 @@ class Runner:
             targets = [t for t in (handler.name, *handler.listen) if t in notified]
             if not targets:
                 continue
-            notifying: dict[str, str] = {}
+            notifying: dict[str, Notifier] = {}
             for target in targets:
                 for host_name, why in notified[target].items():
                     notifying.setdefault(host_name, why)
@@ -635,10 +638,10 @@ class Runner:
                 self.dropped[host_name] = Status.UNREACHABLE
 
     def _run_host_handler(self, play: Play, handler: Task, active: Mapping[str, Host],
-                          notifying: Mapping[str, str]) -> set[str]:
+                          notifying: Mapping[str, Notifier]) -> set[str]:
         futures = [self._pool.submit(self._run_on_host, play, handler, active[name],
                                      list(active.values()), handler=True,
-                                     note=_note(why))
+                                     note=why.note)
                    for name, why in notifying.items()]
         succeeded: set[str] = set()
         for future in as_completed(futures):
@@ -649,7 +652,7 @@ class Runner:
         return succeeded
 
     def _run_replica_handler(self, play: Play, handler: Task, active: Mapping[str, Host],
-                             notifying: Mapping[str, str]) -> set[str]:
+                             notifying: Mapping[str, Notifier]) -> set[str]:
         """Run once per replica, on every node in rank order (followers first by default)."""
         succeeded: set[str] = set()
         done_replicas: set[str] = set()
@@ -676,7 +679,7 @@ class Runner:
                     continue
                 results = self._run_on_host(play, handler, active[node_name],
                                             list(active.values()), handler=True,
-                                            note=_note(why))
+                                            note=why.note)
                 for result in results:
                     self._after_handler(handler, result)
                     if result.status in (Status.FAILED, Status.UNREACHABLE):
@@ -705,8 +708,27 @@ def registered_value(result: ModuleResult) -> dict[str, Any]:
     return value
 
 
-def _note(why: str) -> str:
-    return f"notified by {why}" if why.startswith("an earlier run") else ""
+@dataclass(frozen=True)
+class Notifier:
+    """Who notified a handler on a host: a task of this run, or a notification persisted by an
+    earlier run (``handlers_state``) and read back at the start of the play.
+
+    Attributes:
+        task: the notifying task's name (``""`` when an earlier run did not record it).
+        earlier_run: read back from the host, not notified in this run.
+    """
+
+    task: str
+    earlier_run: bool = False
+
+    @property
+    def note(self) -> str:
+        """The handler result's note: ``"notified by an earlier run (TASK)"`` for a persisted
+        notification, ``""`` for one of this run (the output already shows that task)."""
+        if not self.earlier_run:
+            return ""
+        return f"notified by an earlier run ({self.task})" if self.task else \
+            "notified by an earlier run"
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -119,11 +119,13 @@ def roles_search_path(playbook: Path, roles_paths: Sequence[Path] = ()) -> list[
 
 
 def load_playbook(path: Path, roles_paths: Sequence[Path] = ()) -> list[Play]:
-    """Load ``path`` (a list of plays) and its roles; validate every key.
+    """Load ``path`` (a list of plays) and its roles; validate every key, and every task's
+    arguments against its module's declaration (docs/modules.md).
 
     Raises:
         ProvisionError: unreadable file, YAML syntax error, unknown key or module, missing role,
-            a ``notify`` without a matching handler; one problem per message, naming the place.
+            a ``notify`` without a matching handler, an unknown, missing or wrongly typed module
+            argument; one problem per message, naming the file, play, task and key.
     """
     data = load_yaml(path)
     if not isinstance(data, list) or not data:
@@ -168,18 +170,18 @@ def _load_play(raw: Any, where: str, playbook: Path, search: list[Path]) -> Play
         defaults.update(role_defaults)
         for t_index, t_raw in enumerate(_optional_list(role_dir / "tasks" / "main.yml")):
             task = _load_task(t_raw, f"{role_dir / 'tasks' / 'main.yml'}: [{t_index}]",
-                              handler=False, role=role_name, role_path=role_dir)
+                              handler=False, role=role_name, role_path=role_dir, play=name)
             if role_when:
                 task = _with_when(task, role_when)
             tasks.append(task)
         for h_index, h_raw in enumerate(_optional_list(role_dir / "handlers" / "main.yml")):
             handlers.append(_load_task(h_raw, f"{role_dir / 'handlers' / 'main.yml'}: "
                                               f"[{h_index}]", handler=True, role=role_name,
-                                       role_path=role_dir))
+                                       role_path=role_dir, play=name))
     for index, t_raw in enumerate(_as_list(raw.get("tasks"), f"{where}.tasks")):
-        tasks.append(_load_task(t_raw, f"{where}.tasks[{index}]", handler=False))
+        tasks.append(_load_task(t_raw, f"{where}.tasks[{index}]", handler=False, play=name))
     for index, h_raw in enumerate(_as_list(raw.get("handlers"), f"{where}.handlers")):
-        handlers.append(_load_task(h_raw, f"{where}.handlers[{index}]", handler=True))
+        handlers.append(_load_task(h_raw, f"{where}.handlers[{index}]", handler=True, play=name))
     template_dirs.append(playbook.resolve().parent / "templates")
     _check_notify(tasks, handlers)
     fatal = raw.get("any_errors_fatal", False)
@@ -273,7 +275,7 @@ def _str_tuple(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _load_task(raw: Any, where: str, *, handler: bool, role: str | None = None,
-               role_path: Path | None = None) -> Task:
+               role_path: Path | None = None, play: str = "") -> Task:
     if not isinstance(raw, Mapping):
         raise _error(where, "a task is a mapping", actual=type(raw).__name__)
     allowed = HANDLER_KEYS if handler else TASK_KEYS
@@ -292,7 +294,8 @@ def _load_task(raw: Any, where: str, *, handler: bool, role: str | None = None,
         raise _error(where, "a task has exactly one module key",
                      actual=", ".join(str(k) for k in module_keys))
     module = str(module_keys[0])
-    if find_module(module) is None:
+    spec = find_module(module)
+    if spec is None:
         close = difflib.get_close_matches(module, [*BUILTIN_MODULES, *sorted(allowed)], n=1)
         raise _error(f"{where}.{module}", "unknown module or task key",
                      expected="a module (" + ", ".join(BUILTIN_MODULES) + ") or a task key",
@@ -302,6 +305,10 @@ def _load_task(raw: Any, where: str, *, handler: bool, role: str | None = None,
     if not isinstance(args, (Mapping, str)):
         raise _error(f"{where}.{module}", "module arguments must be a mapping or a string",
                      actual=type(args).__name__)
+    if spec.arguments is not None:
+        # the declared contract (modules/arguments.py): typos and literal values fail here,
+        # before any connection; templated values are checked once rendered
+        spec.arguments.check_declared(args, f"{where}.{module}", task=str(name), play=play)
     for key in ("run_once", "no_log", "ignore_errors"):
         if key in raw and not isinstance(raw[key], bool):
             raise _error(f"{where}.{key}", "must be true or false", actual=repr(raw[key]))

@@ -5,11 +5,11 @@
 Installed by vllm-provision (role vllm_watchdog) as ``vllm-watchdog.service`` on every node;
 configured by ``/etc/vllm-provision/watchdog.json``. See docs/recovery.md for the design.
 
-Why: a torch.distributed group cannot be rejoined. Measured with vLLM 0.32.0 (lab-probe.md part 4,
-B.5): after a follower dies, rank 0 keeps answering ``/health`` 200 until its next request fails,
-and after rank 0 dies a headless follower stays up forever. Ray workers do not rejoin a
-restarted head (ray-project/ray#1345). So every node watches the units it depends on, on its
-peers, and restarts its own unit when one of them restarted or vanished.
+Why: a torch.distributed group cannot be rejoined. Measured with vLLM 0.32.0 (docs/measured.md,
+"vLLM mp: a node dies"): after a follower dies, rank 0 keeps answering ``/health`` 200 until
+its next request fails, and after rank 0 dies a headless follower stays up forever. Ray workers
+do not rejoin a restarted head (ray-project/ray#1345). So every node watches the units it depends
+on, on its peers, and restarts its own unit when one of them restarted or vanished.
 
 How: every ``poll_s`` seconds the watchdog reads its local units (``systemctl show``: InvocationID,
 ActiveState, SubState, ExecMainStartTimestampMonotonic) and each peer's published state
@@ -38,8 +38,8 @@ only running units are restarted (try-restart), never started.
 
 Completion probe (the node that runs the API server: mp rank 0, the Ray head): the rules above
 see only unit changes, and a group that hangs with every unit running (a frozen peer, an NCCL
-hang) keeps ``/health`` at 200 (lab-probe.md part 4, B.5: /health says nothing about peer
-ranks). So every ``probe_interval_s`` seconds a :class:`Prober` POSTs one real completion
+hang) keeps ``/health`` at 200 (docs/measured.md, "vLLM mp: a node dies": /health says nothing
+about peer ranks). So every ``probe_interval_s`` seconds a :class:`Prober` POSTs one real completion
 (``max_tokens`` 1) to the local API; ``probe_failures`` consecutive failures (timeout, refused
 or reset connection, HTTP 5xx/408/429) restart the local vLLM unit with the same try-restart,
 and the peers' rules then restart the rest of the group. It judges only an invocation that

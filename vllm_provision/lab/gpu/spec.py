@@ -48,7 +48,7 @@ class Key:
     doc: str
 
 
-# Defaults: the reference scenario of shared/docs/domain.md (2 x 4 H200, CUDA 13 wheels).
+# Defaults: the reference scenario of docs/measured.md (2 x 4 H200, CUDA 13 wheels).
 KEYS: dict[str, Key] = {k.name: k for k in [
     Key("gpus", int, 4, "number of GPUs nvidia-smi lists"),
     Key("gpu_name", str, "NVIDIA H200", "GPU product name"),

@@ -2,8 +2,8 @@
 
 Flag names and defaults: vLLM ``vllm/engine/arg_utils.py`` and
 ``vllm/entrypoints/openai/cli_args.py``; the checks: ``vllm/config/parallel.py``
-(``ParallelConfig.__post_init__``) and ``vllm/entrypoints/cli/serve.py`` (see
-shared/docs/research-vllm.md sections 1 and 2 for the quoted texts).
+(``ParallelConfig.__post_init__``) and ``vllm/entrypoints/cli/serve.py``, in
+https://github.com/vllm-project/vllm (the quoted texts are from those files).
 """
 
 from __future__ import annotations

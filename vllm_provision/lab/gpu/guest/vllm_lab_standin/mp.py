@@ -3,7 +3,7 @@
 Real vLLM (``--nnodes N --node-rank R --master-addr A --master-port P``): rank 0 hosts the
 torch.distributed TCPStore on ``A:P`` (all interfaces); every other node connects to it
 (vllm/distributed/parallel_state.py). Measured failure behaviour reproduced here
-(shared/docs/lab-probe.md part 4 B.4/B.5, vLLM 0.32.0):
+(docs/measured.md, "vLLM mp: failed starts and stops" and "vLLM mp: a node dies"; vLLM 0.32.0):
 
 * rank 0 waiting for peers has no HTTP port and ignores SIGTERM;
 * a vLLM/torch/NCCL mismatch hangs the group (like NCCL init) until the init timeout;

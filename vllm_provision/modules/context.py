@@ -1,0 +1,74 @@
+"""What a task module may use of the run: the :class:`ModuleContext` protocol.
+
+The runner passes its ``runner.context.TaskContext`` (a dataclass that satisfies this protocol);
+tests may pass any object with the members a module reads. Modules depend on this protocol, not
+on the runner (docs/runner-contract.md, "Module interface").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from vllm_provision.connection import Connection
+from vllm_provision.models import Host, Inventory, Node, Replica
+
+
+class ModuleContext(Protocol):
+    """One task on one host, as a module sees it.
+
+    Members (read-only for modules, except the two shared scratch mappings):
+        host: the target host. conn: its connection (``delegate_to`` and ``become`` applied).
+        connections: every open connection of the run, by host name (controller modules).
+        inventory: the loaded inventory. replica / node: the host's, or None outside a replica.
+        vars: the host's merged variables (docs/runner-contract.md for the precedence).
+        check_mode / diff_mode: ``--check`` / ``--diff`` as they apply to this task.
+        host_state: per-host scratch shared by the modules of one run (written).
+        facts: gathered facts by host name, shared by the run (written by preflight).
+        task_name: the task's name, for messages.
+    """
+
+    @property
+    def host(self) -> Host: ...
+    @property
+    def conn(self) -> Connection: ...
+    @property
+    def connections(self) -> Mapping[str, Connection]: ...
+    @property
+    def inventory(self) -> Inventory: ...
+    @property
+    def replica(self) -> Replica | None: ...
+    @property
+    def node(self) -> Node | None: ...
+    @property
+    def vars(self) -> Mapping[str, Any]: ...
+    @property
+    def check_mode(self) -> bool: ...
+    @property
+    def diff_mode(self) -> bool: ...
+    @property
+    def host_state(self) -> dict[str, Any]: ...
+    @property
+    def facts(self) -> dict[str, Any]: ...
+    @property
+    def task_name(self) -> str: ...
+
+    def render(self, template_text: str) -> str:
+        """Render Jinja2 text with the host's variables.
+
+        Raises:
+            ProvisionError: an undefined variable or a syntax error."""
+
+    def test(self, expression: str | list[str], extra: Mapping[str, Any] | None = None) -> bool:
+        """The truth of a condition (a list: all), with ``extra`` names on top, as ``when``."""
+
+    def on_change_script(self) -> str:
+        """Shell to append to the module's change command (persisted notifications), or ``""``."""
+
+    def find_template(self, src: str) -> Path:
+        """The template file ``src``: absolute, else in the role's, then the playbook's
+        ``templates/``.
+
+        Raises:
+            ProvisionError: not found."""
