@@ -1,4 +1,4 @@
-"""`provision up/down/restart/status` on the lab, mp and Ray backends (issue 6, "Done when").
+"""`provision up/down/restart/status` on the lab, mp and Ray backends.
 
 One deployment per backend is shared by the read-only tests of its class (class-scoped
 fixture: purge both backends, then one real first ``provision up``); tests that change the

@@ -1,4 +1,4 @@
-"""The engine against the lab: real SSH, real systemd (issue 4, "Done when")."""
+"""The engine against the lab: real SSH, real systemd."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Self-healing replica (issue 8): faults injected while serving, recovery with no operator action.
+"""Self-healing replica: faults injected while serving, recovery with no operator action.
 
 The mp tests run on both lab tiers: the stand-in vLLM (``provision lab up``, inventory ``lab-mp``)
 and real vLLM 0.32.0 on CPU (``provision lab up --vllm real``, inventory ``lab-real``, marker

@@ -35,7 +35,7 @@ class Api:
         config: the checked serve configuration.
         spec: the host spec (``ttft_s``, ``token_s`` seconds; ``vllm`` version).
         step: called once per request before generating; raises :class:`EngineDead` when a
-            peer is gone (that is when real vLLM notices, lab-probe part 4 B.5).
+            peer is gone (that is when real vLLM notices: docs/measured.md).
         on_dead: called once after the first :class:`EngineDead` (rank 0 then exits).
     """
 
