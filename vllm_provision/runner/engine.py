@@ -93,6 +93,9 @@ class RunOutcome:
         duration_s: wall time of the run, in seconds.
         aborted: ``any_errors_fatal`` stopped the run.
         extra: command-specific keys for ``--json`` (e.g. ``completion``).
+        handler_results: the results of handlers, in the order they arrived (a ``scope:
+            replica`` handler's nodes one after another, in its order), for the plan
+            (``vllm_provision.plan``).
     """
 
     results: list[TaskResult] = field(default_factory=list)
@@ -101,6 +104,21 @@ class RunOutcome:
     duration_s: float = 0.0
     aborted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    handler_results: list[HandlerResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HandlerResult:
+    """One host's result of one handler.
+
+    Attributes:
+        handler: the handler's name. scope: ``host`` or ``replica`` (one node after another).
+        result: the host's result (``changed`` with ``would ...`` in check mode).
+    """
+
+    handler: str
+    scope: str
+    result: TaskResult
 
 
 ConnectionFactory = Callable[[Host], Any]
@@ -664,6 +682,8 @@ class Runner:
         return succeeded
 
     def _after_handler(self, handler: Task, result: TaskResult) -> None:
+        self.outcome.handler_results.append(
+            HandlerResult(handler.name, handler.scope or "host", result))
         if result.status in (Status.FAILED, Status.UNREACHABLE) and not handler.ignore_errors:
             self.dropped.setdefault(result.host, result.status)
 
