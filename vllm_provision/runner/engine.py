@@ -31,7 +31,7 @@ from vllm_provision.models import Host, Inventory
 from vllm_provision.modules import ModuleResult, find_module
 from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
-from vllm_provision.runner.masking import Masker
+from vllm_provision.runner.masking import Masker, mask_diff
 from vllm_provision.runner.playbook import Play, Task, load_playbook
 from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.selection import select_play_hosts
@@ -436,10 +436,12 @@ class Runner:
         data = module_result.data
         if task.no_log:
             message = "(output hidden: no_log)" if message else ""
-            diff = "(diff hidden: no_log)" if diff else ""
             data = None
+        # a diff is shown line by line with only the secrets masked, even under no_log; hidden
+        # only when it is nothing but secrets (docs/security.md)
+        diff = mask_diff(self.masker, diff) if diff else ""
         result = TaskResult(host, task.name, module_result.status, self.masker.text(message),
-                            self.masker.text(diff), duration, self.masker.data(data))
+                            diff, duration, self.masker.data(data))
         return result
 
     def _record(self, result: TaskResult) -> TaskResult:
