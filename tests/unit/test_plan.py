@@ -171,3 +171,35 @@ def test_plan_summary_without_a_measured_start() -> None:
 
     assert summary_line(1, 2, [{"replica": "llm", "unavailable": True, "last_start_s": None}]) \
         == "1 to change, 2 restarts, replica 'llm' would be unavailable (last start not measured)"
+
+
+DOWN = """
+- hosts: all
+  tasks:
+    - name: Stop the watchdog
+      systemd: {name: vllm-watchdog.service, state: stopped}
+- hosts: vllm_master
+  tasks:
+    - name: Stop vLLM
+      systemd: {name: vllm.service, state: stopped, enabled: false}
+- hosts: vllm_followers
+  tasks:
+    - name: Stop vLLM
+      systemd: {name: vllm.service, state: stopped, enabled: false}
+"""
+
+
+def test_down_plan_stops_the_master_then_the_followers_together(tmp_path: Path,
+                                                                playbook: Path) -> None:
+    path = write_playbook(tmp_path, DOWN, name="down.yml")
+    inventory = make_inventory(tmp_path, ("h1", "h2", "h3"))
+    runner, _ = run(inventory, path, check=True)
+    serving = {h: ["vllm.service"] for h in ("h1", "h2", "h3")}
+    plan = build_plan(runner.outcome, inventory, serving, {"llama": 7.0})
+    # the watchdog is no serving unit: not a step
+    assert [s["line"] for s in plan["steps"]] == [
+        "Stop vLLM: would stop vllm.service on h1, then h2 and h3, together: the replica "
+        "'llama' stops serving"]
+    assert plan["summary"] == "6 to change, 0 restarts, replica 'llama' would stop serving"
+    again = build_plan(runner.outcome, inventory, serving, {"llama": 7.0}, starts_again=True)
+    assert again["summary"].endswith("replica 'llama' would be unavailable (last start 7.0 s)")

@@ -74,7 +74,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
                 and not any(r.failed for r in outcome.results)):
             extra.update(_record_good_up(inventory, runner, factory, measured, started_at))
         if opts.check:
-            extra["plan"] = run_plan(inventory, outcome)
+            extra["plan"] = run_plan(inventory, outcome, starts_again=name == "restart")
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
                                duration_s=outcome.duration_s, extra=extra)
     reporter.recap(summary)
@@ -116,10 +116,11 @@ def skip_check_vars(skip_checks: tuple[str, ...]) -> dict[str, Any]:
     return {"skip_checks": list(skip_checks)} if skip_checks else {}
 
 
-def run_plan(inventory: Any, outcome: Any) -> dict[str, Any]:
+def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dict[str, Any]:
     """The plan of a dry run (``vllm_provision.plan.build_plan``): the serving units of each
     node from its variables, the outage estimate from the controller's state record (none when
-    it is missing or unreadable)."""
+    it is missing or unreadable). ``starts_again``: the playbook starts what it stops
+    (``restart``)."""
     from vllm_provision import state, variables
     from vllm_provision.errors import ProvisionError
     from vllm_provision.modules.vllm_wait_ready import replica_units
@@ -133,7 +134,8 @@ def run_plan(inventory: Any, outcome: Any) -> dict[str, Any]:
         record = state.read_controller_record(inventory.path)
     except ProvisionError:
         record = None
-    return build_plan(outcome, inventory, serving, state.last_start_s(record))
+    return build_plan(outcome, inventory, serving, state.last_start_s(record),
+                      starts_again=starts_again)
 
 
 def _record_good_up(inventory: Any, runner: Any, factory: Any = None,

@@ -96,6 +96,8 @@ class RunOutcome:
         handler_results: the results of handlers, in the order they arrived (a ``scope:
             replica`` handler's nodes one after another, in its order), for the plan
             (``vllm_provision.plan``).
+        batch_starts: the index in ``results`` where each batch of hosts of each play began
+            (plays, and ``serial`` batches, run one after another).
     """
 
     results: list[TaskResult] = field(default_factory=list)
@@ -105,6 +107,7 @@ class RunOutcome:
     aborted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     handler_results: list[HandlerResult] = field(default_factory=list)
+    batch_starts: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class Runner:
             batch = [h for h in active[start:start + size] if h.name not in self.dropped]
             if self._aborted:
                 return
+            self.outcome.batch_starts.append(len(self.outcome.results))
             self._connect(batch)
             batch = [h for h in batch if h.name not in self.dropped]
             self._no_prefetch = set()
