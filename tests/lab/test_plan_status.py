@@ -67,7 +67,8 @@ def test_engine_change_plans_the_restart_in_order_with_the_outage(
     assert list(steps) == [RESTART], plan  # the watchdog's config does not change
     assert steps[RESTART]["hosts"] == ["h2", "h1"]  # followers first, then the master
     assert steps[RESTART]["replicas"] == ["lab"]
-    assert plan["replicas"] == [{"replica": "lab", "unavailable": True, "last_start_s": last}]
+    assert plan["replicas"] == [{"replica": "lab", "unavailable": True, "stopped": False,
+                                 "last_start_s": last}]
     assert plan["summary"] == (f"{plan['changes']} to change, 2 restarts, replica 'lab' would be "
                                f"unavailable (last start {last:.1f} s)")
     assert plan["summary"] in stderr  # the human plan, on stderr with --json
@@ -109,6 +110,10 @@ def test_env_file_hand_edit_is_a_line_diff_with_the_key_masked(lab: Any,
 
 def test_status_after_down_says_down_and_nothing_else(deployed: tuple[str, Path]) -> None:
     inventory, state_home = deployed
+    planned = provision("down", "-i", inventory, "--check", "--json", state_home=state_home)
+    plan = json.loads(planned.stdout)["plan"]
+    assert [(s["action"], s["hosts"]) for s in plan["steps"]] == [("stop", ["h1", "h2"])]
+    assert plan["summary"].endswith("replica 'lab' would stop serving"), plan
     down = provision("down", "-i", inventory, state_home=state_home)
     assert down.returncode == 0, down.stdout + down.stderr
     status = provision("status", "-i", inventory, state_home=state_home, timeout=120)
