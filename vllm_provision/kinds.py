@@ -287,6 +287,7 @@ KINDS: dict[str, Kind] = {
     "vllm_master_port": ("port", _no_check),
     "vllm_extra_args": ("engine_args", _no_check),
     "vllm_api_key": ("secret", _no_check),
+    "vllm_hf_token": ("secret", _no_check),
     "vllm_env": ("env", check_env_mapping),
     "vllm_node_env": ("env", check_env_mapping),
     # service

@@ -8,6 +8,12 @@ Written only after ``provision up`` verified a served completion, in two places:
   the inventory's absolute path>.json`` (``XDG_STATE_HOME`` defaults to ``~/.local/state``, XDG
   Base Directory spec 0.8), 0600, also written atomically.
 
+``start_to_serving_s`` is the last MEASURED start to serving of the replica (seconds; an ``up``
+that found it already serving keeps the previous value): the outage estimate of the plan
+(``vllm_provision.plan``). ``deployed_at`` is when the ``up`` that last (re)started the replica
+began (UTC): ``provision status`` shows failures since then as the current ones. Both are None
+when never measured.
+
 Every copy holds the whole record (all hosts), so drift can fall back on any host's copy when
 the controller's is missing. The record holds no secret: the API key only as ``api_key_set``,
 installed files only as sha256 digests.
@@ -18,7 +24,9 @@ Record shape (``schema`` 1)::
      "inventory": "/abs/inventory.yml",
      "replicas": {"llama": {"backend": "mp", "nodes": ["h1", "h2"],
                             "engine": {"model": "...", "tensor_parallel_size": 1, ...,
-                                       "api_key_set": false}}},
+                                       "api_key_set": false},
+                            "start_to_serving_s": 7.1,
+                            "deployed_at": "2025-01-01T11:58:40Z"}},
      "hosts": {"h1": {"replica": "llama", "rank": 0,
                       "facts": {"python": "3.11.2", "vllm": "0.11.0", "NCCL": "2.28.9", ...},
                       "files": {"/etc/systemd/system/vllm.service": "<sha256>", ...}}}}
@@ -91,7 +99,8 @@ def engine_record(engine: EngineArgs) -> dict[str, Any]:
 
 def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                  files: Mapping[str, Mapping[str, str]], *,
-                 now: datetime | None = None) -> dict[str, Any]:
+                 now: datetime | None = None,
+                 serving: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Build the record (pure) for every node of every replica.
 
     Args:
@@ -99,6 +108,8 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
         facts: facts by host name, as preflight gathered them.
         files: by host name, installed file path -> sha256 hex digest.
         now: the time of the record (default: now, UTC).
+        serving: replica name -> ``{"start_to_serving_s", "deployed_at"}``
+            (:func:`serving_record`); absent replicas get None for both.
     """
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     record: dict[str, Any] = {
@@ -114,6 +125,9 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
             "backend": replica.backend,
             "nodes": [node.name for node in replica.nodes],
             "engine": engine_record(replica.engine),
+            "start_to_serving_s": None,
+            "deployed_at": None,
+            **dict((serving or {}).get(replica.name) or {}),
         }
         for node in replica.nodes:
             host_facts = facts.get(node.name)
@@ -124,6 +138,37 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                 "files": dict(sorted(files.get(node.name, {}).items())),
             }
     return record
+
+
+def serving_record(previous: Mapping[str, Any] | None, replica: str,
+                   measured_s: float | None, started_at: datetime) -> dict[str, Any]:
+    """The ``start_to_serving_s`` and ``deployed_at`` of ``replica`` for the new record (pure).
+
+    Args:
+        previous: the last record (None when there is none).
+        replica: the replica's name.
+        measured_s: the start to serving this ``up`` measured, in seconds; None when it did not
+            start the replica (it was already serving) or could not measure it.
+        started_at: when this ``up`` began.
+
+    A measured value means this ``up`` (re)started the replica: both keys are new. Otherwise
+    both are carried over from ``previous`` (None when it has no such replica).
+    """
+    if measured_s is not None:
+        return {"start_to_serving_s": round(float(measured_s), 3),
+                "deployed_at": started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    old = ((previous or {}).get("replicas") or {}).get(replica) or {}
+    return {"start_to_serving_s": old.get("start_to_serving_s"),
+            "deployed_at": old.get("deployed_at")}
+
+
+def last_start_s(record: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """Replica name -> its recorded last start to serving (seconds, None when not measured)."""
+    found: dict[str, float | None] = {}
+    for name, item in ((record or {}).get("replicas") or {}).items():
+        value = item.get("start_to_serving_s") if isinstance(item, Mapping) else None
+        found[str(name)] = float(value) if isinstance(value, (int, float)) else None
+    return found
 
 
 # -- the controller's copy ---------------------------------------------------------------------
@@ -341,7 +386,9 @@ def managed_files(inventory: Inventory, plays: Sequence[Any],
 
 def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
                     plays: Sequence[Any], connection_options: Any,
-                    factory: Callable[[Any], Any] | None = None) -> Path:
+                    factory: Callable[[Any], Any] | None = None, *,
+                    measured: Mapping[str, float | None] | None = None,
+                    started_at: datetime | None = None) -> Path:
     """After a verified ``provision up``: hash the installed files on every node (one round trip
     each), then write the record on every node and on the controller; return the controller path.
 
@@ -351,6 +398,9 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         plays: the playbook's plays (the install plays among them name the files).
         connection_options: ``connection.ConnectionOptions``.
         factory: builds each host's connection (the run's own, lent by the run lock).
+        measured: replica name -> the start to serving this ``up`` measured (seconds, None when
+            it did not start the replica); see :func:`serving_record`.
+        started_at: when this ``up`` began (default: now).
 
     Raises:
         ProvisionError: a node could not be reached or written, or the controller's copy failed.
@@ -370,7 +420,15 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
             hashes[name] = parse_hashes(result.stdout)
         # The record holds no secret by construction; mask anyway, in every encoding, in case
         # a secret reached a recorded value (a fact, an argument).
-        record = Masker.from_inventory(inventory).data(build_record(inventory, facts, hashes))
+        try:
+            previous = read_controller_record(inventory.path)
+        except ProvisionError:
+            previous = None  # a broken record is replaced; its values are lost
+        begun = started_at or datetime.now(UTC)
+        serving = {r.name: serving_record(previous, r.name, (measured or {}).get(r.name), begun)
+                   for r in inventory.replicas}
+        record = Masker.from_inventory(inventory).data(
+            build_record(inventory, facts, hashes, serving=serving))
         path, write_errors = save_record(inventory, record, connections)
         problems += [p for exc in write_errors.values() for p in exc.problems]
     finally:

@@ -195,8 +195,11 @@ _TABLE: tuple[Variable, ...] = (
     Variable("vllm_cluster_interface", str, None, "Network interface of the cluster network "
              "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).", "eth0", scope="host"),
     # Engine arguments (vllm serve).
-    Variable("vllm_model", str, None, "Model path or id (`vllm serve MODEL`); the same absolute "
-             "path on every node.", "/srv/models/llama", required=True, engine_field="model"),
+    Variable("vllm_model", str, None, "Model path (`vllm serve MODEL`), the same absolute path "
+             "on every node. The env files set `HF_HUB_OFFLINE=1` (never download at start), so "
+             "a Hugging Face id is served only from the cache; to download, set "
+             "`HF_HUB_OFFLINE: '0'` in `vllm_env` (and `vllm_hf_token` for a gated model).",
+             "/srv/models/llama", required=True, engine_field="model"),
     Variable("vllm_served_model_name", str, None, "Name served by the API "
              "(`--served-model-name`).", "llama", engine_field="served_model_name"),
     Variable("vllm_tensor_parallel_size", int, 1, "`--tensor-parallel-size` (GPUs per pipeline "
@@ -218,6 +221,10 @@ _TABLE: tuple[Variable, ...] = (
              "env file, never in the unit or output); at least 8 characters.",
              "s3cr3t-k3y-0f-32-chars", secret=True, check=check_secret,
              engine_field="api_key"),
+    Variable("vllm_hf_token", str, None, "Hugging Face token (`HF_TOKEN` in the 0600 env "
+             "files, never in a unit or output), for a model id that must be downloaded: "
+             "set `HF_HUB_OFFLINE: '0'` in `vllm_env` too; at least 8 characters.",
+             "hf_0123456789abcdef", secret=True, check=check_secret),
     Variable("vllm_env", dict, {}, "More environment for the vLLM unit (env file); values "
              "whose name contains token/password/secret/key are masked.",
              "{HF_HUB_OFFLINE: '1'}", check=check_env_mapping_names),

@@ -40,7 +40,7 @@ def _render(command: str) -> tuple[str, dict[str, str]]:
 
 
 def test_there_are_command_tasks_to_check() -> None:
-    assert len(TASKS) >= 8
+    assert len(TASKS) >= 5  # the restart handlers use the systemd module (argv words)
     assert not [where for where, cmd in TASKS if "sh -c" in cmd or "bash -c" in cmd]
 
 

@@ -31,7 +31,7 @@ DECLARED = {
     "http": ("url", "method", "body", "body_format", "headers", "timeout", "status_code",
              "body_contains", "until", "retries", "delay", "from"),
     "ray_wait_cluster": ("timeout_s", "poll_s", "gpus_per_node"),
-    "systemd": ("name", "state", "enabled", "daemon_reload"),
+    "systemd": ("name", "state", "enabled", "daemon_reload", "if_running"),
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
     "vllm_preflight": ("skip_checks",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),

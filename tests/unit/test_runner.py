@@ -294,7 +294,8 @@ def test_secrets_are_masked_in_messages_and_diffs(tmp_path: Path) -> None:
       command: "echo {{ vllm_api_key }}; false"
 """)
     (tmp_path / "playbooks" / "templates").mkdir()
-    (tmp_path / "playbooks" / "templates" / "key.j2").write_text("KEY={{ vllm_api_key }}\n")
+    (tmp_path / "playbooks" / "templates" / "key.j2").write_text(
+        "NAME=app\nKEY={{ vllm_api_key }}\n")
     inventory = make_inventory(tmp_path, group_vars={"vllm_api_key": "sup3r-s3cret"})
     runner, summary = run(inventory, playbook, diff=True)
     text = json.dumps(summary)

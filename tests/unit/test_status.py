@@ -58,10 +58,13 @@ class FakeNode:
             raise UnreachableError.single(self.name, self.error)
         probe = PROBE if self.name == "h1" else None
         watchdog = json.dumps({"node": self.name, "held_until": None, "whole": self.active,
-                               "probe": probe})
+                               "probe": probe, "time": 1764410098.0})
+        # a stopped watchdog's file is left behind, but status never reads it then
+        word = "active" if self.active else "inactive"
         text = ("".join(_show(u, self.active) for u in self.units) + "1764410100.0\n"
-                "== vllm-provision unit vllm.service\n== vllm-provision watchdog\n"
-                + watchdog + "\n")
+                "== vllm-provision unit vllm.service\n"
+                f"== vllm-provision watchdog {word} 1764410100\n"
+                + (watchdog + "\n" if self.active else ""))
         return CommandResult(0, text, "")
 
 
@@ -213,7 +216,29 @@ def test_exit_status_with_every_node_reachable_is_0_serving_else_3(
 def test_rank0_watchdog_shows_its_completion_probe(cluster: dict[str, FakeNode]) -> None:
     cluster["h2"] = FakeNode("h2")
     run = _status()
-    assert ("  completion probe on h1: failure 3 s ago (no answer within 60 s), 1/3 failures, "
+    # 3 s old when written, written 2 s before the host's clock was read: 5 s old now
+    assert ("  completion probe on h1: failure 5 s ago (no answer within 60 s), 1/3 failures, "
             "0 restarts by the probe") in run.stdout.splitlines(), run.stdout
+    assert "(watchdogs: h1 bound 2 s ago, h2 bound 2 s ago)" in run.stdout
     (info,) = json.loads(_status("--json").stdout)["replicas"]
     assert info["watchdogs"]["h1"]["probe"] == PROBE and info["watchdogs"]["h2"]["probe"] is None
+
+
+def test_after_down_status_says_down_and_nothing_else(cluster: dict[str, FakeNode],
+                                                     health: dict[str, int | None]) -> None:
+    cluster["h1"] = FakeNode("h1", active=False)
+    cluster["h2"] = FakeNode("h2", active=False)
+    health["status"] = None
+    run = _status()
+    assert run.exit_code == 3 and run.stdout == "llama: down\n", run.stdout
+    (info,) = json.loads(_status("--json").stdout)["replicas"]
+    assert info["down"] is True and info["whole"] is None
+    assert {w["running"] for w in info["watchdogs"].values()} == {False}
+    assert all(w["probe"] is None for w in info["watchdogs"].values())
+
+
+def test_deployment_times_reads_the_record() -> None:
+    record = {"replicas": {"llama": {"deployed_at": "2025-11-29T09:53:20Z"},
+                           "old": {"deployed_at": None}}}
+    assert status.deployment_times(record) == {"llama": 1764410000.0}
+    assert status.deployment_times(None) == {}

@@ -16,12 +16,14 @@ from vllm_provision.verify import UnitState, verdict
 
 SAMPLE = (
     "== vllm-provision unit vllm.service\n"
-    "2025-11-29T12:15:02+0000 h1 systemd[1]: vllm.service: Main process exited, code=killed, "
+    "1764400000.250000 h1 systemd[1]: vllm.service: Failed with result 'exit-code'.\n"
+    "1764410050.000000 h1 systemd[1]: vllm.service: Main process exited, code=killed, "
     "status=9/KILL\n"
     "== vllm-provision unit vllm-watchdog.service\n"
     "-- No entries --\n"
-    "== vllm-provision watchdog\n"
-    + json.dumps({"node": "h1", "held_until": None, "whole": True, "bindings": [{}]}) + "\n")
+    "== vllm-provision watchdog active 1764410100\n"
+    + json.dumps({"node": "h1", "held_until": None, "whole": True, "bindings": [{}],
+                  "time": 1764410096.5}) + "\n")
 
 
 def test_parse_node_reads_the_last_failure_and_the_watchdog_state() -> None:
@@ -80,3 +82,27 @@ def test_describe_probe_says_last_result_age_failures_and_restarts() -> None:
 def test_describe_probe_of_a_node_without_probe_or_with_it_disabled() -> None:
     assert describe_probe(None) is None
     assert describe_probe({"enabled": False, "unit": "vllm.service"}) == "disabled"
+
+
+def test_a_stopped_watchdog_s_leftover_file_is_not_read() -> None:
+    left = SAMPLE.replace("watchdog active", "watchdog inactive")
+    node = parse_node(left)
+    assert node.watchdog is None and node.whole is None and node.watchdog_running is False
+
+
+def test_watchdog_state_has_its_age_from_the_host_clock() -> None:
+    node = parse_node(SAMPLE)
+    assert node.watchdog_running is True and node.watchdog_age_s == 3.5
+    assert describe_probe(PROBE, since_written_s=3.5) == (
+        "ok 16 s ago, 0/3 failures, 1 restart by the probe")
+
+
+def test_last_failure_is_scoped_to_the_current_deployment() -> None:
+    node = parse_node(SAMPLE)
+    current, older = node.failures_since("vllm.service", since=1764410000.0)
+    assert current.startswith("2025-11-29T") and "status=9/KILL" in current
+    assert len(older) == 1 and "exit-code" in older[0]
+    # a deployment after both failures: none is current, both are history
+    current, older = node.failures_since("vllm.service", since=1764410060.0)
+    assert current == "" and len(older) == 2
+    assert "status=9/KILL" in node.failures_since("vllm.service", since=None)[0]

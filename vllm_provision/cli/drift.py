@@ -104,6 +104,8 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
     reload_tasks = [t.name for p in plays for t in p.tasks
                     if t.module == "systemd" and isinstance(t.args, dict)
                     and set(t.args) <= {"daemon_reload"}]
+    # a handler's change only follows a file's (check mode now says "would restart")
+    reload_tasks += [h.name for p in plays for h in p.handlers]
     reachable = [n for n in names if n not in errors]
     results = []
     if reachable:

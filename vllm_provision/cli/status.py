@@ -16,7 +16,8 @@ from vllm_provision.errors import ProvisionError
 
 
 def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any],
-                   unreachable: dict[str, str] | None = None) -> dict[str, Any]:
+                   unreachable: dict[str, str] | None = None, *,
+                   deployed_at: float | None = None) -> dict[str, Any]:
     """Read one replica's units, rank 0's /health and (Ray) the cluster; return a JSON-ready dict.
 
     Args:
@@ -26,12 +27,19 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         unreachable: host name -> one-line reason, for nodes whose connection failed to open;
             a node in neither mapping, or whose command fails with
             :class:`~vllm_provision.connection.UnreachableError`, joins them.
+        deployed_at: when the ``up`` that last (re)started the replica began (epoch seconds,
+            from the state record, ``vllm_provision.state``); failures before it are older
+            ones. None: every failure of this boot is current.
 
     Keys: ``replica``, ``backend``, ``units`` (host, unit, state, main_pid, since, restarts,
-    result, exit_status, last_failure; state ``unreachable`` and the rest None for the units of an
-    unreachable node), ``unreachable`` (host -> reason, one line naming host and address),
-    ``health`` (HTTP status or None), ``ray`` (nodes and GPUs, Ray only), ``watchdogs`` (host ->
-    whole, held_until, probe: the completion probe's published state or None), ``whole``
+    result, exit_status, last_failure: the last one since ``deployed_at``, older_failures: the
+    earlier ones of this boot, newest first; state ``unreachable`` and the rest None for the
+    units of an unreachable node), ``unreachable`` (host -> reason, one line naming host and
+    address), ``health`` (HTTP status or None), ``ray`` (nodes and GPUs, Ray only),
+    ``watchdogs`` (host -> running: the watchdog unit is active; whole, held_until, probe: the
+    completion probe's published state, and age_s: seconds since the watchdog wrote them, all
+    None when it does not run), ``down`` (true when every unit is stopped and rank 0 does not
+    answer: nothing else is worth reading), ``whole``
     (bool, None when unknown; False when a node is unreachable),
     ``verdict`` (never ``serving`` when a node is unreachable).
     """
@@ -64,14 +72,19 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         "units": [{"host": s.host, "unit": s.unit, "state": s.describe, "main_pid": s.main_pid,
                    "since": _iso(s.started_at) if s.active_state == "active" else None,
                    "restarts": s.restarts, "result": s.result, "exit_status": s.exit_status,
-                   "last_failure": recovery[s.host].last_failure.get(s.unit, "")}
+                   "last_failure": recovery[s.host].failures_since(s.unit, deployed_at)[0],
+                   "older_failures": recovery[s.host].failures_since(s.unit, deployed_at)[1]}
                   for s in states]
         + [{"host": host, "unit": unit, "state": "unreachable", "main_pid": None, "since": None,
-            "restarts": None, "result": None, "exit_status": None, "last_failure": ""}
+            "restarts": None, "result": None, "exit_status": None, "last_failure": "",
+            "older_failures": []}
            for host in lost for unit in expected[host]],
         "unreachable": lost,
-        "watchdogs": {host: {"whole": r.whole, "held_until": (r.watchdog or {}).get("held_until"),
-                             "probe": (r.watchdog or {}).get("probe")}
+        "watchdogs": {host: {"running": bool(r.watchdog_running), "whole": r.whole,
+                             "held_until": (r.watchdog or {}).get("held_until"),
+                             "probe": (r.watchdog or {}).get("probe"),
+                             "age_s": (None if r.watchdog_age_s is None
+                                       else round(r.watchdog_age_s, 1))}
                       for host, r in recovery.items()}}
     head_unit = str(vars_.get("ray_head_unit_name", "ray-head.service"))
     head_active = any(s.host == replica.master.name and s.unit == head_unit
@@ -96,6 +109,8 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         recovery, ray_alive, replica.nnodes if ray_alive is not None else None)
     info["verdict"] = verdict(states, health, whole=info["whole"],
                               expected_units=sum(len(units) for units in expected.values()))
+    info["down"] = (info["verdict"] == "down" and not lost and bool(states)
+                    and all(s.active_state == "inactive" for s in states))
     return info
 
 
@@ -106,9 +121,26 @@ def one_line(error: ProvisionError) -> str:
 
 
 def _watchdog_word(state: dict[str, Any]) -> str:
-    if state["held_until"]:
-        return "held"
-    return {True: "bound", False: "unbound", None: "absent"}[state["whole"]]
+    if not state.get("running", True):
+        return "not running"
+    word = "held" if state["held_until"] else {True: "bound", False: "unbound",
+                                               None: "absent"}[state["whole"]]
+    age = state.get("age_s")
+    return f"{word} {age:.0f} s ago" if isinstance(age, (int, float)) else word
+
+
+def deployment_times(record: dict[str, Any] | None) -> dict[str, float]:
+    """Replica name -> ``deployed_at`` of the state record as epoch seconds (those recorded)."""
+    found: dict[str, float] = {}
+    for name, item in ((record or {}).get("replicas") or {}).items():
+        stamp = item.get("deployed_at") if isinstance(item, dict) else None
+        if isinstance(stamp, str):
+            try:
+                found[str(name)] = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(
+                    tzinfo=UTC).timestamp()
+            except ValueError:
+                continue
+    return found
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -117,27 +149,38 @@ def _iso(seconds: float | None) -> str | None:
 
 @click.command("status")
 @shared_options(HOST_OPTIONS)
-def command(**kwargs: Any) -> None:
+@click.option("--history", is_flag=True,
+              help="Also show failures from before the current deployment (this boot).")
+def command(history: bool, **kwargs: Any) -> None:
     """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.
 
     A node that cannot be reached (SSH refused or timed out, authentication or host key refused)
-    is reported as ``unreachable`` with the reason; the others are read as usual.
+    is reported as ``unreachable`` with the reason; the others are read as usual. A replica whose
+    units are all stopped prints only ``<replica>: down``. "last failure" is the current
+    deployment's (since the ``up`` that last started the replica, from the state record);
+    ``--history`` adds the older ones. The watchdog's state is read only while it runs, with
+    its age.
 
     Exit code: 0 when every replica serves, 3 otherwise (as ``systemctl status``), 1 on an
     invalid inventory or when a node is unreachable (the report is printed first).
     """
+    from vllm_provision import state
     from vllm_provision.connection import close_all, open_connections
     from vllm_provision.recovery_status import describe_probe
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory()
+    try:
+        deployed = deployment_times(state.read_controller_record(inv.path))
+    except ProvisionError:
+        deployed = {}  # an unreadable record: every failure of this boot is current
     as_json = opts.json
     hosts = {node.name: node.host for replica in inv.replicas for node in replica.nodes}
     connections, errors = open_connections(hosts.values(), opts.connection_options())
     unreachable = {host: one_line(error) for host, error in errors.items()}
     try:
         replicas = [replica_status(replica, connections, dict(replica.master.host.vars),
-                                   unreachable)
+                                   unreachable, deployed_at=deployed.get(replica.name))
                     for replica in inv.replicas]
     finally:
         close_all(connections)
@@ -145,6 +188,9 @@ def command(**kwargs: Any) -> None:
         click.echo(json.dumps({"replicas": replicas}))
     else:
         for info in replicas:
+            if info["down"]:  # stopped on purpose or not: nothing else to read
+                click.echo(f"{info['replica']}: down")
+                continue
             click.echo(f"replica {info['replica']} ({info['backend']})")
             for unit in info["units"]:
                 if unit["state"] == "unreachable":  # one line per node below, with the reason
@@ -154,18 +200,21 @@ def command(**kwargs: Any) -> None:
                            f"restarts {unit['restarts']}  result {unit['result']}")
                 if unit["last_failure"]:
                     click.echo(f"    last failure: {unit['last_failure']}")
+                for line in unit["older_failures"] if history else ():
+                    click.echo(f"    earlier failure: {line}")
             for host, reason in info["unreachable"].items():
                 click.echo(f"  {host:<12} {'unreachable':<20} {reason}")
             click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}")
             if "ray" in info:
                 click.echo(f"  ray: {info['ray']}")
-            whole = {True: "yes", False: "no", None: "unknown (no watchdog state)"}[info["whole"]]
+            whole = {True: "yes", False: "no",
+                     None: "unknown (no running watchdog)"}[info["whole"]]
             click.echo(f"  whole: {whole}  (watchdogs: " + ", ".join(
                 [f"{h} {_watchdog_word(w)}" for h, w in info["watchdogs"].items()
                  if h not in info["unreachable"]]
                 + [f"{h} unreachable" for h in info["unreachable"]]) + ")")
             for host, watchdog in info["watchdogs"].items():
-                probe = describe_probe(watchdog.get("probe"))
+                probe = describe_probe(watchdog.get("probe"), watchdog.get("age_s") or 0.0)
                 if probe:
                     click.echo(f"  completion probe on {host}: {probe}")
             click.echo(f"{info['replica']}: {info['verdict']}")

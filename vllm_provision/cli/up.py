@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -23,7 +24,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     ``vllm_version`` when the readiness and verify tasks ran (with several replicas: the first
     that served), and for ``up`` and ``restart`` ``replicas``: one result per replica
     (:func:`replica_results`). Replicas are independent: one that fails preflight or readiness
-    is reported failed (exit 1) and the others go on.
+    is reported failed (exit 1) and the others go on. ``plan``
+    (``vllm_provision.plan.build_plan``) in check mode, also printed after the recap.
 
     Args:
         name: ``up``, ``down`` or ``restart``.
@@ -51,6 +53,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     reporter = report.HumanReporter(sys.stderr if opts.json else sys.stdout,
                                     diff_mode=opts.diff, verbosity=opts.verbosity)
     extra: dict[str, Any] = {}
+    measured: dict[str, float | None] = {}
+    started_at = datetime.now(UTC)
     connection = opts.connection_options()
     with runlock.locked_run(runlock.hosts_of_plays(inventory, plays, opts.limit), connection,
                             name, warn=lambda line: click.echo(f"warning: {line}",
@@ -68,12 +72,21 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
             extra.update({k: first[k] for k in SERVING_KEYS if k in first})
         if name in ("up", "restart"):
             extra["replicas"] = replicas
+        for entry in replicas:
+            if "start_to_serving_s" in entry:
+                measured[entry["name"]] = entry["start_to_serving_s"]
         if (name == "up" and not opts.check and not opts.limit and "completion" in extra
                 and not any(r.failed for r in outcome.results)):
-            extra.update(_record_good_up(inventory, runner, factory))
+            extra.update(_record_good_up(inventory, runner, factory, measured, started_at))
+        if opts.check:
+            extra["plan"] = run_plan(inventory, outcome, starts_again=name == "restart")
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
                                duration_s=outcome.duration_s, extra=extra)
     reporter.recap(summary)
+    if "plan" in extra:
+        from vllm_provision.plan import plan_lines
+
+        click.echo("\n".join(plan_lines(extra["plan"])), err=opts.json)
     if opts.json:
         report.print_json(summary)
     elif name in ("up", "restart") and len(replicas) > 1:
@@ -206,7 +219,31 @@ def skip_check_vars(skip_checks: tuple[str, ...]) -> dict[str, Any]:
     return {"skip_checks": list(skip_checks)} if skip_checks else {}
 
 
-def _record_good_up(inventory: Any, runner: Any, factory: Any = None) -> dict[str, str]:
+def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dict[str, Any]:
+    """The plan of a dry run (``vllm_provision.plan.build_plan``): the serving units of each
+    node from its variables, the outage estimate from the controller's state record (none when
+    it is missing or unreadable). ``starts_again``: the playbook starts what it stops
+    (``restart``)."""
+    from vllm_provision import state, variables
+    from vllm_provision.errors import ProvisionError
+    from vllm_provision.modules.vllm_wait_ready import replica_units
+    from vllm_provision.plan import build_plan
+
+    serving: dict[str, list[str]] = {}
+    for replica in inventory.replicas:
+        vars_ = {**variables.defaults(), **replica.master.host.vars, **inventory.extra_vars}
+        serving.update(replica_units(replica, vars_))
+    try:
+        record = state.read_controller_record(inventory.path)
+    except ProvisionError:
+        record = None
+    return build_plan(outcome, inventory, serving, state.last_start_s(record),
+                      starts_again=starts_again)
+
+
+def _record_good_up(inventory: Any, runner: Any, factory: Any = None,
+                    measured: dict[str, float | None] | None = None,
+                    started_at: datetime | None = None) -> dict[str, str]:
     """Write the state record of a verified `up` for `provision drift` (vllm_provision.state);
     return ``state_record`` (controller path) or ``state_record_error`` (also on stderr)."""
     from vllm_provision import state
@@ -216,7 +253,7 @@ def _record_good_up(inventory: Any, runner: Any, factory: Any = None) -> dict[st
     try:
         return {"state_record": str(state.record_after_up(
             inventory, runner.facts, load_playbook(resources.playbook("up")),
-            runner.options.connection, factory))}
+            runner.options.connection, factory, measured=measured, started_at=started_at))}
     except ProvisionError as exc:
         text = runner.masker.text(exc.render())
         click.echo(f"warning: the state record for `provision drift` was not written: {text}",

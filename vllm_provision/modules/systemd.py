@@ -1,11 +1,22 @@
 """Control a systemd unit: daemon-reload, enabled, started/stopped/restarted.
 
-``started`` / ``stopped`` are idempotent; ``restarted`` always bounces the unit (use it in
-handlers). ``daemon_reload`` runs ``systemctl daemon-reload`` first, reported as ``changed`` ONLY
-when a unit file changed since the last reload (unlike Ansible, ansible/ansible#77606): the unit's
+Arguments:
+    name: the unit (``vllm.service``); optional when only ``daemon_reload`` is asked.
+    state: ``started`` / ``stopped`` (idempotent) or ``restarted`` (always bounces; use it in
+        handlers).
+    if_running: with ``state: restarted``, restart only a unit that runs (``active``,
+        ``activating`` (a restart after a crash is pending) or ``reloading``); a stopped unit is
+        left stopped and reported ``ok``. ``systemctl try-restart`` semantics, plus the
+        auto-restart wait. In check mode the unit's state is read, so the result says truly
+        whether a restart would happen (``would restart``) or not.
+    enabled: true/false.
+    daemon_reload: run ``systemctl daemon-reload`` first, reported as ``changed`` ONLY when a unit
+        file changed since the last reload (unlike Ansible, ansible/ansible#77606): the unit's
         ``NeedDaemonReload=yes`` (systemctl show), or the marker the template module writes in
         the same round trip as a unit-file change, or (check mode) a unit file that would change
-        earlier in this run. A restart after editing a unit without a reload would use the old
+        earlier in this run. In check mode a reload this run would already have done counts as
+        done: a later reload task is reported only when a unit file would change after it, as
+        in the real run. A restart after editing a unit without a reload would use the old
         definition (systemd/systemd#5478).
 
 The current state is read with ONE ``systemctl show`` call; changes are made with one more.
@@ -34,6 +45,8 @@ ARGUMENT_SPEC = ArgumentSpec("systemd", (
     Argument("enabled", "bool", "started at boot or not"),
     Argument("daemon_reload", "bool", "systemctl daemon-reload first, when a unit file changed",
              default=False),
+    Argument("if_running", "bool", "with state: restarted, restart only a unit that is active, "
+             "activating or reloading (try-restart); a stopped unit stays stopped", default=False),
 ))
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload",
               "ExecMainStartTimestamp")
@@ -52,6 +65,11 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     values = ARGUMENT_SPEC.validate(args)
     name, state, enabled = values["name"], values["state"], values["enabled"]
     daemon_reload = values["daemon_reload"]
+    if_running = values["if_running"]
+    if if_running and state != "restarted":
+        raise ProvisionError.single("systemd: if_running", "only applies to state: restarted",
+                                    actual=str(state), fix="add state: restarted or remove "
+                                                           "if_running")
     if name is None and (state is not None or enabled is not None):
         raise ProvisionError.single("systemd: name", "required with state or enabled")
     if name is not None and not _UNIT_RE.match(name):
@@ -67,6 +85,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     commands: list[str] = []
     reload_needed = (props.get("Marker") == "yes" or props.get("NeedDaemonReload") == "yes"
                      or bool(ctx.host_state.get("daemon_reload_needed")))
+    if ctx.check_mode and ctx.host_state.get("daemon_reload_simulated"):
+        # an earlier reload task of this dry run "did" the reload the host still asks for: only
+        # a unit file that would change since then needs another one
+        reload_needed = bool(ctx.host_state.get("daemon_reload_needed"))
     if daemon_reload and reload_needed:
         actions.append("daemon-reload")
         commands.append(f"systemctl daemon-reload && rm -f {marker}")
@@ -87,15 +109,19 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     elif state == "stopped" and active in _RUNNING:
         actions.append("stop")
         commands.append(f"systemctl stop -- {quote(name or '')}")
-    elif state == "restarted":
+    elif state == "restarted" and (not if_running or active in _RUNNING):
         actions.append("restart")
         commands.append(f"systemctl restart -- {quote(name or '')}")
     data = {"name": name, "active_state": active, "unit_file_state":
             props.get("UnitFileState", ""), "exec_main_start_timestamp":
             props.get("ExecMainStartTimestamp", "")}
     if not commands:
-        return ModuleResult(Status.OK, "", data=data)
+        left = "not running: left stopped" if if_running and state == "restarted" else ""
+        return ModuleResult(Status.OK, left, data=data)
     if ctx.check_mode:
+        if "daemon-reload" in actions:
+            ctx.host_state["daemon_reload_needed"] = False
+            ctx.host_state["daemon_reload_simulated"] = True
         suffix = " (unit not installed yet)" if missing and name else ""
         return ModuleResult(Status.CHANGED, "would " + ", ".join(actions) + suffix, data=data)
     if missing and name and "daemon-reload" not in actions and not daemon_reload:

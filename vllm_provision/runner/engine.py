@@ -32,7 +32,7 @@ from vllm_provision.models import Host, Inventory
 from vllm_provision.modules import ModuleResult, find_module
 from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
-from vllm_provision.runner.masking import Masker
+from vllm_provision.runner.masking import Masker, mask_diff
 from vllm_provision.runner.playbook import Play, Task, load_playbook
 from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.selection import select_play_hosts
@@ -94,6 +94,11 @@ class RunOutcome:
         duration_s: wall time of the run, in seconds.
         aborted: ``any_errors_fatal`` stopped the run.
         extra: command-specific keys for ``--json`` (e.g. ``completion``).
+        handler_results: the results of handlers, in the order they arrived (a ``scope:
+            replica`` handler's nodes one after another, in its order), for the plan
+            (``vllm_provision.plan``).
+        batch_starts: the index in ``results`` where each batch of hosts of each play began
+            (plays, and ``serial`` batches, run one after another).
     """
 
     results: list[TaskResult] = field(default_factory=list)
@@ -102,6 +107,22 @@ class RunOutcome:
     duration_s: float = 0.0
     aborted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    handler_results: list[HandlerResult] = field(default_factory=list)
+    batch_starts: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HandlerResult:
+    """One host's result of one handler.
+
+    Attributes:
+        handler: the handler's name. scope: ``host`` or ``replica`` (one node after another).
+        result: the host's result (``changed`` with ``would ...`` in check mode).
+    """
+
+    handler: str
+    scope: str
+    result: TaskResult
 
 
 ConnectionFactory = Callable[[Host], Any]
@@ -180,6 +201,7 @@ class Runner:
             batch = [h for h in active[start:start + size] if h.name not in self.dropped]
             if self._aborted:
                 return
+            self.outcome.batch_starts.append(len(self.outcome.results))
             self._connect(batch)
             batch = [h for h in batch if h.name not in self.dropped]
             self._no_prefetch = set()
@@ -442,11 +464,12 @@ class Runner:
         data = module_result.data
         if task.no_log:
             message = "(output hidden: no_log)" if message else ""
-            diff = "(diff hidden: no_log)" if diff else ""
             data = None
+        # a diff is shown line by line with only the secrets masked, even under no_log; hidden
+        # only when it is nothing but secrets (docs/security.md)
+        diff = mask_diff(self.masker, diff) if diff else ""
         result = TaskResult(host, task.name, module_result.status, self.masker.text(message),
-                            self.masker.text(diff), duration, self.masker.data(data),
-                            register=task.register)
+                            diff, duration, self.masker.data(data), register=task.register)
         return result
 
     def _record(self, result: TaskResult) -> TaskResult:
@@ -691,6 +714,8 @@ class Runner:
         return succeeded
 
     def _after_handler(self, handler: Task, result: TaskResult) -> None:
+        self.outcome.handler_results.append(
+            HandlerResult(handler.name, handler.scope or "host", result))
         if result.status in (Status.FAILED, Status.UNREACHABLE) and not handler.ignore_errors:
             self.dropped.setdefault(result.host, result.status)
 

@@ -126,3 +126,53 @@ def secret_values(variables: Mapping[str, Any]) -> set[str]:
                 if is_secret_name(str(key)) and isinstance(inner, str):
                     found.add(inner)
     return found
+
+
+# An env-file line (``NAME=value``, systemd.exec(5) EnvironmentFile=, ``export`` allowed) and a
+# JSON member line (``"name": value,``, as ``tojson(indent=2)`` writes one per line).
+_ENV_LINE = re.compile(r"^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_]*)(\s*=\s*)(\S.*)$")
+_JSON_LINE = re.compile(r'^(\s*)"((?:[^"\\]|\\.)*)"(\s*:\s*)(.*?)(,?)\s*$')
+_JSON_EMPTY = ("null", '""', "{", "[", "{}", "[]")
+HIDDEN_ONLY_SECRETS = "(diff hidden: the file holds nothing but secrets)"
+
+
+def mask_line(masker: Masker, line: str) -> str:
+    """Return one line of a file with secrets masked: every known secret value
+    (:meth:`Masker.text`), and the value of a secret-named env variable (``HF_TOKEN=...``) or
+    JSON member (``"api_key": "..."``) even when the masker does not know it
+    (``vllm_provision.variables.is_secret_name``)."""
+    line = masker.text(line)
+    env = _ENV_LINE.match(line)
+    if env and is_secret_name(env.group(2)):
+        return f"{env.group(1)}{env.group(2)}{env.group(3)}{MASK}"
+    member = _JSON_LINE.match(line)
+    if member and is_secret_name(member.group(2)) and member.group(4) not in _JSON_EMPTY:
+        return f'{member.group(1)}"{member.group(2)}"{member.group(3)}"{MASK}"{member.group(5)}'
+    return line
+
+
+def mask_diff(masker: Masker, diff: str) -> str:
+    """Return a unified diff with only the secrets masked, line by line (:func:`mask_line`), or
+    :data:`HIDDEN_ONLY_SECRETS` when every line of content it shows holds a secret (a file that
+    is nothing but secrets: even its shape would tell too much).
+
+    Headers (``---``, ``+++``, ``@@``) are kept; comment lines (``#``), blank lines and JSON
+    punctuation (``{``, ``},``) are not content. The rule: docs/security.md.
+    """
+    out: list[str] = []
+    content = secret = 0
+    for line in diff.splitlines(keepends=True):
+        if line.startswith(("--- ", "+++ ", "@@")) or not line.strip():
+            out.append(line)
+            continue
+        prefix, body = (line[0], line[1:]) if line[0] in " +-\\" else ("", line)
+        ending = body[len(body.rstrip("\r\n")):]
+        masked = mask_line(masker, body.rstrip("\r\n"))
+        text = masked.strip()
+        if prefix != "\\" and text and not text.startswith("#") and text.strip("{}[],") != "":
+            content += 1
+            secret += MASK in masked
+        out.append(prefix + masked + ending)
+    if content and secret == content:
+        return HIDDEN_ONLY_SECRETS
+    return "".join(out)

@@ -1,0 +1,124 @@
+"""The dry run's plan, masked env-file diffs and `status` after `down`, on one mp replica.
+
+One `up` (with an API key) is shared by the module; the tests run in file order and the last
+one takes the replica down (the fixture's `down` then finds nothing to do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+PROVISION = [str(Path(sys.executable).parent / "provision")]
+KEY = "sk-plan-lab-0123456789"
+ENV_FILE = "/etc/vllm-provision/vllm.env"
+RESTART = "Restart the replica's vLLM units"
+
+
+def provision(*args: str, state_home: Path, timeout: float = 600,
+              ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with the lab's environment, the API key and a private controller state."""
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    return subprocess.run([*PROVISION, *args, "-e", f"vllm_api_key={KEY}"], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The mp replica after a good `up` (its record, with the start to serving, kept in a
+    private XDG_STATE_HOME)."""
+    state_home = tmp_path_factory.mktemp("state")
+    inventory = str(lab.inventory_path("mp"))
+    up = provision("up", "-i", inventory, state_home=state_home)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield inventory, state_home
+    finally:
+        down = provision("down", "-i", inventory, state_home=state_home)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def check_json(deployed: tuple[str, Path], *extra: str) -> tuple[int, dict[str, Any], str]:
+    inventory, state_home = deployed
+    run = provision("up", "-i", inventory, "--check", "--json", *extra, state_home=state_home)
+    assert KEY not in run.stdout + run.stderr
+    return run.returncode, json.loads(run.stdout), run.stderr
+
+
+def test_engine_change_plans_the_restart_in_order_with_the_outage(
+        deployed: tuple[str, Path]) -> None:
+    inventory, state_home = deployed
+    record = next((state_home / "vllm-provision").glob("lab-mp-*.json"))
+    last = json.loads(record.read_text())["replicas"]["lab"]["start_to_serving_s"]
+    assert isinstance(last, float) and last > 0
+    code, summary, stderr = check_json(deployed, "-e", "vllm_max_model_len=2048")
+    assert code == 2, stderr
+    plan = summary["plan"]
+    steps = {step["handler"]: step for step in plan["steps"]}
+    assert list(steps) == [RESTART], plan  # the watchdog's config does not change
+    assert steps[RESTART]["hosts"] == ["h2", "h1"]  # followers first, then the master
+    assert steps[RESTART]["replicas"] == ["lab"]
+    assert plan["replicas"] == [{"replica": "lab", "unavailable": True, "stopped": False,
+                                 "last_start_s": last}]
+    assert plan["summary"] == (f"{plan['changes']} to change, 2 restarts, replica 'lab' would be "
+                               f"unavailable (last start {last:.1f} s)")
+    assert plan["summary"] in stderr  # the human plan, on stderr with --json
+    # one daemon-reload per host, as the real run does (not one more for the watchdog's role)
+    reloads = [t["host"] for t in summary["tasks"] if t["task"] == "Reload systemd if a unit "
+               "file changed" and t["status"] == "changed"]
+    assert sorted(reloads) == ["h1", "h2"]
+
+
+def test_no_change_plans_no_restart(deployed: tuple[str, Path]) -> None:
+    code, summary, stderr = check_json(deployed)
+    assert code == 0, stderr
+    assert summary["plan"]["steps"] == [] and summary["plan"]["restarts"] == 0
+    assert summary["plan"]["summary"] == "0 to change, 0 restarts, replica 'lab' keeps serving"
+
+
+def test_env_file_hand_edit_is_a_line_diff_with_the_key_masked(lab: Any,
+                                                               deployed: tuple[str, Path]) -> None:
+    inventory, state_home = deployed
+    edit = lab.ssh("h1", f"cp -p {ENV_FILE} /root/vllm.env.orig && "
+                         f"echo NCCL_DEBUG=INFO >> {ENV_FILE}")
+    assert edit.returncode == 0, edit.stderr
+    try:
+        drift = provision("drift", "-i", inventory, "--json", "--diff", state_home=state_home,
+                          timeout=300)
+        code, summary, _ = check_json(deployed, "--diff")
+    finally:
+        lab.ssh("h1", f"mv /root/vllm.env.orig {ENV_FILE}")
+    assert KEY not in drift.stdout + drift.stderr
+    (diff,) = [d["diff"] for d in json.loads(drift.stdout)["diffs"] if d["host"] == "h1"]
+    (planned,) = [t["diff"] for t in summary["tasks"]
+                  if t["host"] == "h1" and t["task"].startswith("Install the vLLM environment")]
+    for shown in (diff, planned):
+        assert "-NCCL_DEBUG=INFO" in shown.splitlines(), shown
+        assert ' VLLM_API_KEY="********"' in shown.splitlines() or \
+            " VLLM_API_KEY=********" in shown.splitlines(), shown
+    assert code == 2 and summary["plan"]["steps"][0]["hosts"] == ["h2", "h1"]
+
+
+def test_status_after_down_says_down_and_nothing_else(deployed: tuple[str, Path]) -> None:
+    inventory, state_home = deployed
+    planned = provision("down", "-i", inventory, "--check", "--json", state_home=state_home)
+    plan = json.loads(planned.stdout)["plan"]
+    assert [(s["action"], s["hosts"]) for s in plan["steps"]] == [("stop", ["h1", "h2"])]
+    assert plan["summary"].endswith("replica 'lab' would stop serving"), plan
+    down = provision("down", "-i", inventory, state_home=state_home)
+    assert down.returncode == 0, down.stdout + down.stderr
+    status = provision("status", "-i", inventory, state_home=state_home, timeout=120)
+    assert (status.returncode, status.stdout) == (3, "lab: down\n"), status.stdout + status.stderr
+    (info,) = json.loads(provision("status", "-i", inventory, "--json",
+                                   state_home=state_home, timeout=120).stdout)["replicas"]
+    assert info["down"] is True and info["whole"] is None
+    assert all(not w["running"] and w["probe"] is None for w in info["watchdogs"].values())

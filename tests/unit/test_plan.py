@@ -1,0 +1,205 @@
+"""The dry run's plan: handlers that would run, on which hosts in which order, the outage."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from test_runner import run, write_playbook
+from test_runner_support import make_inventory
+
+from vllm_provision import state
+from vllm_provision.plan import build_plan, plan_lines
+
+# stands in for systemctl: `show` reports the unit as $FAKE_ACTIVE; anything else is logged
+FAKE_SYSTEMCTL = """#!/bin/sh
+if [ "$1" = show ]; then
+  printf 'LoadState=loaded\\nActiveState=%s\\nSubState=running\\n' "$FAKE_ACTIVE"
+  printf 'UnitFileState=enabled\\nNeedDaemonReload=no\\nExecMainStartTimestamp=\\n'
+  exit 0
+fi
+echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
+"""
+
+PLAY = """
+- hosts: all
+  tasks:
+    - name: Engine config
+      template: {src: engine.j2, dest: "{{ root }}/engine.env", mode: "0600"}
+      notify: [Restart the replica, Restart the watchdog]
+  handlers:
+    - name: Restart the replica
+      systemd: {name: vllm.service, state: restarted, if_running: true}
+      scope: replica
+      order: followers_first
+    - name: Restart the watchdog
+      systemd: {name: vllm-watchdog.service, state: restarted, if_running: true}
+    - name: Never for this host
+      systemd: {name: other.service, state: restarted, if_running: true}
+      when: false
+"""
+
+SERVING = {"h1": ["vllm.service"], "h2": ["vllm.service"]}
+
+
+@pytest.fixture
+def playbook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(tmp_path / "systemctl.log"))
+    monkeypatch.setenv("FAKE_ACTIVE", "active")
+    path = write_playbook(tmp_path, PLAY)
+    (path.parent / "templates").mkdir()
+    (path.parent / "templates" / "engine.j2").write_text("MAX_LEN={{ max_len }}\n")
+    return path
+
+
+def test_check_mode_plan_names_restarts_in_order_with_the_outage(tmp_path: Path,
+                                                                 playbook: Path) -> None:
+    inventory = make_inventory(tmp_path, extra_vars={"max_len": 1024})
+    runner, summary = run(inventory, playbook, check=True)
+    plan = build_plan(runner.outcome, inventory, SERVING, {"llama": 7.06})
+    assert [(s["handler"], s["hosts"], s["replicas"]) for s in plan["steps"]] == [
+        ("Restart the replica", ["h2", "h1"], ["llama"]),
+        ("Restart the watchdog", ["h1", "h2"], [])]
+    assert plan["steps"][0]["line"] == (
+        "Restart the replica: would restart vllm.service on h2, then h1: the replica 'llama' "
+        "stops serving during the restart (about 7.1 s, its last start to serving)")
+    assert plan["steps"][1]["line"].endswith(", together: the replica keeps serving")
+    assert plan["summary"] == ("2 to change, 4 restarts, replica 'llama' would be unavailable "
+                               "(last start 7.1 s)")
+    assert plan_lines(plan)[-1] == plan["summary"]
+    assert not (tmp_path / "systemctl.log").exists()  # nothing was restarted
+    # the real run does what the plan said, in that order
+    real, _ = run(inventory, playbook)
+    log = (tmp_path / "systemctl.log").read_text().splitlines()
+    assert log[:2] == ["restart -- vllm.service", "restart -- vllm.service"]
+    assert sorted(log[2:]) == ["restart -- vllm-watchdog.service"] * 2
+    order = [h.result.host for h in real.outcome.handler_results
+             if h.handler == "Restart the replica"]
+    assert order == ["h2", "h1"]
+
+
+def test_no_change_and_stopped_units_plan_no_restart(tmp_path: Path, playbook: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    inventory = make_inventory(tmp_path, extra_vars={"max_len": 1024})
+    run(inventory, playbook)
+    runner, _ = run(inventory, playbook, check=True)
+    plan = build_plan(runner.outcome, inventory, SERVING, {"llama": 7.0})
+    assert plan["steps"] == [] and plan["summary"] == (
+        "0 to change, 0 restarts, replica 'llama' keeps serving")
+    # a change while the units are stopped: the handlers run but restart nothing (ok)
+    monkeypatch.setenv("FAKE_ACTIVE", "inactive")
+    changed = make_inventory(tmp_path, extra_vars={"max_len": 2048})
+    runner, _ = run(changed, playbook, check=True)
+    plan = build_plan(runner.outcome, changed, SERVING, {})
+    assert plan["steps"] == [] and plan["changes"] == 2
+
+
+def test_a_handler_check_mode_cannot_simulate_is_listed_as_would_run(tmp_path: Path) -> None:
+    playbook = write_playbook(tmp_path, """
+- hosts: all
+  tasks:
+    - name: Config
+      file: {path: "{{ root }}/flag", state: touch}
+      notify: Reload the app
+  handlers:
+    - name: Reload the app
+      command: "echo reloaded"
+""")
+    inventory = make_inventory(tmp_path, ("h1",))
+    runner, _ = run(inventory, playbook, check=True)
+    plan = build_plan(runner.outcome, inventory, {}, {})
+    assert [s["line"] for s in plan["steps"]] == [
+        "Reload the app: would run on h1 (check mode cannot tell what it would do)"]
+
+
+def test_check_mode_lists_one_daemon_reload_like_the_real_run(tmp_path: Path,
+                                                              playbook: Path) -> None:
+    unit = f"/etc/systemd/system/vp-plan-test-{os.getpid()}.service"
+    path = write_playbook(tmp_path, f"""
+- hosts: all
+  tasks:
+    - name: Unit
+      template: {{src: engine.j2, dest: "{unit}", mode: "0644"}}
+    - name: First reload
+      systemd: {{daemon_reload: true}}
+    - name: Second reload (a later role)
+      systemd: {{daemon_reload: true}}
+""", name="reload.yml")
+    inventory = make_inventory(tmp_path, ("h1",), extra_vars={"max_len": 1})
+    runner, _ = run(inventory, path, check=True)
+    got = {r.task: r.status.value for r in runner.outcome.results}
+    assert got == {"Unit": "changed", "First reload": "changed", "Second reload (a later role)":
+                   "ok"}
+    assert not Path(unit).exists()
+
+
+def test_systemd_if_running_needs_state_restarted(tmp_path: Path, playbook: Path) -> None:
+    path = write_playbook(tmp_path, """
+- hosts: all
+  tasks:
+    - name: Bad
+      systemd: {name: vllm.service, state: started, if_running: true}
+""", name="bad.yml")
+    runner, _ = run(make_inventory(tmp_path, ("h1",)), path)
+    [result] = runner.outcome.results
+    assert result.status.value == "failed" and "only applies to state: restarted" in \
+        result.message
+
+
+def test_serving_record_keeps_the_last_measured_start() -> None:
+    begun = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    fresh = state.serving_record(None, "llm", 7.1234, begun)
+    assert fresh == {"start_to_serving_s": 7.123, "deployed_at": "2026-01-02T03:04:05Z"}
+    previous = {"replicas": {"llm": fresh}}
+    later = datetime(2026, 1, 3, tzinfo=UTC)
+    assert state.serving_record(previous, "llm", None, later) == fresh  # already serving
+    assert state.serving_record(previous, "other", None, later) == {
+        "start_to_serving_s": None, "deployed_at": None}
+    assert state.last_start_s(previous) == {"llm": 7.123}
+    assert state.last_start_s(None) == {}
+
+
+def test_plan_summary_without_a_measured_start() -> None:
+    from vllm_provision.plan import summary_line
+
+    assert summary_line(1, 2, [{"replica": "llm", "unavailable": True, "last_start_s": None}]) \
+        == "1 to change, 2 restarts, replica 'llm' would be unavailable (last start not measured)"
+
+
+DOWN = """
+- hosts: all
+  tasks:
+    - name: Stop the watchdog
+      systemd: {name: vllm-watchdog.service, state: stopped}
+- hosts: vllm_master
+  tasks:
+    - name: Stop vLLM
+      systemd: {name: vllm.service, state: stopped, enabled: false}
+- hosts: vllm_followers
+  tasks:
+    - name: Stop vLLM
+      systemd: {name: vllm.service, state: stopped, enabled: false}
+"""
+
+
+def test_down_plan_stops_the_master_then_the_followers_together(tmp_path: Path,
+                                                                playbook: Path) -> None:
+    path = write_playbook(tmp_path, DOWN, name="down.yml")
+    inventory = make_inventory(tmp_path, ("h1", "h2", "h3"))
+    runner, _ = run(inventory, path, check=True)
+    serving = {h: ["vllm.service"] for h in ("h1", "h2", "h3")}
+    plan = build_plan(runner.outcome, inventory, serving, {"llama": 7.0})
+    # the watchdog is no serving unit: not a step
+    assert [s["line"] for s in plan["steps"]] == [
+        "Stop vLLM: would stop vllm.service on h1, then h2 and h3, together: the replica "
+        "'llama' stops serving"]
+    assert plan["summary"] == "6 to change, 0 restarts, replica 'llama' would stop serving"
+    again = build_plan(runner.outcome, inventory, serving, {"llama": 7.0}, starts_again=True)
+    assert again["summary"].endswith("replica 'llama' would be unavailable (last start 7.0 s)")
