@@ -10,7 +10,7 @@ host; its vars are merged, the later one winning.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,6 +301,18 @@ def _compute_depth(tree: Tree) -> None:
     tree.depth = depth
 
 
+def add_yaml(tree: Tree, doc: YamlDocument, problems: Problems) -> None:
+    """Add the groups and hosts of one YAML inventory document to ``tree`` (several sources of an
+    inventory directory add to one tree, in file order; see :func:`finish_tree`)."""
+    tree.group("all", ("all",))
+    for name, entry in doc.data.items():
+        if not _valid_name(name, doc, (name,), problems, "group"):
+            continue
+        _parse_group(tree, name, entry, doc, (name,), problems)
+        if name != "all" and name not in tree.groups["all"].children:
+            tree.groups["all"].children.append(name)
+
+
 def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
     """Parse the inventory file's group tree.
 
@@ -312,17 +324,29 @@ def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
         makes it unusable.
     """
     tree = Tree(file=str(doc.path))
+    add_yaml(tree, doc, problems)
+    return finish_tree(tree, problems, lambda key: doc.origin(key).where)
+
+
+def finish_tree(tree: Tree, problems: Problems,
+                where: Callable[[KeyPath], str]) -> Tree | None:
+    """Complete a tree read from one or more sources as Ansible's ``reconcile_inventory`` does:
+    every group without a parent becomes a child of ``all``, and hosts in no group but ``all``
+    go to ``ungrouped``; then depths are computed.
+
+    Args:
+        tree: the tree, with ``all`` present.
+        problems: where a cycle of groups is recorded.
+        where: renders a group's key path (:attr:`GroupNode.key`) as a place for messages.
+
+    Returns:
+        the tree, or None if a cycle makes it unusable.
+    """
     tree.group("all", ("all",))
-    for name, entry in doc.data.items():
-        if not _valid_name(name, doc, (name,), problems, "group"):
-            continue
-        _parse_group(tree, name, entry, doc, (name,), problems)
-        if name != "all" and name not in tree.groups["all"].children:
-            tree.groups["all"].children.append(name)
     cycle = _find_cycle(tree)
     if cycle:
         first = tree.groups[cycle[0]]
-        problems.add(doc.origin(first.key).where,
+        problems.add(where(first.key),
                      "groups contain each other: " + " -> ".join(cycle),
                      expected="a tree of groups without cycles", actual=" -> ".join(cycle),
                      fix=f"remove {cycle[-1]!r} from the children of {cycle[-2]!r}")
@@ -336,6 +360,7 @@ def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
         tree.groups["all"].children.append("ungrouped")
     grouped = {h for g in tree.groups.values() if g.name not in ("all", "ungrouped")
                for h in g.hosts}
+    ungrouped.hosts[:] = [h for h in ungrouped.hosts if h not in grouped]
     for host in tree.hosts:
         if host not in grouped and host not in ungrouped.hosts:
             ungrouped.hosts.append(host)
