@@ -170,8 +170,8 @@ def common_options(function: F) -> F:
     """Decorate a click command with the shared options (see :class:`CommonOptions`)."""
     options = [
         click.option("-i", "--inventory", required=True,
-                     type=click.Path(dir_okay=False, path_type=Path),
-                     help="Inventory file (Ansible YAML)."),
+                     type=click.Path(path_type=Path),
+                     help="Inventory: a YAML or INI file, or a directory of them."),
         click.option("-l", "--limit", metavar="PATTERN",
                      help="Only hosts matching this pattern (e.g. 'h1', 'llama:!h2')."),
         click.option("-C", "--check", is_flag=True,

@@ -103,7 +103,8 @@ class _Parser:
         self.line = 0
         # group -> (line, state, parents) of sections/children naming a group not yet declared
         self.pending: dict[str, tuple[int, str, list[str]]] = {}
-        self.declared: set[str] = {"all", "ungrouped"}
+        # groups of earlier files of an inventory directory are declared already
+        self.declared: set[str] = {"all", "ungrouped", *tree.groups}
 
     def where(self, key: str = "") -> str:
         return f"{self.path}:{self.line}" + (f": {key}" if key else "")

@@ -30,6 +30,7 @@ class GroupNode:
     children: list[str] = field(default_factory=list)
     vars: dict[str, Setting] = field(default_factory=dict)
     key: KeyPath = ()
+    priority: int = 1
 
 
 @dataclass
@@ -80,7 +81,13 @@ class Tree:
             if host in group.hosts:
                 names |= self.ancestors(group.name)
         names.add("all")
-        return sorted(names, key=lambda g: (self.depth.get(g, 0), g))
+        return sorted(names, key=lambda g: (self.depth.get(g, 0), self.priority(g), g))
+
+    def priority(self, name: str) -> int:
+        """The group's ``ansible_group_priority`` from the inventory file (default 1): among
+        groups of one depth, a higher priority merges later and wins (Ansible's ``sort_groups``;
+        group_vars files do not set it)."""
+        return self.groups[name].priority
 
 
 # Ansible's host ranges (inventory "Adding ranges of hosts"): prefix[start:end(:step)]suffix,
@@ -309,8 +316,8 @@ def add_yaml(tree: Tree, doc: YamlDocument, problems: Problems) -> None:
         if not _valid_name(name, doc, (name,), problems, "group"):
             continue
         _parse_group(tree, name, entry, doc, (name,), problems)
-        if name != "all" and name not in tree.groups["all"].children:
-            tree.groups["all"].children.append(name)
+        # a top-level group other than all becomes a child of all only if it has no other
+        # parent (finish_tree), as Ansible's reconcile_inventory does
 
 
 def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
@@ -343,6 +350,17 @@ def finish_tree(tree: Tree, problems: Problems,
         the tree, or None if a cycle makes it unusable.
     """
     tree.group("all", ("all",))
+    for group in tree.groups.values():
+        setting = group.vars.pop("ansible_group_priority", None)
+        if setting is None:
+            continue
+        try:
+            group.priority = int(setting.value)
+        except (TypeError, ValueError):
+            problems.add(setting.origin.where, "ansible_group_priority must be an integer",
+                         actual=repr(setting.value)[:80], fix="write e.g. "
+                         "ansible_group_priority: 10 (a higher priority wins among groups of "
+                         "one depth)")
     cycle = _find_cycle(tree)
     if cycle:
         first = tree.groups[cycle[0]]

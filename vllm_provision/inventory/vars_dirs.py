@@ -10,8 +10,8 @@ recursively, each level in sorted order (a later file wins). Hidden entries and 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from vllm_provision import variables
@@ -86,8 +86,9 @@ def read_vars_dir(folder: Path, names: Iterable[str], problems: Problems, *,
         if merged:
             result[name] = merged
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name.endswith(_SKIPPED_SUFFIXES):
-            continue
+        if entry.name.startswith(".") or entry.name.endswith(_SKIPPED_SUFFIXES) or (
+                not entry.is_dir() and os.path.splitext(entry.name)[1] not in EXTENSIONS):
+            continue  # Ansible never reads it (a .txt, a backup): not a typo of a name
         name = _entry_name(entry)
         if name in known:
             continue
