@@ -54,11 +54,15 @@ def warn_deprecated(name: str, where: str) -> None:
 
 
 def apply(settings: Mapping[str, Setting]) -> dict[str, Setting]:
-    """Return a host's merged settings with each alias copied onto the variable it sets, the
-    alias winning when both are set (see the module docstring); the alias itself is kept, as
+    """Return a host's merged settings with each alias copied onto the variable it sets, a
+    legacy name winning when both are set and ``ansible_ssh_private_key_file`` winning over
+    ``ansible_private_key_file`` (see the module docstring); the alias itself is kept, as
     Ansible keeps it among the host's variables."""
     result = dict(settings)
-    for alias, target in ALIASES.items():
+    for alias, target in DEPRECATED.items():
         if alias in settings:
             result[target] = settings[alias]
+    for synonym, target in SYNONYMS.items():  # the documented name wins over its synonym
+        if synonym in settings and target not in settings:
+            result[target] = settings[synonym]
     return result

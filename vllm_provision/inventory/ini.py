@@ -80,7 +80,9 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     if isinstance(value, dict):
         return {_plain(k) if not isinstance(k, str) else k: _plain(v) for k, v in value.items()}
-    return str(value)  # a complex number, Ellipsis
+    if value is Ellipsis:
+        return "..."
+    return str(value)  # a complex number
 
 
 def _split_port(pattern: str) -> tuple[str, int | None]:
