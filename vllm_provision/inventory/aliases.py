@@ -33,7 +33,6 @@ SYNONYMS: dict[str, str] = {"ansible_private_key_file": "ansible_ssh_private_key
 ALIASES: dict[str, str] = {**DEPRECATED, **SYNONYMS}
 
 log = logging.getLogger("vllm_provision.inventory")
-_warned: set[tuple[str, str]] = set()
 
 
 def canonical(name: str) -> str:
@@ -43,11 +42,10 @@ def canonical(name: str) -> str:
 
 
 def warn_deprecated(name: str, where: str) -> None:
-    """Log one line (a warning, on stderr) for a legacy name written at ``where``, once per
-    place and process."""
-    if name not in DEPRECATED or (name, where) in _warned:
+    """Log one line (a warning, on stderr) for a legacy name written at ``where``; the loader
+    checks each written value once, so a group variable warns once, not once per host."""
+    if name not in DEPRECATED:
         return
-    _warned.add((name, where))
     log.warning("%s: %s is deprecated; use %s instead (it is still honoured, and wins over %s "
                 "when both are set, as in ansible-core)", where, name, DEPRECATED[name],
                 DEPRECATED[name])

@@ -294,8 +294,8 @@ def read_yaml(path: Path, problems: Problems, *, what: str, empty_ok: bool = Fal
                      fix="merge the two entries into one")
     if not isinstance(data, Mapping):
         shape = type(data).__name__
-        fix = ("write a mapping such as 'all: {children: {...}}'; an INI inventory can be "
-               "converted with: ansible-inventory -i FILE --list --yaml"
+        fix = ("write a mapping such as 'all: {children: {...}}', or an INI inventory "
+               "starting with a [group] line"
                if what == "inventory" else "write 'name: value' lines")
         problems.add(str(path), f"the top level of the {what} file is not a mapping",
                      expected="a YAML mapping", actual=f"a {_yaml_kind(shape)}", fix=fix)
