@@ -98,6 +98,8 @@ def test_ansible_ssh_pass_is_a_secret(tmp_path: Path) -> None:
     ("[web]\nh1 novalue\n", "hosts.ini:2", "expected key=value"),
     ('[web]\nh1 a="open\n', "hosts.ini:2", "cannot be split into words"),
     ("[web]\nh[3:1]\n", "hosts.ini:2", "invalid host range"),
+    ("[web]\nh[0:99999999]\n", "hosts.ini:2", "more than 10000"),
+    ("[web]\nh[0:999]-[0:999]\n", "hosts.ini:2", "more than 10000"),
     ("[web]\nbad$name\n", "hosts.ini:2", "invalid host name"),
     ("[web:vars]\nx=1\n", "hosts.ini:1", "never declared"),
     ("[web]\nh1\n[web:children]\nmissing\n", "hosts.ini:4", "never declared"),

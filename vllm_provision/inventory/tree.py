@@ -92,6 +92,9 @@ class Tree:
 
 # Ansible's host ranges (inventory "Adding ranges of hosts"): prefix[start:end(:step)]suffix,
 # numeric (zero padding kept from start) or single letters.
+# The most hosts one range may name: far above any cluster, low enough that a typo
+# (gpu[0:99999999]) is refused at once instead of exhausting memory (Ansible has no limit).
+MAX_RANGE_HOSTS = 10_000
 _RANGE_RE = re.compile(r"^(?P<head>[^\[]*)\[(?P<range>[^\]]*)\](?P<tail>.*)$")
 
 
@@ -102,8 +105,8 @@ def expand_host_range(name: str) -> list[str]:
     is. Source: ansible/inventory/helpers ``expand_hostname_range``.
 
     Raises:
-        ValueError: a bracket that is not ``[start:end]`` or ``[start:end:step]``, or an empty
-            range (end before start).
+        ValueError: a bracket that is not ``[start:end]`` or ``[start:end:step]``, an empty
+            range (end before start), or more than :data:`MAX_RANGE_HOSTS` hosts.
     """
     match = _RANGE_RE.match(name)
     if match is None:
@@ -117,15 +120,24 @@ def expand_host_range(name: str) -> list[str]:
         raise ValueError(f"{name!r}: the step must be a positive integer")
     if start.isdigit() and end.isdigit():
         width = len(start) if start.startswith("0") else 0
-        values = [str(i).zfill(width) for i in range(int(start), int(end) + 1, max(step, 1))]
+        numbers = range(int(start), int(end) + 1, max(step, 1))
+        if len(numbers) > MAX_RANGE_HOSTS:
+            raise ValueError(f"{name[:80]!r}: the range names {len(numbers)} hosts, more than "
+                             f"{MAX_RANGE_HOSTS}")
+        values = [str(i).zfill(width) for i in numbers]
     elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
         values = [chr(i) for i in range(ord(start), ord(end) + 1, max(step, 1))]
     else:
         raise ValueError(f"{name!r}: a range is numeric (01:10) or single letters (a:f)")
     if not values:
         raise ValueError(f"{name!r}: the range is empty (end before start)")
-    return [host for value in values
-            for host in expand_host_range(f"{match['head']}{value}{match['tail']}")]
+    hosts: list[str] = []
+    for value in values:
+        hosts.extend(expand_host_range(f"{match['head']}{value}{match['tail']}"))
+        if len(hosts) > MAX_RANGE_HOSTS:
+            raise ValueError(f"{name[:80]!r}: the ranges name more than {MAX_RANGE_HOSTS} "
+                             "hosts")
+    return hosts
 
 
 def _mapping_or_none(value: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
