@@ -24,8 +24,8 @@ UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service$"
 # useradd(8): a portable user name.
 USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$")
 # Names whose values we never print (Ansible's no_log heuristics use the same words).
-SECRET_NAME_RE = re.compile(r"(token|password|passwd|secret|api_?key|private_?key$|credential)",
-                            re.IGNORECASE)
+SECRET_NAME_RE = re.compile(r"(token|password|passwd|_pass$|secret|api_?key|private_?key$|"
+                            r"credential)", re.IGNORECASE)
 MASK = "********"
 
 
@@ -316,7 +316,8 @@ def is_secret_name(name: str) -> bool:
     """True when values named ``name`` must never be printed.
 
     Secret variables of the table, plus any name containing token/password/secret/api key/
-    credential (``HF_TOKEN`` in ``vllm_env``). ``ansible_ssh_private_key_file`` is a path, not a
+    credential (``HF_TOKEN`` in ``vllm_env``), or ending in ``_pass`` (``ansible_ssh_pass``,
+    ``ansible_become_pass``). ``ansible_ssh_private_key_file`` is a path, not a
     secret.
     """
     known = VARIABLES.get(name)

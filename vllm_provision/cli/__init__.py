@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "status": "status",
     "check": "check",
     "facts": "facts",
+    "inventory": "inventory",
     "drift": "drift",
     "play": "play",
     "verify": "verify",

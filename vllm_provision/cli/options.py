@@ -179,8 +179,8 @@ class CommonOptions:
 # (:func:`common_options`) or a named subset (:func:`shared_options`).
 OPTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "inventory": click.option("-i", "--inventory", required=True,
-                              type=click.Path(dir_okay=False, path_type=Path),
-                              help="Inventory file (Ansible YAML)."),
+                              type=click.Path(path_type=Path),
+                              help="Inventory: a YAML or INI file, or a directory of them."),
     "limit": click.option("-l", "--limit", metavar="PATTERN",
                           help="Only hosts matching this pattern (e.g. 'h1', 'llama:!h2')."),
     "check": click.option("-C", "--check", is_flag=True,

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vllm_provision.inventory import aliases
 from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars, plain
 from vllm_provision.inventory.replicas import REPLICAS_GROUP, SYNTHETIC_GROUPS, build_replicas
-from vllm_provision.inventory.source import Origin, Problems, Setting, read_yaml
-from vllm_provision.inventory.tree import Tree, parse_tree
+from vllm_provision.inventory.source import Origin, Problems, Setting
+from vllm_provision.inventory.sources import read_inventory, vars_base
+from vllm_provision.inventory.tree import Tree
 from vllm_provision.inventory.values import _owned_dirs as owned_dirs_context
 from vllm_provision.inventory.values import check_setting
 from vllm_provision.inventory.vars_dirs import read_vars_dir
@@ -17,10 +19,12 @@ from vllm_provision.models import Group, Host, Inventory, Replica
 
 
 def _checked(settings: Mapping[str, Setting], problems: Problems) -> dict[str, Setting]:
-    """Validate every setting; an invalid one keeps its origin with the value ``INVALID``."""
+    """Validate every setting; an invalid one keeps its origin with the value ``INVALID``. A
+    legacy alias (``ansible_ssh_host``) is validated as the variable it sets, with a warning."""
     result: dict[str, Setting] = {}
     for name, setting in settings.items():
-        checked = check_setting(name, setting, problems)
+        aliases.warn_deprecated(name, setting.origin.where)
+        checked = check_setting(aliases.canonical(name), setting, problems)
         result[name] = checked if checked is not None else Setting(INVALID, setting.origin)
     return result
 
@@ -65,16 +69,17 @@ def _synthetic_groups(replicas: tuple[Replica, ...], hosts: Mapping[str, Host]) 
 
 
 def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
-    """Load and validate an Ansible-compatible YAML inventory.
+    """Load and validate an Ansible inventory: a YAML or INI file, or a directory of them.
 
-    Reads ``path`` and the ``group_vars/`` and ``host_vars/`` folders beside it, merges variables
+    Reads ``path`` (:func:`~.sources.read_inventory`) and the ``group_vars/`` and ``host_vars/``
+    folders of its base (:func:`~.sources.vars_base`), merges variables
     with Ansible's precedence (see :func:`~.hosts.merge_host_vars`), validates every variable we
     read against :mod:`vllm_provision.variables`, resolves connection settings and builds the
     replicas (child groups of ``vllm_replicas``) and the synthetic groups ``vllm_master``,
     ``vllm_followers``, ``vllm_mp`` and ``vllm_ray``. Opens no connection.
 
     Args:
-        path: the inventory YAML file.
+        path: the inventory file or directory.
         extra_vars: ``-e`` values, highest precedence; strings are converted for integer,
             boolean, list and mapping variables.
 
@@ -87,22 +92,19 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     """
     path = Path(path)
     problems = Problems()
-    doc = read_yaml(path, problems, what="inventory")
-    if doc is None:
-        problems.raise_if_any()
-    assert doc is not None
-    tree = parse_tree(doc, problems)
+    tree = read_inventory(path, problems)
     if tree is None:
         problems.raise_if_any()
     assert tree is not None
     for name in SYNTHETIC_GROUPS:
         if name in tree.groups:
-            problems.add(doc.origin(tree.groups[name].key).where,
+            problems.add(f"{tree.file}: " + ".".join(map(str, tree.groups[name].key)),
                          f"the group name {name!r} is reserved: provision adds it itself",
                          fix=f"rename the group; {', '.join(SYNTHETIC_GROUPS)} are derived from "
                              "the replicas")
-    raw_groups = read_vars_dir(path.parent / "group_vars", tree.groups, problems, kind="group")
-    raw_hosts = read_vars_dir(path.parent / "host_vars", tree.hosts, problems, kind="host")
+    base = vars_base(path)
+    raw_groups = read_vars_dir(base / "group_vars", tree.groups, problems, kind="group")
+    raw_hosts = read_vars_dir(base / "host_vars", tree.hosts, problems, kind="host")
     raw_extra = {str(name): Setting(value, Origin(None, (str(name),)))
                  for name, value in (extra_vars or {}).items()}
     token = owned_dirs_context.set(_owned_dirs(
@@ -118,9 +120,9 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
         extra = _checked(raw_extra, problems)
     finally:
         owned_dirs_context.reset(token)
-    base = path.absolute().parent
+    base = base.absolute()
 
-    settings = {name: merge_host_vars(tree, name, group_files, host_files, extra)
+    settings = {name: aliases.apply(merge_host_vars(tree, name, group_files, host_files, extra))
                 for name in tree.hosts}
     hosts = {name: build_host(name, settings[name], tuple(tree.groups_of(name)), base, problems)
              for name in tree.hosts}

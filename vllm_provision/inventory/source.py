@@ -213,7 +213,8 @@ def _syntax_problem(path: Path, error: yaml.YAMLError, problems: Problems) -> No
                      "and that a 'key: value' has a space after the colon)")
 
 
-def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | None:
+def read_yaml(path: Path, problems: Problems, *, what: str, empty_ok: bool = False,
+              text: str | None = None) -> YamlDocument | None:
     """Parse ``path`` as one YAML document that must be a mapping.
 
     Args:
@@ -221,12 +222,16 @@ def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | No
         problems: where problems are recorded (missing file, syntax error with line and column,
             tabs, empty file, duplicate keys, not a mapping, Vault-encrypted file).
         what: what the file is, for messages (``"inventory"``, ``"group_vars file"``).
+        empty_ok: an empty file (or one of comments only) is no problem and gives an empty
+            document, as Ansible ignores empty vars files.
+        text: the file's content when the caller has read it already.
 
     Returns:
         the document, or None when it could not be used (a problem was recorded).
     """
     try:
-        text = yaml_limits.read_regular_file(path, what)
+        if text is None:
+            text = yaml_limits.read_regular_file(path, what)
     except yaml_limits.LimitError as exc:
         problems.add(str(path), exc.message, fix=exc.fix)
         return None
@@ -270,6 +275,8 @@ def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | No
     finally:
         if loader is not None:
             loader.dispose()
+    if data is None and empty_ok:
+        return YamlDocument(path, {}, {})
     if data is None:
         problems.add(str(path), f"the {what} file is empty",
                      expected="a YAML mapping" + (" with a top-level 'all:' group"
@@ -287,8 +294,8 @@ def read_yaml(path: Path, problems: Problems, *, what: str) -> YamlDocument | No
                      fix="merge the two entries into one")
     if not isinstance(data, Mapping):
         shape = type(data).__name__
-        fix = ("write a mapping such as 'all: {children: {...}}'; an INI inventory can be "
-               "converted with: ansible-inventory -i FILE --list --yaml"
+        fix = ("write a mapping such as 'all: {children: {...}}', or an INI inventory "
+               "starting with a [group] line"
                if what == "inventory" else "write 'name: value' lines")
         problems.add(str(path), f"the top level of the {what} file is not a mapping",
                      expected="a YAML mapping", actual=f"a {_yaml_kind(shape)}", fix=fix)

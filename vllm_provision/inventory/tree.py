@@ -10,7 +10,7 @@ host; its vars are merged, the later one winning.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ class GroupNode:
     children: list[str] = field(default_factory=list)
     vars: dict[str, Setting] = field(default_factory=dict)
     key: KeyPath = ()
+    priority: int = 1
 
 
 @dataclass
@@ -80,11 +81,20 @@ class Tree:
             if host in group.hosts:
                 names |= self.ancestors(group.name)
         names.add("all")
-        return sorted(names, key=lambda g: (self.depth.get(g, 0), g))
+        return sorted(names, key=lambda g: (self.depth.get(g, 0), self.priority(g), g))
+
+    def priority(self, name: str) -> int:
+        """The group's ``ansible_group_priority`` from the inventory file (default 1): among
+        groups of one depth, a higher priority merges later and wins (Ansible's ``sort_groups``;
+        group_vars files do not set it)."""
+        return self.groups[name].priority
 
 
 # Ansible's host ranges (inventory "Adding ranges of hosts"): prefix[start:end(:step)]suffix,
 # numeric (zero padding kept from start) or single letters.
+# The most hosts one range may name: far above any cluster, low enough that a typo
+# (gpu[0:99999999]) is refused at once instead of exhausting memory (Ansible has no limit).
+MAX_RANGE_HOSTS = 10_000
 _RANGE_RE = re.compile(r"^(?P<head>[^\[]*)\[(?P<range>[^\]]*)\](?P<tail>.*)$")
 
 
@@ -95,8 +105,8 @@ def expand_host_range(name: str) -> list[str]:
     is. Source: ansible/inventory/helpers ``expand_hostname_range``.
 
     Raises:
-        ValueError: a bracket that is not ``[start:end]`` or ``[start:end:step]``, or an empty
-            range (end before start).
+        ValueError: a bracket that is not ``[start:end]`` or ``[start:end:step]``, an empty
+            range (end before start), or more than :data:`MAX_RANGE_HOSTS` hosts.
     """
     match = _RANGE_RE.match(name)
     if match is None:
@@ -110,15 +120,24 @@ def expand_host_range(name: str) -> list[str]:
         raise ValueError(f"{name!r}: the step must be a positive integer")
     if start.isdigit() and end.isdigit():
         width = len(start) if start.startswith("0") else 0
-        values = [str(i).zfill(width) for i in range(int(start), int(end) + 1, max(step, 1))]
+        numbers = range(int(start), int(end) + 1, max(step, 1))
+        if len(numbers) > MAX_RANGE_HOSTS:
+            raise ValueError(f"{name[:80]!r}: the range names {len(numbers)} hosts, more than "
+                             f"{MAX_RANGE_HOSTS}")
+        values = [str(i).zfill(width) for i in numbers]
     elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
         values = [chr(i) for i in range(ord(start), ord(end) + 1, max(step, 1))]
     else:
         raise ValueError(f"{name!r}: a range is numeric (01:10) or single letters (a:f)")
     if not values:
         raise ValueError(f"{name!r}: the range is empty (end before start)")
-    return [host for value in values
-            for host in expand_host_range(f"{match['head']}{value}{match['tail']}")]
+    hosts: list[str] = []
+    for value in values:
+        hosts.extend(expand_host_range(f"{match['head']}{value}{match['tail']}"))
+        if len(hosts) > MAX_RANGE_HOSTS:
+            raise ValueError(f"{name[:80]!r}: the ranges name more than {MAX_RANGE_HOSTS} "
+                             "hosts")
+    return hosts
 
 
 def _mapping_or_none(value: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
@@ -301,6 +320,18 @@ def _compute_depth(tree: Tree) -> None:
     tree.depth = depth
 
 
+def add_yaml(tree: Tree, doc: YamlDocument, problems: Problems) -> None:
+    """Add the groups and hosts of one YAML inventory document to ``tree`` (several sources of an
+    inventory directory add to one tree, in file order; see :func:`finish_tree`)."""
+    tree.group("all", ("all",))
+    for name, entry in doc.data.items():
+        if not _valid_name(name, doc, (name,), problems, "group"):
+            continue
+        _parse_group(tree, name, entry, doc, (name,), problems)
+        # a top-level group other than all becomes a child of all only if it has no other
+        # parent (finish_tree), as Ansible's reconcile_inventory does
+
+
 def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
     """Parse the inventory file's group tree.
 
@@ -312,17 +343,40 @@ def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
         makes it unusable.
     """
     tree = Tree(file=str(doc.path))
+    add_yaml(tree, doc, problems)
+    return finish_tree(tree, problems, lambda key: doc.origin(key).where)
+
+
+def finish_tree(tree: Tree, problems: Problems,
+                where: Callable[[KeyPath], str]) -> Tree | None:
+    """Complete a tree read from one or more sources as Ansible's ``reconcile_inventory`` does:
+    every group without a parent becomes a child of ``all``, and hosts in no group but ``all``
+    go to ``ungrouped``; then depths are computed.
+
+    Args:
+        tree: the tree, with ``all`` present.
+        problems: where a cycle of groups is recorded.
+        where: renders a group's key path (:attr:`GroupNode.key`) as a place for messages.
+
+    Returns:
+        the tree, or None if a cycle makes it unusable.
+    """
     tree.group("all", ("all",))
-    for name, entry in doc.data.items():
-        if not _valid_name(name, doc, (name,), problems, "group"):
+    for group in tree.groups.values():
+        setting = group.vars.pop("ansible_group_priority", None)
+        if setting is None:
             continue
-        _parse_group(tree, name, entry, doc, (name,), problems)
-        if name != "all" and name not in tree.groups["all"].children:
-            tree.groups["all"].children.append(name)
+        try:
+            group.priority = int(setting.value)
+        except (TypeError, ValueError):
+            problems.add(setting.origin.where, "ansible_group_priority must be an integer",
+                         actual=repr(setting.value)[:80], fix="write e.g. "
+                         "ansible_group_priority: 10 (a higher priority wins among groups of "
+                         "one depth)")
     cycle = _find_cycle(tree)
     if cycle:
         first = tree.groups[cycle[0]]
-        problems.add(doc.origin(first.key).where,
+        problems.add(where(first.key),
                      "groups contain each other: " + " -> ".join(cycle),
                      expected="a tree of groups without cycles", actual=" -> ".join(cycle),
                      fix=f"remove {cycle[-1]!r} from the children of {cycle[-2]!r}")
@@ -336,6 +390,7 @@ def parse_tree(doc: YamlDocument, problems: Problems) -> Tree | None:
         tree.groups["all"].children.append("ungrouped")
     grouped = {h for g in tree.groups.values() if g.name not in ("all", "ungrouped")
                for h in g.hosts}
+    ungrouped.hosts[:] = [h for h in ungrouped.hosts if h not in grouped]
     for host in tree.hosts:
         if host not in grouped and host not in ungrouped.hosts:
             ungrouped.hosts.append(host)

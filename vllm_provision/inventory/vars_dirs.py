@@ -1,13 +1,16 @@
 """Read ``group_vars/`` and ``host_vars/`` beside the inventory file, as Ansible does.
 
-Ansible's ``host_group_vars`` vars plugin: for a group or host NAME it reads ``NAME``,
-``NAME.yml``, ``NAME.yaml`` and ``NAME.json``, and when ``NAME`` is a folder every such file under
-it, sorted by path (a later file wins). Hidden files and backups (``~``, ``.bak``, ``.orig``) are
-skipped.
+Ansible's ``host_group_vars`` vars plugin and ``DataLoader.find_vars_files`` (ansible-core
+``parsing/dataloader.py``): for a group or host NAME the first that exists of ``NAME``,
+``NAME.yml``, ``NAME.yaml`` and ``NAME.json`` is read; when it is a folder, every file in it with
+no extension or one of ``.yml``, ``.yaml``, ``.json`` is read, folders without an extension
+recursively, each level in sorted order (a later file wins). Hidden entries and names ending in
+``~`` are skipped; empty files are ignored.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,20 +21,30 @@ EXTENSIONS = ("", ".yml", ".yaml", ".json")
 _SKIPPED_SUFFIXES = ("~", ".bak", ".orig", ".swp", ".retry")
 
 
-def _is_vars_file(path: Path) -> bool:
-    return (path.is_file() and not path.name.startswith(".")
-            and not path.name.endswith(_SKIPPED_SUFFIXES) and path.suffix in EXTENSIONS[1:])
+def _dir_files(folder: Path) -> list[Path]:
+    """``DataLoader._get_dir_vars_files``: sorted per level, recursing into folders that have
+    no extension."""
+    found: list[Path] = []
+    for name in sorted(p.name for p in folder.iterdir()):
+        if name.startswith(".") or name.endswith("~"):
+            continue
+        entry = folder / name
+        extension = os.path.splitext(name)[1]
+        if entry.is_dir() and not extension:
+            found.extend(_dir_files(entry))
+        elif entry.is_file() and extension in EXTENSIONS:
+            found.append(entry)
+    return found
 
 
 def _files_for(folder: Path, name: str) -> list[Path]:
-    files: list[Path] = []
     for extension in EXTENSIONS:
         candidate = folder / f"{name}{extension}"
-        if candidate.is_file():
-            files.append(candidate)
-        elif extension == "" and candidate.is_dir():
-            files.extend(sorted(p for p in candidate.rglob("*") if _is_vars_file(p)))
-    return files
+        if candidate.is_dir():
+            return _dir_files(candidate)
+        if candidate.exists():
+            return [candidate]
+    return []
 
 
 def _entry_name(path: Path) -> str:
@@ -61,7 +74,7 @@ def read_vars_dir(folder: Path, names: Iterable[str], problems: Problems, *,
     for name in known:
         merged: dict[str, Setting] = {}
         for path in _files_for(folder, name):
-            doc = read_yaml(path, problems, what=f"{kind}_vars")
+            doc = read_yaml(path, problems, what=f"{kind}_vars", empty_ok=True)
             if doc is None:
                 continue
             for key, value in doc.data.items():
@@ -73,8 +86,9 @@ def read_vars_dir(folder: Path, names: Iterable[str], problems: Problems, *,
         if merged:
             result[name] = merged
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name.endswith(_SKIPPED_SUFFIXES):
-            continue
+        if entry.name.startswith(".") or entry.name.endswith(_SKIPPED_SUFFIXES) or (
+                not entry.is_dir() and os.path.splitext(entry.name)[1] not in EXTENSIONS):
+            continue  # Ansible never reads it (a .txt, a backup): not a typo of a name
         name = _entry_name(entry)
         if name in known:
             continue
