@@ -69,6 +69,10 @@ def _inventory(target: str, text: str) -> dict[str, Any]:
     return data
 
 
+# the variables whose value becomes an env-file line of its own when set (roles/*/templates)
+ADDS_ENV = {"vllm_api_key": {"VLLM_API_KEY"}, "vllm_hf_token": {"HF_TOKEN"}}
+
+
 @settings(PROFILE)
 @given(target=st.sampled_from(TARGETS), text=TEXT)
 def test_random_text_is_refused_or_inert(target: str, text: str, tmp_path_factory:
@@ -92,8 +96,8 @@ def test_random_text_is_refused_or_inert(target: str, text: str, tmp_path_factor
             assert (lines, keys[0]) == (base[1], base[2]), label
         elif kind == "env":
             # a new variable only where the case adds one on purpose
-            allowed = {text} if target == "@env_name" else {"VLLM_API_KEY"} if (
-                target == "vllm_api_key") else {"NCCL_DEBUG"} if target == "@env_value" else set()
+            allowed = {text} if target == "@env_name" else {"NCCL_DEBUG"} if (
+                target == "@env_value") else ADDS_ENV.get(target, set())
             assert set(keys[0]) - set(base[2]) <= allowed, label
             assert lines - base[1] <= len(allowed), label
     if target in ("@extra_arg", "vllm_model", "vllm_served_model_name"):

@@ -213,6 +213,37 @@ def _syntax_problem(path: Path, error: yaml.YAMLError, problems: Problems) -> No
                      "and that a 'key: value' has a space after the colon)")
 
 
+def read_text(path: Path, problems: Problems, what: str = "inventory") -> str | None:
+    """Read one inventory or vars file as text, within the limits of
+    :func:`vllm_provision.inventory.yaml_limits.read_regular_file` (a regular UTF-8 file, 8 MiB).
+
+    Args:
+        path: the file.
+        problems: where a problem is recorded (missing, a folder, too large or not a regular
+            file, unreadable, not UTF-8), naming the file and the fix.
+        what: what the file is, for messages (``"inventory"``, ``"group_vars file"``).
+
+    Returns:
+        the text, or None when a problem was recorded.
+    """
+    try:
+        return yaml_limits.read_regular_file(path, what)
+    except yaml_limits.LimitError as exc:
+        problems.add(str(path), exc.message, fix=exc.fix)
+    except FileNotFoundError:
+        problems.add(str(path), f"the {what} file does not exist",
+                     fix="check the path given with -i (relative paths are relative to the "
+                         "current folder)")
+    except IsADirectoryError:
+        problems.add(str(path), f"the {what} path is a folder, not a file",
+                     expected="a YAML or INI file such as inventory/hosts.yml",
+                     fix="give the file itself, or the inventory folder with -i")
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.add(str(path), f"the {what} file cannot be read: {exc}",
+                     fix="check the file's permissions and that it is UTF-8 text")
+    return None
+
+
 def read_yaml(path: Path, problems: Problems, *, what: str, empty_ok: bool = False,
               text: str | None = None) -> YamlDocument | None:
     """Parse ``path`` as one YAML document that must be a mapping.
@@ -229,27 +260,10 @@ def read_yaml(path: Path, problems: Problems, *, what: str, empty_ok: bool = Fal
     Returns:
         the document, or None when it could not be used (a problem was recorded).
     """
-    try:
+    if text is None:
+        text = read_text(path, problems, what)
         if text is None:
-            text = yaml_limits.read_regular_file(path, what)
-    except yaml_limits.LimitError as exc:
-        problems.add(str(path), exc.message, fix=exc.fix)
-        return None
-    except FileNotFoundError:
-        problems.add(str(path), f"the {what} file does not exist",
-                     fix="check the path given with -i (relative paths are relative to the "
-                         "current folder)")
-        return None
-    except IsADirectoryError:
-        problems.add(str(path), f"the {what} path is a folder, not a file",
-                     expected="a YAML file such as inventory/hosts.yml",
-                     fix="give the inventory file itself; group_vars/ and host_vars/ beside it "
-                         "are read automatically")
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.add(str(path), f"the {what} file cannot be read: {exc}",
-                     fix="check the file's permissions and that it is UTF-8 text")
-        return None
+            return None
     if text.startswith("$ANSIBLE_VAULT;"):
         problems.add(str(path), f"the {what} file is encrypted with Ansible Vault",
                      fix="provision cannot decrypt Vault files; decrypt it "

@@ -15,9 +15,8 @@ import os
 import re
 from pathlib import Path
 
-from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.ini import add_ini, looks_like_ini
-from vllm_provision.inventory.source import Problems, read_yaml
+from vllm_provision.inventory.source import Problems, read_text, read_yaml
 from vllm_provision.inventory.tree import Tree, add_yaml, finish_tree
 
 # ansible-core config/base.yml INVENTORY_IGNORE_EXTS default (REJECT_EXTS + .orig .cfg .retry)
@@ -67,19 +66,8 @@ def inventory_files(path: Path, problems: Problems) -> list[Path]:
 
 def _add_file(tree: Tree, path: Path, problems: Problems, *, in_directory: bool) -> bool:
     """Add one inventory file to ``tree``; False when it could not be read or parsed at all."""
-    try:
-        text = yaml_limits.read_regular_file(path, "inventory")
-    except yaml_limits.LimitError as exc:
-        problems.add(str(path), exc.message, fix=exc.fix)
-        return False
-    except FileNotFoundError:
-        problems.add(str(path), "the inventory file does not exist",
-                     fix="check the path given with -i (relative paths are relative to the "
-                         "current folder)")
-        return False
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.add(str(path), f"the inventory file cannot be read: {exc}",
-                     fix="check the file's permissions and that it is UTF-8 text")
+    text = read_text(path, problems, "inventory")
+    if text is None:
         return False
     if text.startswith("#!"):
         problems.add(str(path), "this looks like a dynamic inventory script (it starts with "
