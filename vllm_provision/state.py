@@ -443,7 +443,7 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
             previous = read_controller_record(inventory.path) or {}
         except ProvisionError:
             previous = {}
-        before = previous.get("hosts") if isinstance(previous.get("hosts"), dict) else {}
+        before: dict[str, Any] = previous.get("hosts") or {}
         hashes: dict[str, dict[str, str]] = {}
         started: dict[str, dict[str, Any]] = {}
         for name, conn in connections.items():
@@ -451,7 +451,7 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
             result = conn.run(hash_files_script(paths) + "; "
                               + invocation_script(unit_names(paths)))
             hashes[name] = parse_hashes(result.stdout)
-            entry = before.get(name) if isinstance(before.get(name), dict) else {}
+            entry: dict[str, Any] = before.get(name) or {}
             started[name] = started_from(hashes[name], parse_invocations(result.stdout),
                                          entry.get("started_from"))
         # The record holds no secret by construction; mask anyway, in every encoding, in case

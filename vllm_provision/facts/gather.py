@@ -269,7 +269,8 @@ def parse_owner(host: str, raw: Mapping[str, Any], problems: list[str]) -> HostO
         problems.append("the state record has no hosts")
         return None
     me = str(record.get("host") or host)
-    entry = hosts.get(me) if isinstance(hosts.get(me), dict) else {}
+    found = hosts.get(me)
+    entry: dict[str, Any] = found if isinstance(found, dict) else {}
     invocations = raw.get("invocations") or {}
     started = {}
     for unit, snap in (entry.get("started_from") or {}).items():

@@ -29,7 +29,7 @@ from vllm_provision.connection import (
 )
 from vllm_provision.errors import ProvisionError
 from vllm_provision.models import Host, Inventory
-from vllm_provision.modules import ModuleResult, find_module
+from vllm_provision.modules import UNAFFECTED_KEY, ModuleResult, find_module
 from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.masking import Masker
@@ -392,7 +392,7 @@ class Runner:
                       notified: dict[str, dict[str, Notifier]]) -> None:
         if result.status in (Status.CHANGED, Status.FAILED, Status.UNREACHABLE):
             self._drop_prefetched([result.host])  # a write may change what a later read sees
-        if result.status is Status.CHANGED:
+        if result.status is Status.CHANGED and not (result.data or {}).get(UNAFFECTED_KEY):
             for target in task.notify:
                 notified.setdefault(target, {}).setdefault(result.host, Notifier(task.name))
         if result.status in (Status.FAILED, Status.UNREACHABLE) and not (
