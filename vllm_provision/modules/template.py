@@ -25,6 +25,7 @@ from vllm_provision.errors import ProvisionError
 from vllm_provision.modules import (
     DAEMON_RELOAD_MARKER,
     UNAFFECTED_KEY,
+    UNAFFECTED_NOTE,
     ModuleResult,
     is_unit_path,
     parse_mode,
@@ -122,7 +123,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                         persisted_notify=bool(notify) or unaffected)
 
 
-RESTORED = "file restored; running process unaffected"
+RESTORED = UNAFFECTED_NOTE
 
 
 def restores_running(facts: Any, dest: str, wanted_hash: str) -> bool:

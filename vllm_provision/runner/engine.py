@@ -29,7 +29,7 @@ from vllm_provision.connection import (
 )
 from vllm_provision.errors import ProvisionError
 from vllm_provision.models import Host, Inventory
-from vllm_provision.modules import UNAFFECTED_KEY, ModuleResult, find_module
+from vllm_provision.modules import UNAFFECTED_KEY, UNAFFECTED_NOTE, ModuleResult, find_module
 from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.masking import Masker
@@ -441,9 +441,12 @@ class Runner:
         diff = module_result.diff if self.options.diff_mode else ""
         data = module_result.data
         if task.no_log:
+            unaffected = bool((data or {}).get(UNAFFECTED_KEY))
             message = "(output hidden: no_log)" if message else ""
+            if unaffected:
+                message += f"; {UNAFFECTED_NOTE}"
             diff = "(diff hidden: no_log)" if diff else ""
-            data = None
+            data = {UNAFFECTED_KEY: True} if unaffected else None
         result = TaskResult(host, task.name, module_result.status, self.masker.text(message),
                             self.masker.text(diff), duration, self.masker.data(data),
                             register=task.register)
