@@ -181,15 +181,17 @@ def unit_names(paths: Sequence[str]) -> list[str]:
     return sorted({os.path.basename(p) for p in paths if p.endswith(".service")})
 
 
-def invocation_script(units: Sequence[str]) -> str:
+def invocation_script(units: Sequence[str], *, active: bool = False) -> str:
     """Shell printing ``@@unit <unit> <InvocationID or nothing>`` per unit of ``units``
-    (``systemctl show -p InvocationID --value``; empty for a unit that is not running)."""
+    (``systemctl show -p InvocationID --value``; empty for a unit that is not active); with
+    ``active``: ``@@unit <unit> <ActiveState> <InvocationID>``."""
     if not units:
         return "true"
     quoted = " ".join(quote(u) for u in units)
-    return (f"for u in {quoted}; do a=$(systemctl show -p ActiveState --value -- \"$u\"); "
-            f"i=$(systemctl show -p InvocationID --value -- \"$u\"); "
-            f"[ \"$a\" = active ] || i=; echo \"@@unit $u $i\"; done; true")
+    show = ('a=$(systemctl show -p ActiveState --value -- "$u"); '
+            'i=$(systemctl show -p InvocationID --value -- "$u"); ')
+    line = 'echo "@@unit $u $a $i"' if active else '[ "$a" = active ] || i=; echo "@@unit $u $i"'
+    return f"for u in {quoted}; do {show}{line}; done; true"
 
 
 def parse_invocations(stdout: str) -> dict[str, str]:

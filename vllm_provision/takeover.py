@@ -76,10 +76,26 @@ def removal_script(take: TakeOver) -> str:
     if take.units:
         units = " ".join(quote(u) for u in take.units)
         steps.append(f"systemctl disable --now -- {units} || true")
-    steps.append("rm -f -- " + " ".join(quote(p) for p in take.remove))
+    # the template module's backups (<dest>.prev) go with their files
+    steps.append("rm -f -- " + " ".join(f"{quote(p)} {quote(p + '.prev')}" for p in take.remove))
     if take.units:
         steps.append("systemctl daemon-reload")
     return " && ".join(steps)
+
+
+def unit_states(conn: Any, units: Sequence[str]) -> dict[str, dict[str, str]]:
+    """unit -> ``{"active": ActiveState, "invocation": InvocationID}`` now, one round trip
+    (the shape of the facts probe's ``state.invocations``)."""
+    from vllm_provision.state import invocation_script
+
+    result = conn.run(invocation_script(units, active=True))
+    found: dict[str, dict[str, str]] = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "@@unit":
+            found[parts[1]] = {"active": parts[2],
+                               "invocation": parts[3] if len(parts) > 3 else ""}
+    return found
 
 
 def refusal(conflicts: Sequence[Conflict], command: str) -> ProvisionError:
@@ -122,11 +138,16 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
         for node in replica.nodes:
             if node.name not in wanted or node.name not in connections:
                 continue
+            conn = connections[node.name]
             try:
-                record = read_host_record(connections[node.name])
+                record = read_host_record(conn)
             except ProvisionError:
                 record = None  # not a record we can read: nobody's (drift reports it)
             owner: HostOwner | None = parse_owner(node.name, {"record": record}, [])
+            if owner is not None and owner.started and (
+                    owner.inventory != identity or owner.replica != replica.name):
+                owner = parse_owner(node.name, {"record": record, "invocations": unit_states(
+                    conn, sorted(owner.started))}, [])
             found = conflict(replica, node.name, owner, identity)
             if found is not None:
                 conflicts.append(found)

@@ -6,7 +6,8 @@ replica the host belonged to. Before ``up``, ``restart`` or ``down`` change a ho
 ``provision check``, that owner is compared with the run's: a host of another replica or of
 another inventory is an error until the operator says ``--take-over`` (docs/deploy.md, "Who
 owns a host"). A host without a record (never deployed, or deployed before records existed)
-belongs to nobody and passes.
+belongs to nobody and passes, and so does a host where the owner's replica is down (none of
+the units it started runs): ``provision down`` hands the hosts back.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Conflict:
 def conflict(replica: Replica, host: str, owner: HostOwner | None,
              inventory: str) -> Conflict | None:
     """The :class:`Conflict` of one node of ``replica`` (pure), or None when the host has no
-    record or its record names this replica of this inventory.
+    record, its record names this replica of this inventory, or the owner's replica is down
+    there (``HostOwner.running``: ``provision down`` hands a host back).
 
     Args:
         replica: the run's replica. host: the node's inventory name.
@@ -56,7 +58,7 @@ def conflict(replica: Replica, host: str, owner: HostOwner | None,
     """
     if owner is None:
         return None
-    if owner.inventory == inventory and owner.replica == replica.name:
+    if (owner.inventory == inventory and owner.replica == replica.name) or not owner.running:
         return None
     return Conflict(host, owner, replica.name, inventory)
 
@@ -91,7 +93,8 @@ def check_ownership(replica: Replica, owners: Mapping[str, HostOwner | None],
         expected = f"replica {replica.name} of {inventory}, or no owner"
         if found is None:
             actual = ("no state record" if owner is None
-                      else f"replica {owner.replica} of {owner.inventory}")
+                      else f"replica {owner.replica} of {owner.inventory}"
+                      + ("" if owner.running else " (down there: the host is free)"))
             findings.append(Finding(CHECK, Severity.OK, node.name, "owner of the host",
                                     expected=expected, actual=actual))
         else:

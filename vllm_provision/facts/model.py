@@ -167,6 +167,10 @@ class Listener:
     error: str = ""
 
 
+# systemd ActiveState values of a unit that runs or is about to (systemctl(1), "is-active").
+RUNNING_STATES = frozenset({"active", "activating", "reloading"})
+
+
 @dataclass(frozen=True)
 class UnitStart:
     """What one unit on a host started from, and whether that process still runs.
@@ -210,6 +214,15 @@ class HostOwner:
     host: str
     files: Mapping[str, str] = field(default_factory=dict)
     started: Mapping[str, UnitStart] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        """True while the owner's replica runs here: a unit it started is active, activating
+        or reloading now (a record without started units counts as running). After
+        ``provision down`` the host is free (docs/deploy.md, "Who owns a host")."""
+        if not self.started:
+            return True
+        return any(start.active_now in RUNNING_STATES for start in self.started.values())
 
 
 @dataclass(frozen=True)
