@@ -29,7 +29,19 @@ Record shape (``schema`` 1)::
                             "deployed_at": "2025-01-01T11:58:40Z"}},
      "hosts": {"h1": {"replica": "llama", "rank": 0,
                       "facts": {"python": "3.11.2", "vllm": "0.11.0", "NCCL": "2.28.9", ...},
-                      "files": {"/etc/systemd/system/vllm.service": "<sha256>", ...}}}}
+                      "files": {"/etc/systemd/system/vllm.service": "<sha256>", ...},
+                      "started_from": {"vllm.service": {"invocation": "<InvocationID>",
+                                                        "files": {"<path>": "<sha256>"}}}}},
+     "host": "h1"}
+
+``host`` (only in a host's own copy) names that host's entry, so a second inventory that calls
+the same machine by another name still finds who owns it. ``inventory`` is the inventory's
+identity (:func:`inventory_identity`). ``started_from`` keeps, per unit, the InvocationID
+systemd gave its running process (systemd.exec(5), ``$INVOCATION_ID``) and the digests of the
+installed files when the first good ``up`` after that start recorded them: what the running
+process read. It is carried over unchanged while the InvocationID stays the same, so a later
+``up`` can tell that restoring a hand-edited file gives the running process nothing new
+(``modules/template.py``).
 """
 
 from __future__ import annotations
@@ -97,10 +109,19 @@ def engine_record(engine: EngineArgs) -> dict[str, Any]:
     return values
 
 
+def inventory_identity(path: Path | str) -> str:
+    """The identity of an inventory in state records: its absolute path with every symlink
+    resolved (``Path.resolve``), so the same file reached through a symlink or a relative path
+    is one inventory. A copied or moved file is another inventory (docs/deploy.md, "Who owns a
+    host")."""
+    return str(Path(path).resolve())
+
+
 def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                  files: Mapping[str, Mapping[str, str]], *,
                  now: datetime | None = None,
-                 serving: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                 serving: Mapping[str, Mapping[str, Any]] | None = None,
+                 started: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Build the record (pure) for every node of every replica.
 
     Args:
@@ -110,13 +131,15 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
         now: the time of the record (default: now, UTC).
         serving: replica name -> ``{"start_to_serving_s", "deployed_at"}``
             (:func:`serving_record`); absent replicas get None for both.
+        started: by host name, unit -> ``{"invocation": id, "files": {path: sha256}}``
+            (:func:`started_from`); hosts without one get ``{}``.
     """
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     record: dict[str, Any] = {
         "schema": SCHEMA,
         "time": moment.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "tool_version": __version__,
-        "inventory": str(Path(inventory.path).resolve()),
+        "inventory": inventory_identity(inventory.path),
         "replicas": {},
         "hosts": {},
     }
@@ -136,6 +159,7 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                 "rank": node.rank,
                 "facts": parity_facts(host_facts) if host_facts else {},
                 "files": dict(sorted(files.get(node.name, {}).items())),
+                "started_from": dict((started or {}).get(node.name, {})),
             }
     return record
 
@@ -168,6 +192,60 @@ def last_start_s(record: Mapping[str, Any] | None) -> dict[str, float | None]:
     for name, item in ((record or {}).get("replicas") or {}).items():
         value = item.get("start_to_serving_s") if isinstance(item, Mapping) else None
         found[str(name)] = float(value) if isinstance(value, (int, float)) else None
+    return found
+
+
+def started_from(hashes: Mapping[str, str], invocations: Mapping[str, str],
+                 previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One host's ``started_from`` (pure): per running unit, what its process started from.
+
+    Args:
+        hashes: installed file path -> sha256 hex now.
+        invocations: unit -> its InvocationID now (``""``: not running; left out).
+        previous: the host's ``started_from`` in the last record, or None.
+
+    A unit whose InvocationID is the one recorded before keeps its recorded files (its process
+    read them when it started, not what is on disk now); a unit started since gets the digests
+    of now, taken right after the ``up`` that started it was verified.
+    """
+    out: dict[str, Any] = {}
+    for unit, invocation in sorted(invocations.items()):
+        if not invocation:
+            continue
+        before = (previous or {}).get(unit)
+        if isinstance(before, Mapping) and before.get("invocation") == invocation \
+                and isinstance(before.get("files"), Mapping):
+            out[unit] = {"invocation": invocation, "files": dict(before["files"])}
+        else:
+            out[unit] = {"invocation": invocation, "files": dict(sorted(hashes.items()))}
+    return out
+
+
+def unit_names(paths: Sequence[str]) -> list[str]:
+    """The unit names among installed paths: the file names of ``*.service`` files."""
+    return sorted({os.path.basename(p) for p in paths if p.endswith(".service")})
+
+
+def invocation_script(units: Sequence[str], *, active: bool = False) -> str:
+    """Shell printing ``@@unit <unit> <InvocationID or nothing>`` per unit of ``units``
+    (``systemctl show -p InvocationID --value``; empty for a unit that is not active); with
+    ``active``: ``@@unit <unit> <ActiveState> <InvocationID>``."""
+    if not units:
+        return "true"
+    quoted = " ".join(quote(u) for u in units)
+    show = ('a=$(systemctl show -p ActiveState --value -- "$u"); '
+            'i=$(systemctl show -p InvocationID --value -- "$u"); ')
+    line = 'echo "@@unit $u $a $i"' if active else '[ "$a" = active ] || i=; echo "@@unit $u $i"'
+    return f"for u in {quoted}; do {show}{line}; done; true"
+
+
+def parse_invocations(stdout: str) -> dict[str, str]:
+    """:func:`invocation_script` output -> unit -> InvocationID (``""``: not running)."""
+    found: dict[str, str] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "@@unit":
+            found[parts[1]] = parts[2] if len(parts) > 2 else ""
     return found
 
 
@@ -329,7 +407,7 @@ def save_record(inventory: Inventory, record: Mapping[str, Any],
     errors: dict[str, ProvisionError] = {}
     for name, conn in connections.items():
         try:
-            write_host_record(conn, record)
+            write_host_record(conn, {**record, "host": name})
         except (UnreachableError, ProvisionError) as exc:
             errors[name] = exc
     return write_controller_record(inventory.path, record), errors
@@ -413,22 +491,29 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
     connections, errors = open_connections(hosts, connection_options, factory)
     problems: list[Any] = [p for exc in errors.values() for p in exc.problems]
     try:
+        try:
+            previous = read_controller_record(inventory.path) or {}
+        except ProvisionError:
+            previous = {}
+        before: dict[str, Any] = previous.get("hosts") or {}
         hashes: dict[str, dict[str, str]] = {}
+        started: dict[str, dict[str, Any]] = {}
         for name, conn in connections.items():
             paths = sorted(set((files.get(name) or {}).values()))
-            result = conn.run(hash_files_script(paths))
+            result = conn.run(hash_files_script(paths) + "; "
+                              + invocation_script(unit_names(paths)))
             hashes[name] = parse_hashes(result.stdout)
+            entry: dict[str, Any] = before.get(name) or {}
+            started[name] = started_from(hashes[name], parse_invocations(result.stdout),
+                                         entry.get("started_from"))
         # The record holds no secret by construction; mask anyway, in every encoding, in case
         # a secret reached a recorded value (a fact, an argument).
-        try:
-            previous = read_controller_record(inventory.path)
-        except ProvisionError:
-            previous = None  # a broken record is replaced; its values are lost
         begun = started_at or datetime.now(UTC)
-        serving = {r.name: serving_record(previous, r.name, (measured or {}).get(r.name), begun)
+        serving = {r.name: serving_record(previous or None, r.name, (measured or {}).get(r.name),
+                                          begun)
                    for r in inventory.replicas}
         record = Masker.from_inventory(inventory).data(
-            build_record(inventory, facts, hashes, serving=serving))
+            build_record(inventory, facts, hashes, serving=serving, started=started))
         path, write_errors = save_record(inventory, record, connections)
         problems += [p for exc in write_errors.values() for p in exc.problems]
     finally:

@@ -117,7 +117,8 @@ def outcome(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outc
         result.outputs["state_record"] = record.read_text() if record.exists() else ""
         yield result
     finally:
-        subprocess.run([PROVISION, "down", "-i", str(base)], capture_output=True, timeout=600,
+        # the keyed inventory owns the hosts now (its up ran last): only it may take them down
+        subprocess.run([PROVISION, "down", *inv], capture_output=True, timeout=600,
                        check=False)
 
 

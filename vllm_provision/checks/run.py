@@ -15,7 +15,7 @@ import yaml
 
 from vllm_provision import variables
 from vllm_provision.checks import host as host_checks
-from vllm_provision.checks import network, parity, placement, platform, topology
+from vllm_provision.checks import network, ownership, parity, placement, platform, topology
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.errors import ProvisionError
 from vllm_provision.facts.gather import ProbeOptions, host_var, reach_port
@@ -252,13 +252,19 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
         replicas: the replicas to check (default: all of the inventory).
         defaults: role defaults (default: read ``roles/preflight/defaults/main.yml``).
     """
+    from vllm_provision.state import inventory_identity
+
     defaults = load_defaults() if defaults is None else defaults
     findings = unreachable_findings(errors or {})
+    identity = inventory_identity(inventory.path)
     for replica in inventory.replicas if replicas is None else replicas:
         settings = settings_for(replica, defaults)
         skipped = (*skip, *settings.skip_checks)
-        findings += [replace(f, replica=replica.name)
-                     for f in check_replica(replica, facts, settings)
+        owners = {node.name: facts[node.name].owner for node in replica.nodes
+                  if node.name in facts}
+        found = (check_replica(replica, facts, settings)
+                 + ownership.check_ownership(replica, owners, identity))
+        findings += [replace(f, replica=replica.name) for f in found
                      if not is_skipped(f.check, skipped)]
     findings = [f for f in findings if not is_skipped(f.check, skip)]
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.check, f.host))

@@ -8,13 +8,15 @@ from typing import Any
 import click
 
 from vllm_provision.cli.options import CommonOptions, common_options
-from vllm_provision.cli.up import run_deploy_playbook
+from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
 
 @click.command("down")
 @common_options
 @click.option("--purge", is_flag=True, help="Also remove the units and environment files.")
-def command(purge: bool, **kwargs: Any) -> None:
+@click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
+def command(purge: bool, take_over: bool, **kwargs: Any) -> None:
     """Stop the replica in reverse start order and disable its units (--purge: remove them)."""
     sys.exit(run_deploy_playbook("down", CommonOptions.from_kwargs(kwargs),
-                                 extra_vars={"purge": True} if purge else None))
+                                 extra_vars={"purge": True} if purge else None,
+                                 take_over=take_over))

@@ -8,11 +8,13 @@ from typing import Any
 import click
 
 from vllm_provision.cli.options import CommonOptions, common_options
-from vllm_provision.cli.up import run_deploy_playbook
+from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
 
 @click.command("restart")
 @common_options
-def command(**kwargs: Any) -> None:
+@click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
+def command(take_over: bool, **kwargs: Any) -> None:
     """Restart the whole replica in order, then wait until it serves and verify."""
-    sys.exit(run_deploy_playbook("restart", CommonOptions.from_kwargs(kwargs)))
+    sys.exit(run_deploy_playbook("restart", CommonOptions.from_kwargs(kwargs),
+                                 take_over=take_over))

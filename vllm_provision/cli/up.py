@@ -16,7 +16,7 @@ from vllm_provision.results import Status, TaskResult
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
-                        skip_checks: tuple[str, ...] = ()) -> int:
+                        skip_checks: tuple[str, ...] = (), take_over: bool = False) -> int:
     """Run ``playbooks/<name>.yml`` with the shared options, print the recap (or ``--json``) and
     return the exit code (0, 1, or 2 for pending changes in check mode).
 
@@ -32,6 +32,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         opts: the shared command-line options.
         extra_vars: more extra variables from the command's own flags (``purge``).
         skip_checks: preflight checks to skip (``--skip-check``).
+        take_over: ``--take-over``: hosts another replica or inventory deployed are taken over
+            (``vllm_provision.takeover``) instead of refused.
 
     The run holds the run lock on every host it may touch (``vllm_provision.runlock``), the
     state record included.
@@ -39,13 +41,16 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     Raises:
         ProvisionError: invalid inventory or playbook (nothing was changed then).
         RunLockError: another run holds a host's lock (nothing was changed).
+        ProvisionError: a host belongs to another replica or inventory and ``take_over`` is
+            false (nothing was changed).
     """
     from vllm_provision import report, runlock
     from vllm_provision.runner.engine import Runner, RunOptions
     from vllm_provision.runner.playbook import load_playbook
 
     overrides = dict(extra_vars or {})
-    overrides.update(skip_check_vars(skip_checks))
+    # taken over: the preflight ownership check would still read the old owner's record
+    overrides.update(skip_check_vars((*skip_checks, "ownership") if take_over else skip_checks))
     if overrides:
         opts = replace(opts, extra_vars={**(opts.extra_vars or {}), **overrides})
     inventory = opts.load_inventory(require_replica=True)
@@ -59,6 +64,9 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     with runlock.locked_run(runlock.hosts_of_plays(inventory, plays, opts.limit), connection,
                             name, warn=lambda line: click.echo(f"warning: {line}",
                                                                err=True)) as factory:
+        taken = _guard_ownership(name, inventory, plays, opts, factory, take_over)
+        if taken:
+            extra["take_over"] = [take.to_json() for take in taken]
         runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
                                               limit=opts.limit, connection=connection),
                         reporter, connection_factory=factory)
@@ -241,6 +249,31 @@ def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dic
                       starts_again=starts_again)
 
 
+def _guard_ownership(name: str, inventory: Any, plays: Sequence[Any], opts: CommonOptions,
+                     factory: Any, take_over: bool) -> list[Any]:
+    """Refuse hosts another replica or inventory deployed, or take them over
+    (:func:`vllm_provision.takeover.guard`); before the first play, on the run's connections."""
+    from vllm_provision import runlock, state, takeover
+    from vllm_provision.connection import close_all, open_connections
+    from vllm_provision.runner.playbook import load_playbook
+
+    hosts = runlock.hosts_of_plays(inventory, plays, opts.limit)
+    install = state.install_plays(load_playbook(resources.playbook("up")))
+    planned = {host: list(files.values())
+               for host, files in state.managed_files(inventory, install).items()}
+    connections, _errors = open_connections(hosts, opts.connection_options(), factory)
+    try:
+        return takeover.guard(inventory, [h.name for h in hosts], planned, connections,
+                              command=name, take_over=take_over, check_mode=opts.check,
+                              echo=lambda line: click.echo(line, err=opts.json))
+    finally:
+        close_all(connections)
+
+
+TAKE_OVER_HELP = ("Take over hosts that another replica or inventory deployed: remove what it "
+                  "installed that this inventory does not, then go on.")
+
+
 def _record_good_up(inventory: Any, runner: Any, factory: Any = None,
                     measured: dict[str, float | None] | None = None,
                     started_at: datetime | None = None) -> dict[str, str]:
@@ -265,7 +298,8 @@ def _record_good_up(inventory: Any, runner: Any, factory: Any = None,
 @common_options
 @click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
               help="Preflight check to skip (by its name, e.g. parity.nccl); repeatable.")
-def command(skip_checks: tuple[str, ...], **kwargs: Any) -> None:
+@click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
+def command(skip_checks: tuple[str, ...], take_over: bool, **kwargs: Any) -> None:
     """Deploy the replica: preflight, install, start in order, wait until it serves, verify."""
     sys.exit(run_deploy_playbook("up", CommonOptions.from_kwargs(kwargs),
-                                 skip_checks=skip_checks))
+                                 skip_checks=skip_checks, take_over=take_over))

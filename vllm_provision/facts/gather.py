@@ -20,13 +20,19 @@ from vllm_provision.errors import ProvisionError
 from vllm_provision.facts import parsers
 from vllm_provision.facts.model import (
     HostFacts,
+    HostOwner,
     Listener,
     ModelFile,
     Reachability,
     Route,
     ServiceUser,
+    UnitStart,
 )
 from vllm_provision.models import Host, Inventory, Replica
+from vllm_provision.modules import STATE_DIR
+
+# The host's copy of the state record (vllm_provision.state.HOST_STATE_FILE).
+HOST_STATE_FILE = f"{STATE_DIR}/state.json"
 
 PACKAGES: tuple[str, ...] = (
     "vllm", "torch", "ray", "transformers", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
@@ -96,6 +102,7 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         "nccl_loaded": options.nccl_loaded,
         "torch_cuda_runtime": options.torch_cuda_runtime,
         "peers": [],
+        "state_file": HOST_STATE_FILE,
     }
     if replica is None:
         return config
@@ -241,7 +248,44 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
                                         r.get("error", ""), float(r.get("elapsed_s", 0.0)))
                            for r in raw.get("reach") or []),
         problems=tuple(problems),
+        owner=parse_owner(host, raw.get("state") or {}, problems),
     )
+
+
+def parse_owner(host: str, raw: Mapping[str, Any], problems: list[str]) -> HostOwner | None:
+    """The :class:`HostOwner` in the probe's ``state`` section (pure); None when the host has
+    no record. A record that is not ours appends to ``problems`` and counts as none.
+
+    The record's ``host`` key names the host's own entry (each host's copy carries it); a
+    record written before that key existed is read under the inventory name ``host``.
+    """
+    if raw.get("error"):
+        problems.append(str(raw["error"]))
+    record = raw.get("record")
+    if not isinstance(record, dict):
+        return None
+    hosts = record.get("hosts")
+    if not isinstance(hosts, dict):
+        problems.append("the state record has no hosts")
+        return None
+    me = str(record.get("host") or host)
+    found = hosts.get(me)
+    entry: dict[str, Any] = found if isinstance(found, dict) else {}
+    invocations = raw.get("invocations") or {}
+    started = {}
+    for unit, snap in (entry.get("started_from") or {}).items():
+        if not isinstance(snap, dict):
+            continue
+        now = invocations.get(unit) or {}
+        started[str(unit)] = UnitStart(
+            unit=str(unit), invocation=str(snap.get("invocation") or ""),
+            files={str(k): str(v) for k, v in (snap.get("files") or {}).items()},
+            active_now=str(now.get("active") or ""),
+            invocation_now=str(now.get("invocation") or ""))
+    return HostOwner(inventory=str(record.get("inventory") or ""),
+                     replica=str(entry.get("replica") or ""), host=me,
+                     files={str(k): str(v) for k, v in (entry.get("files") or {}).items()},
+                     started=started)
 
 
 def probe_host(host: Host, conn: Connection, replica: Replica | None,

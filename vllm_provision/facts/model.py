@@ -167,6 +167,64 @@ class Listener:
     error: str = ""
 
 
+# systemd ActiveState values of a unit that runs or is about to (systemctl(1), "is-active").
+RUNNING_STATES = frozenset({"active", "activating", "reloading"})
+
+
+@dataclass(frozen=True)
+class UnitStart:
+    """What one unit on a host started from, and whether that process still runs.
+
+    Attributes:
+        unit: the unit name (``vllm.service``).
+        invocation: the InvocationID the state record saw (systemd.exec(5)).
+        files: installed file path -> sha256 hex that the unit's process started with.
+        active_now: the unit's ActiveState when the probe ran (``active``, ``inactive``, ...).
+        invocation_now: its InvocationID when the probe ran (``""`` when none).
+    """
+
+    unit: str
+    invocation: str
+    files: Mapping[str, str] = field(default_factory=dict)
+    active_now: str = ""
+    invocation_now: str = ""
+
+    @property
+    def same_process(self) -> bool:
+        """True when the process the record saw still runs: active, with the same
+        InvocationID (systemd gives every start of a unit a new one)."""
+        return (self.active_now == "active" and bool(self.invocation)
+                and self.invocation_now == self.invocation)
+
+
+@dataclass(frozen=True)
+class HostOwner:
+    """Who deployed a host last, from its state record (``vllm_provision.state``).
+
+    Attributes:
+        inventory: the inventory identity the record holds (resolved absolute path).
+        replica: the replica the host belonged to (``""`` when the record lacks the host).
+        host: the host's name in that inventory.
+        files: installed file path -> sha256 hex, as recorded.
+        started: unit name -> :class:`UnitStart`.
+    """
+
+    inventory: str
+    replica: str
+    host: str
+    files: Mapping[str, str] = field(default_factory=dict)
+    started: Mapping[str, UnitStart] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        """True while the owner's replica runs here: a unit it started is active, activating
+        or reloading now (a record without started units counts as running). After
+        ``provision down`` the host is free (docs/deploy.md, "Who owns a host")."""
+        if not self.started:
+            return True
+        return any(start.active_now in RUNNING_STATES for start in self.started.values())
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """Everything preflight knows about one host, from one probe (one SSH round trip).
@@ -212,6 +270,7 @@ class HostFacts:
         listener: the reachability listener (master only), or None.
         reachability: TCP tests to the master/head, one per target.
         problems: probe-side errors (a command missing, a file unreadable).
+        owner: the host's state record (last good ``provision up``), None when it has none.
     """
 
     host: str
@@ -249,6 +308,7 @@ class HostFacts:
     listener: Listener | None = None
     reachability: tuple[Reachability, ...] = ()
     problems: tuple[str, ...] = ()
+    owner: HostOwner | None = None
 
     @property
     def nccl_version(self) -> str | None:

@@ -264,6 +264,34 @@ def pids_in(text):
     return set(int(pid) for pid in re.findall(r"pid=([0-9]+)", text))
 
 
+def state_record(path):
+    """The host's state record (``vllm_provision.state``) and, for every unit it snapshots
+    (``started_from``), the unit's ActiveState and InvocationID now (systemd.exec(5),
+    ``$INVOCATION_ID``); {"record": None} when the file is absent."""
+    if not path:
+        return {"record": None}
+    text = read_text(path)
+    if text is None:
+        return {"record": None}
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {"record": None, "error": "%s is not JSON" % path}
+    if not isinstance(record, dict):
+        return {"record": None, "error": "%s is not a JSON object" % path}
+    units = set()
+    for entry in (record.get("hosts") or {}).values():
+        if isinstance(entry, dict) and isinstance(entry.get("started_from"), dict):
+            units.update(str(u) for u in entry["started_from"])
+    invocations = {}
+    for unit in sorted(units):
+        out = run(["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", "--", unit])
+        values = dict(line.split("=", 1) for line in out["stdout"].splitlines() if "=" in line)
+        invocations[unit] = {"active": values.get("ActiveState", ""),
+                             "invocation": values.get("InvocationID", "")}
+    return {"record": record, "invocations": invocations}
+
+
 def main():
     config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     started = time.time()
@@ -322,6 +350,7 @@ def main():
         "nccl": nccl_settings(venv),
         "systemctl_version": run(["systemctl", "--version"]),
         "sshd_version": sshd_version(),
+        "state": state_record(config.get("state_file", "")),
     }
     out.update(torch_runtime(bool(config.get("nccl_loaded")),
                              bool(config.get("torch_cuda_runtime"))))

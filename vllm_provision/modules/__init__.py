@@ -32,14 +32,21 @@ from vllm_provision.results import Status
 if TYPE_CHECKING:
     from vllm_provision.modules.context import ModuleContext
 
-__all__ = ["BUILTIN_MODULES", "DAEMON_RELOAD_MARKER", "STATE_DIR", "UNIT_DIRS", "ArgumentSpec",
-           "ModuleResult", "ModuleSpec", "file_module_names", "find_module", "is_module_name",
-           "is_unit_path", "parse_mode", "quote", "register_module", "unified_diff"]
+__all__ = ["BUILTIN_MODULES", "DAEMON_RELOAD_MARKER", "STATE_DIR", "UNAFFECTED_KEY",
+           "UNAFFECTED_NOTE", "UNIT_DIRS",
+           "ArgumentSpec", "ModuleResult", "ModuleSpec", "file_module_names", "find_module",
+           "is_module_name", "is_unit_path", "parse_mode", "quote", "register_module",
+           "unified_diff"]
 
 # Where the engine keeps its own state on a host (pending notifications, reload markers).
 STATE_DIR = "/var/lib/vllm-provision"
 # Written in the same round trip as a unit-file change; removed by the next daemon-reload.
 DAEMON_RELOAD_MARKER = f"{STATE_DIR}/daemon-reload-needed"
+# ModuleResult.data key: the change needs none of the task's handlers (a file restored to what
+# the running process already started from, modules/template.py); the runner notifies nothing.
+UNAFFECTED_KEY = "running_process_unaffected"
+# ... and the words the report shows for it (also under no_log: they hold no value).
+UNAFFECTED_NOTE = "file restored; running process unaffected"
 # Directories systemd loads unit files from (systemd.unit(5), "UNIT FILE LOAD PATH").
 UNIT_DIRS = ("/etc/systemd/system/", "/run/systemd/system/", "/usr/lib/systemd/system/",
              "/lib/systemd/system/", "/usr/local/lib/systemd/system/")

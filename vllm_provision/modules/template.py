@@ -24,6 +24,8 @@ from typing import Any
 from vllm_provision.errors import ProvisionError
 from vllm_provision.modules import (
     DAEMON_RELOAD_MARKER,
+    UNAFFECTED_KEY,
+    UNAFFECTED_NOTE,
     ModuleResult,
     is_unit_path,
     parse_mode,
@@ -95,12 +97,17 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         before = _read_text(ctx, dest) if current["hash"] is not None else ""
         diff = unified_diff(before, content, dest)
     message = ", ".join(changes)
-    data = {"dest": dest, "checksum": wanted_hash}
+    data: dict[str, Any] = {"dest": dest, "checksum": wanted_hash}
+    unaffected = (content_changed and current["hash"] is not None
+                  and restores_running(ctx.facts.get(ctx.host.name), dest, wanted_hash))
+    if unaffected:
+        message = f"{message}; {RESTORED}"
+        data[UNAFFECTED_KEY] = True
     if ctx.check_mode:
         return ModuleResult(Status.CHANGED, f"would change: {message}", diff, data)
     script = _write_script(dest, owner, group, mode, backup, validate,
                            validate_unit, content_changed, unit_file)
-    notify = ctx.on_change_script()
+    notify = "" if unaffected else ctx.on_change_script()
     if notify:
         script += f" && {{ {notify}; }}"
     result = ctx.conn.run(script, stdin=content if content_changed else None)
@@ -112,7 +119,33 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
         return ModuleResult(Status.FAILED, f"writing {dest} failed (exit {result.exit_code}): "
                                            f"{detail}", diff, data)
-    return ModuleResult(Status.CHANGED, message, diff, data, persisted_notify=bool(notify))
+    return ModuleResult(Status.CHANGED, message, diff, data,
+                        persisted_notify=bool(notify) or unaffected)
+
+
+RESTORED = UNAFFECTED_NOTE
+
+
+def restores_running(facts: Any, dest: str, wanted_hash: str) -> bool:
+    """True when writing ``wanted_hash`` at ``dest`` gives no running process anything new
+    (pure), so the task's handlers (restarts) need not run.
+
+    That holds when the host's state record (``HostFacts.owner``, read by preflight's probe)
+    says which units' processes read ``dest`` when they started, every one of them still runs
+    with the InvocationID recorded then (systemd gives each start a new one, systemd.exec(5)),
+    and each started from exactly ``wanted_hash``: the file was changed on disk after the start
+    and is now being put back. Without facts, record or snapshot of ``dest``: False (the
+    handlers run, as before).
+
+    Args:
+        facts: the host's ``HostFacts`` (or None). dest: the file. wanted_hash: sha256 hex.
+    """
+    owner = getattr(facts, "owner", None)
+    if owner is None:
+        return False
+    readers = [start for start in owner.started.values() if dest in start.files]
+    return bool(readers) and all(start.same_process and start.files[dest] == wanted_hash
+                                 for start in readers)
 
 
 def _oct(mode: int | None) -> str:

@@ -29,7 +29,7 @@ from vllm_provision.connection import (
 )
 from vllm_provision.errors import ProvisionError
 from vllm_provision.models import Host, Inventory
-from vllm_provision.modules import ModuleResult, find_module
+from vllm_provision.modules import UNAFFECTED_KEY, UNAFFECTED_NOTE, ModuleResult, find_module
 from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.masking import Masker, mask_diff
@@ -414,7 +414,7 @@ class Runner:
                       notified: dict[str, dict[str, Notifier]]) -> None:
         if result.status in (Status.CHANGED, Status.FAILED, Status.UNREACHABLE):
             self._drop_prefetched([result.host])  # a write may change what a later read sees
-        if result.status is Status.CHANGED:
+        if result.status is Status.CHANGED and not (result.data or {}).get(UNAFFECTED_KEY):
             for target in task.notify:
                 notified.setdefault(target, {}).setdefault(result.host, Notifier(task.name))
         if result.status in (Status.FAILED, Status.UNREACHABLE) and not (
@@ -463,8 +463,11 @@ class Runner:
         diff = module_result.diff if self.options.diff_mode else ""
         data = module_result.data
         if task.no_log:
+            unaffected = bool((data or {}).get(UNAFFECTED_KEY))
             message = "(output hidden: no_log)" if message else ""
-            data = None
+            if unaffected:
+                message += f"; {UNAFFECTED_NOTE}"
+            data = {UNAFFECTED_KEY: True} if unaffected else None
         # a diff is shown line by line with only the secrets masked, even under no_log; hidden
         # only when it is nothing but secrets (docs/security.md)
         diff = mask_diff(self.masker, diff) if diff else ""

@@ -1,0 +1,116 @@
+"""Ownership and restarts that matter, on one deployed mp replica (the lab's mp inventory).
+
+In order, on one deployment: a hand edit of an env file that the running process never read
+is reverted by `up` without restarting anything; a second inventory naming the same hosts
+(replica `llm`, its own unit name) is refused by `check` and `up`, then accepted with
+`--take-over`, after which no unit of the old replica is left. The module ends with `down`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+PROVISION = [str(Path(sys.executable).parent / "provision")]
+ENV_FILE = "/etc/vllm-provision/vllm.env"
+NODES = ("h1", "h2")
+
+
+def provision(*args: str, state_home: Path, timeout: float = 600,
+              ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with the lab's environment and a private controller state folder."""
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The lab's mp replica after one good `up`, and a second inventory for the same hosts:
+    replica `llm` with the unit `llm.service`. Ends with `down --purge` of whichever owns
+    the hosts then."""
+    folder = tmp_path_factory.mktemp("ownership")
+    mine = Path(lab.inventory_path("mp"))
+    data = yaml.safe_load(mine.read_text())
+    replicas = data["all"]["children"]["vllm_replicas"]["children"]
+    group = replicas.pop("lab")
+    group["vars"]["vllm_unit_name"] = "llm.service"
+    replicas["llm"] = group
+    other = folder / "llm.yml"
+    other.write_text(yaml.safe_dump(data, sort_keys=False))
+    paths = {"mine": mine, "other": other, "state": folder / "state"}
+    up = provision("up", "-i", str(mine), state_home=paths["state"])
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield paths
+    finally:
+        down = provision("down", "-i", str(other), "--purge", state_home=paths["state"])
+        if down.returncode != 0:
+            down = provision("down", "-i", str(mine), "--purge", state_home=paths["state"])
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def invocations(lab_host: Any, unit: str = "vllm.service") -> dict[str, str]:
+    """InvocationID of ``unit`` on each node (systemd gives every start a new one)."""
+    return {name: lab_host(name).check_output(f"systemctl show -p InvocationID --value {unit}")
+            for name in NODES}
+
+
+def test_reverted_hand_edit_the_process_never_read_restarts_nothing(
+        deployed: dict[str, Path], lab_host: Any) -> None:
+    h1 = lab_host("h1")
+    before = invocations(lab_host)
+    assert all(before.values()), before
+    digest = h1.file(ENV_FILE).sha256sum
+    h1.check_output(f"echo NCCL_DEBUG=INFO >> {ENV_FILE}")
+    assert h1.file(ENV_FILE).sha256sum != digest
+    up = provision("up", "-i", str(deployed["mine"]), state_home=deployed["state"])
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "file restored; running process unaffected" in up.stdout
+    assert h1.file(ENV_FILE).sha256sum == digest
+    assert invocations(lab_host) == before
+
+
+def test_second_inventory_is_refused_by_check_and_up(deployed: dict[str, Path],
+                                                     lab_host: Any) -> None:
+    mine, other = str(deployed["mine"].resolve()), str(deployed["other"].resolve())
+    before = invocations(lab_host)
+    check = provision("check", "-i", other, "--json", state_home=deployed["state"])
+    assert check.returncode == 1, check.stdout + check.stderr
+    errors = [f for f in json.loads(check.stdout)["findings"]
+              if f["check"] == "ownership" and f["severity"] == "error"]
+    assert sorted(f["host"] for f in errors) == list(NODES)
+    assert all(f"replica lab of {mine}" == f["actual"] and "--take-over" in f["fix"]
+               for f in errors), errors
+    up = provision("up", "-i", other, state_home=deployed["state"])
+    assert up.returncode == 1, up.stdout + up.stderr
+    for name in NODES:
+        assert (f"{name} belongs to replica 'lab' of {mine}, not to replica 'llm' of {other}"
+                in up.stderr), up.stderr
+    assert invocations(lab_host) == before
+    assert not lab_host("h1").file("/etc/systemd/system/llm.service").exists
+
+
+def test_take_over_leaves_no_unit_of_the_old_replica(deployed: dict[str, Path],
+                                                     lab_host: Any) -> None:
+    up = provision("up", "-i", str(deployed["other"]), "--take-over",
+                   state_home=deployed["state"])
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert up.stdout.count("removed unit vllm.service (stopped and disabled)") == 2, up.stdout
+    for name in NODES:
+        host = lab_host(name)
+        assert not host.file("/etc/systemd/system/vllm.service").exists
+        assert not host.service("vllm.service").is_running
+        assert host.service("llm.service").is_running
+        old = host.run("grep -l 'replica lab' /etc/systemd/system/*.service")
+        assert old.rc == 1 and old.stdout == "", old.stdout
