@@ -64,7 +64,10 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
             continue
         table = Table(title=f"{severity.value} ({len(group)})", title_style=styles[severity],
                       title_justify="left", show_lines=severity is not Severity.OK)
-        for column in ("check", "replica", "host", "item", "expected", "actual"):
+        # A check name is one word the operator copies into --skip-check: never break it.
+        table.add_column("check", no_wrap=True,
+                         min_width=max(len(f.check) for f in group))
+        for column in ("replica", "host", "item", "expected", "actual"):
             table.add_column(column, overflow="fold")
         if severity is not Severity.OK:
             table.add_column("fix", overflow="fold")

@@ -20,6 +20,7 @@ from vllm_provision.errors import ProvisionError
 from vllm_provision.facts import parsers
 from vllm_provision.facts.model import (
     HostFacts,
+    Interface,
     Listener,
     ModelFile,
     Reachability,
@@ -31,6 +32,9 @@ from vllm_provision.models import Host, Inventory, Replica
 PACKAGES: tuple[str, ...] = (
     "vllm", "torch", "ray", "transformers", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
 )
+# Modules whose presence decides GPUDirect RDMA and GPUDirect Storage (NVIDIA GPUDirect RDMA
+# docs: nvidia_peermem replaced nv_peer_mem from driver R470).
+KERNEL_MODULES: tuple[str, ...] = ("nvidia_peermem", "nv_peer_mem", "nvidia_fs")
 # Seconds a follower keeps trying to reach the master and the master keeps its listener open.
 DEFAULT_REACH_TIMEOUT_S = 8.0
 
@@ -150,6 +154,12 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     smi_error = ""
     if query.get("rc") == 0:
         gpus, driver = parsers.parse_gpu_csv(query.get("stdout", ""))
+        health = smi.get("health") or {}
+        if health.get("rc") == 0:
+            gpus = parsers.parse_gpu_health_csv(health.get("stdout", ""), gpus)
+        elif health:
+            problems.append("nvidia-smi GPU health query failed: "
+                            + (health.get("stderr") or health.get("stdout") or "").strip()[:200])
         header_driver, cuda = parsers.parse_smi_header((smi.get("header") or {}).get("stdout", ""))
         driver = driver or header_driver
     else:
@@ -158,7 +168,7 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     processes = [replace(proc, unit=cgroups.get(proc.pid, ""))
                  for proc in parsers.parse_compute_apps_csv(apps)]
 
-    interfaces = {}
+    interfaces: dict[str, Interface] = {}
     ip_addr = raw.get("ip_addr") or {}
     if ip_addr.get("rc") == 0:
         try:
@@ -167,6 +177,9 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             problems.append(f"ip -j addr: {exc}")
     else:
         problems.append(f"ip -j addr failed: {ip_addr.get('stderr', '').strip()}")
+    speeds = raw.get("net_speeds") or {}
+    interfaces = {name: replace(i, speed_mbps=parsers.parse_sys_speed(speeds.get(name)))
+                  for name, i in interfaces.items()}
     routes = {peer: parsers.parse_ip_route_get_json(peer, out.get("stdout", ""))
               if out.get("rc") == 0 else
               Route(peer=peer, error=out.get("stderr", "").strip() or "no route")
@@ -194,6 +207,12 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     listener_raw = raw.get("listener")
     nccl = raw.get("nccl") or {}
     sshd = raw.get("sshd_version") or {}
+    fabric = raw.get("fabric") or {}
+    unit = parsers.parse_key_values(((fabric.get("unit") or {}).get("stdout")) or "")
+    fabric_manager = ("" if not fabric.get("nvswitch_count") else
+                      "not-found" if unit.get("LoadState") in (None, "not-found") else
+                      unit.get("ActiveState", "unknown"))
+    clock = raw.get("clock") or {}
     return HostFacts(
         host=host,
         python_path=str(python.get("executable", "")),
@@ -232,6 +251,19 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             (raw.get("systemctl_version") or {}).get("stdout", "")),
         openssh_version=parsers.parse_openssh_version(
             f"{sshd.get('stdout', '')}\n{sshd.get('stderr', '')}"),
+        kernel_release=str(raw.get("kernel_release") or ""),
+        os_release=parsers.parse_os_release(str(raw.get("os_release") or "")),
+        kernel_modules=tuple(parsers.parse_modules(str(raw.get("modules") or ""),
+                                                   KERNEL_MODULES)),
+        rdma_ports=tuple(parsers.parse_infiniband_sysfs(raw.get("infiniband") or {})),
+        xid_events=tuple(parsers.parse_xid_lines((raw.get("xid") or {}).get("stdout", ""))),
+        nvswitch_count=int(fabric.get("nvswitch_count") or 0),
+        fabric_manager=fabric_manager,
+        clock=parsers.parse_clock(
+            (clock.get("timedatectl") or {}).get("stdout", "")
+            if (clock.get("timedatectl") or {}).get("rc") == 0 else "",
+            (clock.get("chronyc") or {}).get("stdout", "")
+            if (clock.get("chronyc") or {}).get("rc") == 0 else ""),
         listener=Listener(
             address=listener_raw["address"], port=int(listener_raw["port"]),
             bound=bool(listener_raw["bound"]), accepted=tuple(listener_raw.get("accepted", [])),
