@@ -108,7 +108,9 @@ def check_fabric_manager(node: Node, facts: HostFacts) -> list[Finding]:
             actual=facts.fabric_manager or "unknown",
             fix=f"install and start nvidia-fabricmanager (same version as the driver) on "
                 f"{node.name}: systemctl enable --now nvidia-fabricmanager",
-            source="NVIDIA Fabric Manager user guide")]
+            source="NVIDIA Fabric Manager user guide; CUDA error 802 'system not yet "
+                   "initialized' without it (aws-samples/aws-deep-learning-ami-ubuntu-dcv-"
+                   "desktop #33)")]
     return [Finding("gpu.fabric_manager", Severity.OK, node.name, "nvidia-fabricmanager",
                     expected="active", actual=f"active ({facts.nvswitch_count} NVSwitches)")]
 
@@ -127,6 +129,10 @@ def check_clock(node: Node, facts: HostFacts,
             expected=f"<= {max_offset_s:g} s", actual=f"{clock.offset_s:+.3f} s (chrony)",
             fix=f"let chrony converge or fix its sources on {node.name} (chronyc sources)",
             source="chronyc(1) tracking")]
+    if clock.synchronized is False and clock.container:
+        return [Finding("host.clock", Severity.OK, node.name, "clock",
+                        expected="synchronised",
+                        actual=f"in a container ({clock.container}): the clock is its host's")]
     if clock.synchronized is False:
         return [Finding(
             "host.clock", Severity.WARNING, node.name, "clock synchronised",

@@ -263,7 +263,8 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             (clock.get("timedatectl") or {}).get("stdout", "")
             if (clock.get("timedatectl") or {}).get("rc") == 0 else "",
             (clock.get("chronyc") or {}).get("stdout", "")
-            if (clock.get("chronyc") or {}).get("rc") == 0 else ""),
+            if (clock.get("chronyc") or {}).get("rc") == 0 else "",
+            str(clock.get("container") or "")),
         listener=Listener(
             address=listener_raw["address"], port=int(listener_raw["port"]),
             bound=bool(listener_raw["bound"]), accepted=tuple(listener_raw.get("accepted", [])),

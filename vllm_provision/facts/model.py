@@ -106,12 +106,15 @@ class ClockSync:
         offset_s: chrony's current ``System time`` offset, seconds (negative: slow), None
             when chrony is not running.
         source: ``chrony``, ``timedatectl`` or ``""`` (nothing answered).
+        container: the container manager from ``/run/systemd/container`` (``systemd-nspawn``,
+            ``docker``), ``""`` on a host of its own; a container's clock is its host's.
     """
 
     ntp_enabled: bool | None = None
     synchronized: bool | None = None
     offset_s: float | None = None
     source: str = ""
+    container: str = ""
 
 
 @dataclass(frozen=True)

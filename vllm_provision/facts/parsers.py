@@ -540,12 +540,13 @@ def parse_chronyc_offset(text: str) -> float | None:
     return -value if match.group(2) == "slow" else value
 
 
-def parse_clock(timedatectl: str, chronyc: str) -> ClockSync:
-    """Combine ``timedatectl show`` (``NTP=``, ``NTPSynchronized=``) and ``chronyc tracking``."""
+def parse_clock(timedatectl: str, chronyc: str, container: str = "") -> ClockSync:
+    """Combine ``timedatectl show`` (``NTP=``, ``NTPSynchronized=``) and ``chronyc tracking``;
+    ``container`` is the text of ``/run/systemd/container`` (systemd's container interface)."""
     values = parse_key_values(timedatectl)
     offset = parse_chronyc_offset(chronyc)
     source = "chrony" if offset is not None else ("timedatectl" if values else "")
     return ClockSync(ntp_enabled=_parse_bool(values["NTP"]) if "NTP" in values else None,
                      synchronized=(_parse_bool(values["NTPSynchronized"])
                                    if "NTPSynchronized" in values else None),
-                     offset_s=offset, source=source)
+                     offset_s=offset, source=source, container=container.strip())

@@ -308,7 +308,8 @@ def fabric_manager():
 def clock_sync():
     """``timedatectl show`` and, where chronyc exists, ``chronyc -n tracking``."""
     return {"timedatectl": run(["timedatectl", "show"], timeout=10),
-            "chronyc": run(["chronyc", "-n", "tracking"], timeout=5)}
+            "chronyc": run(["chronyc", "-n", "tracking"], timeout=5),
+            "container": (read_text("/run/systemd/container") or "").strip()}
 
 
 def pids_in(text):
