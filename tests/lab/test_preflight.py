@@ -206,3 +206,28 @@ def test_mtu_mismatch_and_gpu_faults_on_h2_are_errors_on_the_right_gpu(lab):
                      and f["severity"] == "warning"]
     assert persistence["host"] == "h2" and persistence["actual"] == "Disabled on GPU 3"
     assert not [f for f in errors(findings) if f["host"] == "h1"]
+
+
+def test_firewall_on_h1_dropping_its_peer_is_caught_before_anything_starts(lab):
+    """h1 drops TCP from h2 to its master port and its watchdog port (iptables in h1's own
+    network namespace, as a host firewall would): reachability names each port and both
+    nodes; nothing was started."""
+    h2_ip = next(h.address for h in lab.hosts if h.name == "h2")
+    rules = [["INPUT", "-s", h2_ip, "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+             for port in (29501, 29510)]
+    netns = ["ip", "netns", "exec", lab.config.netns("h1"), "iptables"]
+    for rule in rules:
+        subprocess.run([*netns, "-I", *rule], check=True)
+    try:
+        code, findings = check(lab)
+    finally:
+        for rule in rules:
+            subprocess.run([*netns, "-D", *rule], check=False)
+    assert code == 1
+    [rendezvous] = [f for f in errors(findings) if f["check"] == "network.reach"]
+    assert rendezvous["host"] == "h2" and ":29501" in rendezvous["item"]
+    assert "29501" in rendezvous["fix"] and "from h2 to h1" in rendezvous["fix"]
+    [watchdog] = [f for f in errors(findings) if f["check"] == "network.peer_reach"]
+    assert watchdog["host"] == "h2" and watchdog["item"].startswith("TCP to h1's watchdog port")
+    assert "29510 from h2 to h1" in watchdog["fix"]
+    assert lab.ssh("h1", "systemctl is-active vllm.service").stdout.strip() != "active"

@@ -175,3 +175,26 @@ def test_check_names_do_not_break_at_80_columns(capsys, monkeypatch):
     assert max(len(line) for line in out.splitlines()) <= 80
     for name in names:
         assert re.search(rf"\b{re.escape(name)}\b", out), name
+
+
+def test_a_dropped_peer_port_is_an_error_naming_the_port_and_both_nodes():
+    from vllm_provision.facts.gather import peer_ports
+    from vllm_provision.facts.model import Reachability
+
+    replica = make_replica()
+    served = peer_ports(replica)
+    assert served == {"h1": [(8000, "API port"), (29510, "watchdog port")],
+                      "h2": [(29510, "watchdog port")]}
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], reachability=(
+        Reachability("10.0.0.11", 8000, True, "", 0.01),
+        Reachability("10.0.0.11", 29510, False, "timed out", 8.0)))
+    facts["h1"] = replace(facts["h1"], reachability=(
+        Reachability("10.0.0.12", 29510, True, "", 0.01),))
+    findings = fabric.check_peer_reach(replica, facts)
+    [error] = [f for f in findings if f.severity is Severity.ERROR]
+    assert error.host == "h2" and error.item == "TCP to h1's watchdog port 10.0.0.11:29510"
+    assert error.actual == "timed out" and "29510 from h2 to h1" in error.fix
+    [ok] = [f for f in findings if f.severity is Severity.OK]
+    assert ok.host == "h1" and ok.actual == "h2:29510"
+    assert fabric.check_peer_reach(replica, clean_facts()) == []

@@ -95,3 +95,47 @@ def check_rdma(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding
     state = "on every node" if with_rdma else "on no node (NCCL uses TCP sockets)"
     return [Finding("network.rdma", Severity.OK, "*", "RDMA ports", expected="same on all",
                     actual=state)]
+
+
+def check_peer_reach(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding]:
+    """Every node reached every peer's API and watchdog ports over TCP during the probe.
+
+    The probe opens a short-lived listener on each port a node serves its peers where nothing
+    listens yet (a running service answers itself), and every peer connects to it: a firewall
+    that drops the port shows here, before anything starts. The rendezvous port is
+    ``network.reach``. Source: vllm #14340 (peers time out on a port the firewall drops);
+    docs/recovery.md (watchdogs poll each other's port).
+    """
+    from vllm_provision.facts.gather import peer_ports
+
+    served = peer_ports(replica)
+    findings = []
+    for node in replica.nodes:
+        f = facts.get(node.name)
+        if f is None or not f.reachability:
+            continue
+        reached = []
+        for peer in replica.nodes:
+            if peer.name == node.name:
+                continue
+            for port, what in served[peer.name]:
+                result = next((r for r in f.reachability
+                               if r.address == peer.host_ip and r.port == port), None)
+                if result is None:
+                    continue
+                if result.ok:
+                    reached.append(f"{peer.name}:{port}")
+                    continue
+                findings.append(Finding(
+                    "network.peer_reach", Severity.ERROR, node.name,
+                    f"TCP to {peer.name}'s {what} {peer.host_ip}:{port}",
+                    expected=f"reachable from {node.name}",
+                    actual=result.error or "not reachable",
+                    fix=f"open TCP {port} from {node.name} to {peer.name} in the firewall "
+                        f"(nft/iptables/firewalld on {peer.name}, and the network between)",
+                    source="vllm #14340 (unreachable peer port); docs/recovery.md"))
+        if reached and not any(x.host == node.name for x in findings):
+            findings.append(Finding("network.peer_reach", Severity.OK, node.name,
+                                    "TCP to the peers' ports", expected="reachable",
+                                    actual=", ".join(reached)))
+    return findings

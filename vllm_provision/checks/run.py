@@ -194,6 +194,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         "master port" if replica.backend == "mp" else "Ray GCS port")
     findings += fabric.check_mtu(replica, facts, interface)
     findings += fabric.check_rdma(replica, facts)
+    findings += fabric.check_peer_reach(replica, facts)
     model_bytes = 0
     master_facts = facts.get(replica.master.name)
     if master_facts is not None and master_facts.model_files:

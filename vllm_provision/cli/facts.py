@@ -65,7 +65,8 @@ def _clock(f: HostFacts) -> str:
     if not c.source:
         return "?"
     sync = {True: "synchronised", False: "NOT synchronised", None: "?"}[c.synchronized]
-    return sync + (f", offset {c.offset_s:+.6f} s" if c.offset_s is not None else "")
+    return (sync + (f", offset {c.offset_s:+.6f} s" if c.offset_s is not None else "")
+            + (f" (in {c.container}: the host's clock)" if c.container else ""))
 
 
 ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (

@@ -80,6 +80,23 @@ def reach_port(replica: Replica) -> int:
     return replica.engine.master_port
 
 
+def peer_ports(replica: Replica) -> dict[str, list[tuple[int, str]]]:
+    """Ports each node serves to its peers beyond the rendezvous port, by node name (pure).
+
+    Rank 0 serves the API port; every node serves its peer watchdog on
+    ``vllm_watchdog_port`` (the node's own value, else the replica's, else the role default;
+    docs/recovery.md). The rendezvous port (:func:`reach_port`) is tested apart.
+    """
+    group = replica.vars.get("vllm_watchdog_port",
+                             variables.role_defaults().get("vllm_watchdog_port", 29510))
+    ports: dict[str, list[tuple[int, str]]] = {}
+    for node in replica.nodes:
+        own = [(replica.engine.api_port, "API port")] if node.rank == 0 else []
+        own.append((int(node.host.vars.get("vllm_watchdog_port", group)), "watchdog port"))
+        ports[node.name] = own
+    return ports
+
+
 def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> dict[str, Any]:
     """Build the probe's JSON settings for one host (pure).
 
@@ -115,6 +132,13 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         else:
             config["connect"] = [{"address": replica.master_addr, "port": port,
                                   "timeout_s": options.reach_timeout_s}]
+        served = peer_ports(replica)
+        config["listens"] = [{"address": me.host_ip, "port": p, "expect": replica.nnodes - 1,
+                              "timeout_s": options.reach_timeout_s}
+                             for p, _what in served[me.name]]
+        config["connect"] = config.get("connect", []) + [
+            {"address": node.host_ip, "port": p, "timeout_s": options.reach_timeout_s}
+            for node in replica.nodes if node.name != me.name for p, _what in served[node.name]]
     return config
 
 
@@ -270,6 +294,10 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             bound=bool(listener_raw["bound"]), accepted=tuple(listener_raw.get("accepted", [])),
             error=listener_raw.get("error", ""),
         ) if listener_raw else None,
+        listeners=tuple(Listener(
+            address=item["address"], port=int(item["port"]), bound=bool(item["bound"]),
+            accepted=tuple(item.get("accepted", [])), error=item.get("error", ""))
+            for item in raw.get("listeners") or []),
         reachability=tuple(Reachability(r["address"], int(r["port"]), bool(r["ok"]),
                                         r.get("error", ""), float(r.get("elapsed_s", 0.0)))
                            for r in raw.get("reach") or []),

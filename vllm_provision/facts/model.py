@@ -314,6 +314,8 @@ class HostFacts:
             asked (no NVSwitch).
         clock: clock synchronisation state.
         listener: the reachability listener (master only), or None.
+        listeners: the short-lived listeners on the ports this node serves its peers (API
+            port on rank 0, watchdog port), opened where nothing listened yet.
         reachability: TCP tests to the master/head, one per target.
         problems: probe-side errors (a command missing, a file unreadable).
     """
@@ -359,6 +361,7 @@ class HostFacts:
     fabric_manager: str = ""
     clock: ClockSync = field(default_factory=ClockSync)
     listener: Listener | None = None
+    listeners: tuple[Listener, ...] = ()
     reachability: tuple[Reachability, ...] = ()
     problems: tuple[str, ...] = ()
 

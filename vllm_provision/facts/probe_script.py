@@ -324,6 +324,9 @@ def main():
         spec = config["listen"]
         listener = Listener(spec["address"], int(spec["port"]), int(spec.get("expect", 1)),
                             float(spec.get("timeout_s", 10)))
+    # The other ports this node serves its peers (API, watchdog): same short-lived listeners.
+    listeners = [Listener(spec["address"], int(spec["port"]), int(spec.get("expect", 1)),
+                          float(spec.get("timeout_s", 10))) for spec in config.get("listens", [])]
     reach_threads = []
     for target in config.get("connect", []):
         result = {}
@@ -403,6 +406,7 @@ def main():
         thread.join(float(target.get("timeout_s", 10)) + 2)
     out["reach"] = [result for _thread, result, _target in reach_threads if result]
     out["listener"] = listener.finish() if listener is not None else None
+    out["listeners"] = [item.finish() for item in listeners]
     out["errors"] = ERRORS
     out["elapsed_s"] = round(time.time() - started, 3)
     sys.stdout.write(json.dumps(out))
