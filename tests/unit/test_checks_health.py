@@ -175,6 +175,9 @@ def test_check_names_do_not_break_at_80_columns(capsys, monkeypatch):
     assert max(len(line) for line in out.splitlines()) <= 80
     for name in names:
         assert re.search(rf"\b{re.escape(name)}\b", out), name
+    # no word of the other fields is broken either
+    for word in ("expectation", "several", "value"):
+        assert out.count(word) == {"expectation": 9, "several": 3, "value": 9}[word], word
 
 
 def test_a_dropped_peer_port_is_an_error_naming_the_port_and_both_nodes():
