@@ -177,3 +177,57 @@ def test_facts_is_one_ssh_round_trip_per_host(lab, monkeypatch):
     assert errs == {}
     assert len(calls) == len(hosts) == len(facts)
     assert all(f.gpus and f.packages.get("vllm") for f in facts.values())
+
+
+def test_mtu_mismatch_and_gpu_faults_on_h2_are_errors_on_the_right_gpu(lab):
+    """One check run: h2's eth0 at MTU 1400 against h1's 1500, and the stand-in's simulated
+    faults on h2 (ECC on GPU 1, MIG on GPU 2, persistence off on GPU 3)."""
+    # ip, not /sys/class/net: an nspawn guest's sysfs shows the machine's own interfaces
+    mtu = json.loads(lab.ssh("h2", "ip -j link show dev eth0").stdout)[0]["mtu"]
+    faults = provision("lab", "set", "h2", "ecc_gpus=1", "mig_gpus=2", "persistence_off_gpus=3")
+    assert faults.returncode == 0, faults.stderr
+    lab.ssh("h2", "ip link set dev eth0 mtu 1400")
+    try:
+        code, findings = check(lab)
+    finally:
+        lab.ssh("h2", f"ip link set dev eth0 mtu {mtu}")
+        provision("lab", "set", "h2", "ecc_gpus=default", "mig_gpus=default",
+                  "persistence_off_gpus=default")
+    assert code == 1
+    [mtu_error] = [f for f in errors(findings) if f["check"] == "network.mtu"]
+    assert f"h1 eth0 mtu {mtu}" in mtu_error["actual"] and "h2 eth0 mtu 1400" in \
+        mtu_error["actual"]
+    [ecc] = [f for f in errors(findings) if f["check"] == "gpu.errors"]
+    assert ecc["host"] == "h2" and ecc["item"].startswith("GPU 1 ")
+    assert "2 uncorrectable ECC errors" in ecc["actual"]
+    [mig] = [f for f in errors(findings) if f["check"] == "gpu.mig"]
+    assert mig["host"] == "h2" and mig["actual"] == "Enabled on GPU 2"
+    [persistence] = [f for f in findings if f["check"] == "gpu.persistence"
+                     and f["severity"] == "warning"]
+    assert persistence["host"] == "h2" and persistence["actual"] == "Disabled on GPU 3"
+    assert not [f for f in errors(findings) if f["host"] == "h1"]
+
+
+def test_firewall_on_h1_dropping_its_peer_is_caught_before_anything_starts(lab):
+    """h1 drops TCP from h2 to its master port and its watchdog port (iptables in h1's own
+    network namespace, as a host firewall would): reachability names each port and both
+    nodes; nothing was started."""
+    h2_ip = next(h.address for h in lab.hosts if h.name == "h2")
+    rules = [["INPUT", "-s", h2_ip, "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+             for port in (29501, 29510)]
+    netns = ["ip", "netns", "exec", lab.config.netns("h1"), "iptables"]
+    for rule in rules:
+        subprocess.run([*netns, "-I", *rule], check=True)
+    try:
+        code, findings = check(lab)
+    finally:
+        for rule in rules:
+            subprocess.run([*netns, "-D", *rule], check=False)
+    assert code == 1
+    [rendezvous] = [f for f in errors(findings) if f["check"] == "network.reach"]
+    assert rendezvous["host"] == "h2" and ":29501" in rendezvous["item"]
+    assert "29501" in rendezvous["fix"] and "from h2 to h1" in rendezvous["fix"]
+    [watchdog] = [f for f in errors(findings) if f["check"] == "network.peer_reach"]
+    assert watchdog["host"] == "h2" and watchdog["item"].startswith("TCP to h1's watchdog port")
+    assert "29510 from h2 to h1" in watchdog["fix"]
+    assert lab.ssh("h1", "systemctl is-active vllm.service").stdout.strip() != "active"

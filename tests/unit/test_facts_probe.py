@@ -44,10 +44,15 @@ def test_probe_config_asks_master_to_listen_and_follower_to_connect(tmp_path):
     master = probe_config(inventory.hosts["h1"], replica, ProbeOptions())
     follower = probe_config(inventory.hosts["h2"], replica, ProbeOptions())
     assert master["listen"]["port"] == 29777 and master["listen"]["expect"] == 1
-    assert follower["connect"] == [{"address": "127.0.0.1", "port": 29777,
-                                    "timeout_s": ProbeOptions().reach_timeout_s}]
-    assert "listen" not in probe_config(inventory.hosts["h2"], replica,
-                                        ProbeOptions(reachability=False))
+    timeout = ProbeOptions().reach_timeout_s
+    # the rendezvous first, then the peer's API and watchdog ports
+    assert follower["connect"] == [{"address": "127.0.0.1", "port": port, "timeout_s": timeout}
+                                   for port in (29777, 8000, 29510)]
+    assert [(x["port"], x["expect"]) for x in master["listens"]] == [(8000, 1), (29510, 1)]
+    assert [x["port"] for x in follower["listens"]] == [29510]
+    assert [x["port"] for x in master["connect"]] == [29510]
+    quiet = probe_config(inventory.hosts["h2"], replica, ProbeOptions(reachability=False))
+    assert "listen" not in quiet and "listens" not in quiet and "connect" not in quiet
 
 
 def test_probe_command_falls_back_to_python3_when_the_venv_is_missing():

@@ -165,17 +165,28 @@ def check_model_present(node: Node, facts: HostFacts) -> list[Finding]:
 def check_memory(node: Node, facts: HostFacts, model_share_bytes: int) -> list[Finding]:
     """Free RAM can hold this node's share of the weights while loading (warning).
 
+    When the model's size is unknown (a hub name, or no files on the master) the check says
+    it was skipped and why, instead of an expectation that cannot fail. Sizes round up to
+    whole MiB, so a small model never reads as ``>= 0 MiB``.
+
     Source: vllm #2669, ray #39723 (workers killed for low memory during weight loading).
     """
-    if facts.mem_available_bytes is None or model_share_bytes <= 0:
-        return []
+    if facts.mem_available_bytes is None:
+        return [Finding("host.memory", Severity.WARNING, node.name, "available memory",
+                        expected="readable", actual="unknown (/proc/meminfo unreadable)",
+                        fix=f"check /proc/meminfo on {node.name}",
+                        source="vllm #2669; ray #39723")]
+    have = f"{facts.mem_available_bytes // MIB} MiB"
+    if model_share_bytes <= 0:
+        return [Finding("host.memory", Severity.OK, node.name, "available memory",
+                        expected="skipped: the model's size is unknown (no local model "
+                                 "files on the master)", actual=have)]
+    need = -(-model_share_bytes // MIB)
     if facts.mem_available_bytes < model_share_bytes:
         return [Finding("host.memory", Severity.WARNING, node.name, "available memory",
-                        expected=f">= {model_share_bytes // MIB} MiB (this node's share of "
-                                 "the weights)",
-                        actual=f"{facts.mem_available_bytes // MIB} MiB",
+                        expected=f">= {need} MiB (this node's share of the weights)",
+                        actual=have,
                         fix=f"free memory on {node.name} before loading the model",
                         source="vllm #2669; ray #39723")]
     return [Finding("host.memory", Severity.OK, node.name, "available memory",
-                    expected=f">= {model_share_bytes // MIB} MiB",
-                    actual=f"{facts.mem_available_bytes // MIB} MiB")]
+                    expected=f">= {need} MiB", actual=have)]

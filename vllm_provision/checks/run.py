@@ -14,8 +14,17 @@ from typing import Any
 import yaml
 
 from vllm_provision import variables
+from vllm_provision.checks import (
+    fabric,
+    gpu_health,
+    network,
+    ownership,
+    parity,
+    placement,
+    platform,
+    topology,
+)
 from vllm_provision.checks import host as host_checks
-from vllm_provision.checks import network, ownership, parity, placement, platform, topology
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.errors import ProvisionError
 from vllm_provision.facts.gather import ProbeOptions, host_var, reach_port
@@ -192,6 +201,9 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
     findings += network.check_reachability(
         replica, facts, reach_port(replica),
         "master port" if replica.backend == "mp" else "Ray GCS port")
+    findings += fabric.check_mtu(replica, facts, interface)
+    findings += fabric.check_rdma(replica, facts)
+    findings += fabric.check_peer_reach(replica, facts)
     model_bytes = 0
     master_facts = facts.get(replica.master.name)
     if master_facts is not None and master_facts.model_files:
@@ -212,6 +224,12 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         else:
             findings += host_checks.check_gpus_visible(node, f)
             findings += host_checks.check_foreign_gpu_processes(node, f, settings.own_units)
+            used = topology.local_world_size(replica)
+            findings += gpu_health.check_gpu_errors(node, f, used)
+            findings += gpu_health.check_mig(node, f, used)
+            findings += gpu_health.check_persistence(node, f, used)
+            findings += gpu_health.check_fabric_manager(node, f)
+        findings += gpu_health.check_clock(node, f)
         findings += host_checks.check_venv(node, f, str(host_var(node.host, "vllm_venv")),
                                            replica.backend)
         findings += host_checks.check_shm(node, f, settings.min_shm_mib)

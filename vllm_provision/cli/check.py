@@ -50,6 +50,32 @@ def render_backends(replicas: Sequence[Any]) -> None:
         click.echo(line)
 
 
+# Below this terminal width a seven-column table must break words; findings become blocks.
+NARROW_COLUMNS = 100
+
+
+def _render_narrow(console: Any, group: list[Finding], title: str, style: str) -> None:
+    """One block per finding: ``check  replica  host  item``, then its fields on wrapped lines
+    (rich wraps at word boundaries; a check name is never split)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    console.print(Text(title, style=style))
+    for f in group:
+        console.print(Text.assemble((f.check, "bold"), f"  {f.replica or '-'}  {f.host}  ",
+                                    f.item), overflow="ignore", crop=False, soft_wrap=True)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=10, no_wrap=True)
+        grid.add_column(overflow="fold")
+        rows = [("expected", f.expected), ("actual", f.actual)]
+        if f.severity is not Severity.OK:
+            rows.append(("fix", f.fix))
+        for label, value in rows:
+            if value:
+                grid.add_row(f"  {label}", value)
+        console.print(grid)
+
+
 def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
     """Print findings as one table per severity (error, warning, ok) with a summary line; the
     replica column names the replica each finding belongs to."""
@@ -62,9 +88,16 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
         group = [f for f in findings if f.severity is severity]
         if not group or (severity is Severity.OK and not show_ok):
             continue
+        if console.width < NARROW_COLUMNS:
+            _render_narrow(console, group, f"{severity.value} ({len(group)})",
+                           styles[severity])
+            continue
         table = Table(title=f"{severity.value} ({len(group)})", title_style=styles[severity],
                       title_justify="left", show_lines=severity is not Severity.OK)
-        for column in ("check", "replica", "host", "item", "expected", "actual"):
+        # A check name is one word the operator copies into --skip-check: never break it.
+        table.add_column("check", no_wrap=True,
+                         min_width=max(len(f.check) for f in group))
+        for column in ("replica", "host", "item", "expected", "actual"):
             table.add_column(column, overflow="fold")
         if severity is not Severity.OK:
             table.add_column("fix", overflow="fold")

@@ -40,6 +40,35 @@ def _user(f: HostFacts) -> str:
     return f"{user.name}: uid {user.uid} ({'system' if user.is_system else 'login'})"
 
 
+def gpu_processes_text(f: HostFacts) -> str:
+    """Every compute process once per GPU it runs on, with the GPU index (``GPU 0: 4711
+    VLLM::Worker [vllm.service]``), in GPU order."""
+    index = {gpu.uuid: gpu.index for gpu in f.gpus}
+    rows = sorted(((index.get(p.gpu_uuid, -1), p.pid, p) for p in f.gpu_processes),
+                  key=lambda row: (row[0], row[1]))
+    return ", ".join(
+        f"GPU {i if i >= 0 else p.gpu_uuid or '?'}: {p.pid} {p.process_name}"
+        + (f" [{p.unit}]" if p.unit else "") for i, _pid, p in rows) or "none"
+
+
+def _per_gpu(f: HostFacts, read: Callable[[Any], Any], healthy: str) -> str:
+    words = {True: "on", False: "off", None: "?"}
+    values = [(g.index, read(g)) for g in f.gpus]
+    texts = [(i, words[v] if isinstance(v, bool) or v is None else str(v)) for i, v in values]
+    if texts and all(text == healthy for _i, text in texts):
+        return f"{healthy} (all)"
+    return ", ".join(f"{i}: {text}" for i, text in texts) or "-"
+
+
+def _clock(f: HostFacts) -> str:
+    c = f.clock
+    if not c.source:
+        return "?"
+    sync = {True: "synchronised", False: "NOT synchronised", None: "?"}[c.synchronized]
+    return (sync + (f", offset {c.offset_s:+.6f} s" if c.offset_s is not None else "")
+            + (f" (in {c.container}: the host's clock)" if c.container else ""))
+
+
 ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
     ("python (probe)", lambda f: f"{f.python_path}" + ("" if f.venv_found else " (no venv)")),
     ("python", lambda f: f.python_micro),
@@ -53,13 +82,31 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
     ("CUDA (driver)", lambda f: str(f.cuda_driver_version)),
     ("GPUs", lambda f: f"{len(f.gpus)} x {f.gpu_model}" if f.gpus else "0"),
     ("GPU memory", lambda f: ", ".join(sorted({f"{g.memory_total_mib} MiB" for g in f.gpus}))),
-    ("GPU processes", lambda f: ", ".join(
-        f"{p.pid} {p.process_name}" + (f" [{p.unit}]" if p.unit else "")
-        for p in f.gpu_processes) or "none"),
+    ("GPU processes", lambda f: gpu_processes_text(f)),
+    ("GPU memory used", lambda f: ", ".join(
+        f"{g.index}: {'?' if g.memory_used_mib is None else g.memory_used_mib} MiB"
+        for g in f.gpus) or "-"),
+    ("GPU ECC uncorrectable", lambda f: _per_gpu(f, lambda g: g.ecc_uncorrected, "0")),
+    ("GPU persistence mode", lambda f: _per_gpu(f, lambda g: g.persistence_mode, "on")),
+    ("GPU MIG mode", lambda f: _per_gpu(f, lambda g: g.mig_mode, "off")),
+    ("Xid (24 h)", lambda f: ", ".join(f"Xid {e.code} on {e.pci}" for e in f.xid_events)
+     or "none"),
+    ("NVSwitch / fabric manager", lambda f: f"{f.nvswitch_count} / {f.fabric_manager}"
+     if f.nvswitch_count else "no NVSwitch"),
     ("hostname", lambda f: f"{f.hostname} -> {', '.join(f.hostname_addresses) or '?'}"),
     ("interfaces", lambda f: ", ".join(
         f"{i.name} {i.state} {'/'.join(i.addresses)}" for i in f.interfaces.values()
         if i.name != "lo")),
+    ("MTU", lambda f: ", ".join(f"{i.name} {i.mtu}" + (f" {i.speed_mbps} Mb/s" if i.speed_mbps
+                                                         else "")
+                                for i in f.interfaces.values() if i.name != "lo")),
+    ("RDMA ports", lambda f: ", ".join(
+        f"{p.device}/{p.port} {p.state} {p.link_layer} fw {p.firmware}" for p in f.rdma_ports)
+     or "none"),
+    ("kernel modules", lambda f: ", ".join(f.kernel_modules) or "none"),
+    ("kernel", lambda f: f.kernel_release or "?"),
+    ("OS", lambda f: f.os_release or "?"),
+    ("clock", lambda f: _clock(f)),
     ("routes", lambda f: ", ".join(f"{p} via {r.dev or r.error}" for p, r in f.routes.items())),
     ("/dev/shm", lambda f: _mib(f.shm_bytes)),
     ("memory available", lambda f: _mib(f.mem_available_bytes)),
@@ -79,8 +126,9 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
     ("probe problems", lambda f: "; ".join(f.problems) or "none"),
 )
 # Rows whose values differ per host by nature: never highlighted.
-NOT_COMPARED = {"hostname", "interfaces", "routes", "memory available", "disk free (model fs)",
-                "listening TCP", "GPU processes", "python (probe)", "probe problems"}
+NOT_COMPARED = {"hostname", "interfaces", "routes", "GPU memory used", "clock",
+                "memory available", "disk free (model fs)", "listening TCP", "GPU processes",
+                "python (probe)", "probe problems"}
 
 
 def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],

@@ -21,6 +21,7 @@ from vllm_provision.facts import parsers
 from vllm_provision.facts.model import (
     HostFacts,
     HostOwner,
+    Interface,
     Listener,
     ModelFile,
     Reachability,
@@ -37,6 +38,9 @@ HOST_STATE_FILE = f"{STATE_DIR}/state.json"
 PACKAGES: tuple[str, ...] = (
     "vllm", "torch", "ray", "transformers", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
 )
+# Modules whose presence decides GPUDirect RDMA and GPUDirect Storage (NVIDIA GPUDirect RDMA
+# docs: nvidia_peermem replaced nv_peer_mem from driver R470).
+KERNEL_MODULES: tuple[str, ...] = ("nvidia_peermem", "nv_peer_mem", "nvidia_fs")
 # Seconds a follower keeps trying to reach the master and the master keeps its listener open.
 DEFAULT_REACH_TIMEOUT_S = 8.0
 
@@ -82,6 +86,23 @@ def reach_port(replica: Replica) -> int:
     return replica.engine.master_port
 
 
+def peer_ports(replica: Replica) -> dict[str, list[tuple[int, str]]]:
+    """Ports each node serves to its peers beyond the rendezvous port, by node name (pure).
+
+    Rank 0 serves the API port; every node serves its peer watchdog on
+    ``vllm_watchdog_port`` (the node's own value, else the replica's, else the role default;
+    docs/recovery.md). The rendezvous port (:func:`reach_port`) is tested apart.
+    """
+    group = replica.vars.get("vllm_watchdog_port",
+                             variables.role_defaults().get("vllm_watchdog_port", 29510))
+    ports: dict[str, list[tuple[int, str]]] = {}
+    for node in replica.nodes:
+        own = [(replica.engine.api_port, "API port")] if node.rank == 0 else []
+        own.append((int(node.host.vars.get("vllm_watchdog_port", group)), "watchdog port"))
+        ports[node.name] = own
+    return ports
+
+
 def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> dict[str, Any]:
     """Build the probe's JSON settings for one host (pure).
 
@@ -118,6 +139,13 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         else:
             config["connect"] = [{"address": replica.master_addr, "port": port,
                                   "timeout_s": options.reach_timeout_s}]
+        served = peer_ports(replica)
+        config["listens"] = [{"address": me.host_ip, "port": p, "expect": replica.nnodes - 1,
+                              "timeout_s": options.reach_timeout_s}
+                             for p, _what in served[me.name]]
+        config["connect"] = config.get("connect", []) + [
+            {"address": node.host_ip, "port": p, "timeout_s": options.reach_timeout_s}
+            for node in replica.nodes if node.name != me.name for p, _what in served[node.name]]
     return config
 
 
@@ -157,6 +185,12 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     smi_error = ""
     if query.get("rc") == 0:
         gpus, driver = parsers.parse_gpu_csv(query.get("stdout", ""))
+        health = smi.get("health") or {}
+        if health.get("rc") == 0:
+            gpus = parsers.parse_gpu_health_csv(health.get("stdout", ""), gpus)
+        elif health:
+            problems.append("nvidia-smi GPU health query failed: "
+                            + (health.get("stderr") or health.get("stdout") or "").strip()[:200])
         header_driver, cuda = parsers.parse_smi_header((smi.get("header") or {}).get("stdout", ""))
         driver = driver or header_driver
     else:
@@ -165,7 +199,7 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     processes = [replace(proc, unit=cgroups.get(proc.pid, ""))
                  for proc in parsers.parse_compute_apps_csv(apps)]
 
-    interfaces = {}
+    interfaces: dict[str, Interface] = {}
     ip_addr = raw.get("ip_addr") or {}
     if ip_addr.get("rc") == 0:
         try:
@@ -174,6 +208,9 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             problems.append(f"ip -j addr: {exc}")
     else:
         problems.append(f"ip -j addr failed: {ip_addr.get('stderr', '').strip()}")
+    speeds = raw.get("net_speeds") or {}
+    interfaces = {name: replace(i, speed_mbps=parsers.parse_sys_speed(speeds.get(name)))
+                  for name, i in interfaces.items()}
     routes = {peer: parsers.parse_ip_route_get_json(peer, out.get("stdout", ""))
               if out.get("rc") == 0 else
               Route(peer=peer, error=out.get("stderr", "").strip() or "no route")
@@ -201,6 +238,12 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     listener_raw = raw.get("listener")
     nccl = raw.get("nccl") or {}
     sshd = raw.get("sshd_version") or {}
+    fabric = raw.get("fabric") or {}
+    unit = parsers.parse_key_values(((fabric.get("unit") or {}).get("stdout")) or "")
+    fabric_manager = ("" if not fabric.get("nvswitch_count") else
+                      "not-found" if unit.get("LoadState") in (None, "not-found") else
+                      unit.get("ActiveState", "unknown"))
+    clock = raw.get("clock") or {}
     return HostFacts(
         host=host,
         python_path=str(python.get("executable", "")),
@@ -239,11 +282,29 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             (raw.get("systemctl_version") or {}).get("stdout", "")),
         openssh_version=parsers.parse_openssh_version(
             f"{sshd.get('stdout', '')}\n{sshd.get('stderr', '')}"),
+        kernel_release=str(raw.get("kernel_release") or ""),
+        os_release=parsers.parse_os_release(str(raw.get("os_release") or "")),
+        kernel_modules=tuple(parsers.parse_modules(str(raw.get("modules") or ""),
+                                                   KERNEL_MODULES)),
+        rdma_ports=tuple(parsers.parse_infiniband_sysfs(raw.get("infiniband") or {})),
+        xid_events=tuple(parsers.parse_xid_lines((raw.get("xid") or {}).get("stdout", ""))),
+        nvswitch_count=int(fabric.get("nvswitch_count") or 0),
+        fabric_manager=fabric_manager,
+        clock=parsers.parse_clock(
+            (clock.get("timedatectl") or {}).get("stdout", "")
+            if (clock.get("timedatectl") or {}).get("rc") == 0 else "",
+            (clock.get("chronyc") or {}).get("stdout", "")
+            if (clock.get("chronyc") or {}).get("rc") == 0 else "",
+            str(clock.get("container") or "")),
         listener=Listener(
             address=listener_raw["address"], port=int(listener_raw["port"]),
             bound=bool(listener_raw["bound"]), accepted=tuple(listener_raw.get("accepted", [])),
             error=listener_raw.get("error", ""),
         ) if listener_raw else None,
+        listeners=tuple(Listener(
+            address=item["address"], port=int(item["port"]), bound=bool(item["bound"]),
+            accepted=tuple(item.get("accepted", [])), error=item.get("error", ""))
+            for item in raw.get("listeners") or []),
         reachability=tuple(Reachability(r["address"], int(r["port"]), bool(r["ok"]),
                                         r.get("error", ""), float(r.get("elapsed_s", 0.0)))
                            for r in raw.get("reach") or []),

@@ -17,6 +17,11 @@ class Gpu:
         memory_total_mib: framebuffer size in MiB.
         uuid: ``GPU-...`` identifier, stable across reboots.
         pci_bus_id: ``00000000:18:00.0``; empty when not queried.
+        memory_used_mib: framebuffer in use, MiB (``memory.used``), None when unknown.
+        ecc_uncorrected: lifetime uncorrectable ECC errors
+            (``ecc.errors.uncorrected.aggregate.total``), None when ECC is off or unsupported.
+        persistence_mode: True when ``persistence_mode`` is ``Enabled``, None when unknown.
+        mig_mode: True when ``mig.mode.current`` is ``Enabled``, None when unsupported.
     """
 
     index: int
@@ -24,6 +29,92 @@ class Gpu:
     memory_total_mib: int | None
     uuid: str
     pci_bus_id: str = ""
+    memory_used_mib: int | None = None
+    ecc_uncorrected: int | None = None
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None
+
+    @property
+    def pci_key(self) -> str:
+        """``domain:bus:device`` in lower case without leading domain zeros (``0:18:00``), the
+        form both ``pci.bus_id`` (``00000000:18:00.0``) and kernel Xid lines
+        (``PCI:0000:18:00``) reduce to."""
+        return pci_key(self.pci_bus_id)
+
+
+def pci_key(bus_id: str) -> str:
+    """Normalise a PCI address (``00000000:18:00.0``, ``0000:18:00``) to ``0:18:00``; ``""``
+    when it is not one."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) < 3 or not all(parts[:3]):
+        return ""
+    try:
+        domain = int(parts[0], 16)
+    except ValueError:
+        return ""
+    return f"{domain:x}:{parts[1]}:{parts[2].split('.')[0]}"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One ``NVRM: Xid`` line of the kernel log (NVIDIA "Xid Errors" catalogue).
+
+    Attributes:
+        pci: the GPU's PCI address as the line prints it (``0000:18:00``).
+        code: the Xid number (``79``: fallen off the bus; ``48``: double-bit ECC; ...).
+        line: the log line, shortened to 200 characters.
+    """
+
+    pci: str
+    code: int
+    line: str
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device (``/sys/class/infiniband/<dev>/ports/<n>``).
+
+    Attributes:
+        device: ``mlx5_0``.
+        port: port number (1-based).
+        state: ``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED`` (from ``state``: ``4: ACTIVE``).
+        link_layer: ``InfiniBand`` or ``Ethernet`` (RoCE).
+        firmware: the device's ``fw_ver``.
+        rate: ``rate`` text (``400 Gb/sec (4X NDR)``), ``""`` when unreadable.
+    """
+
+    device: str
+    port: int
+    state: str
+    link_layer: str = ""
+    firmware: str = ""
+    rate: str = ""
+
+    @property
+    def active(self) -> bool:
+        """True when the port can carry traffic (state ``ACTIVE``)."""
+        return self.state == "ACTIVE"
+
+
+@dataclass(frozen=True)
+class ClockSync:
+    """Clock synchronisation as ``timedatectl show`` and ``chronyc tracking`` report it.
+
+    Attributes:
+        ntp_enabled: ``NTP=yes`` (a sync service is enabled), None when unknown.
+        synchronized: ``NTPSynchronized=yes``, None when unknown.
+        offset_s: chrony's current ``System time`` offset, seconds (negative: slow), None
+            when chrony is not running.
+        source: ``chrony``, ``timedatectl`` or ``""`` (nothing answered).
+        container: the container manager from ``/run/systemd/container`` (``systemd-nspawn``,
+            ``docker``), ``""`` on a host of its own; a container's clock is its host's.
+    """
+
+    ntp_enabled: bool | None = None
+    synchronized: bool | None = None
+    offset_s: float | None = None
+    source: str = ""
+    container: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,6 +146,8 @@ class Interface:
         flags: link flags (``UP``, ``LOWER_UP``, ...).
         addresses: IPv4/IPv6 addresses without prefix length.
         mtu: MTU in bytes.
+        speed_mbps: link speed from ``/sys/class/net/<name>/speed`` in Mb/s, None when
+            unknown (virtual links, link down).
     """
 
     name: str
@@ -62,6 +155,7 @@ class Interface:
     flags: tuple[str, ...] = ()
     addresses: tuple[str, ...] = ()
     mtu: int | None = None
+    speed_mbps: int | None = None
 
     @property
     def is_up(self) -> bool:
@@ -267,7 +361,19 @@ class HostFacts:
         systemd_version: systemd's version number (252), None when unknown.
         openssh_version: the OpenSSH server's ``major.minor`` (``"9.2"``, from ``sshd -V``),
             None when unknown.
+        kernel_release: ``uname -r``.
+        os_release: ``PRETTY_NAME`` of ``/etc/os-release``.
+        kernel_modules: loaded modules of interest (``nvidia_peermem``, ``nvidia_fs``).
+        rdma_ports: RDMA ports from ``/sys/class/infiniband``.
+        xid_events: ``NVRM: Xid`` lines of the kernel log of the last 24 hours.
+        nvswitch_count: NVSwitch devices the driver knows (``/proc/driver/nvidia-nvswitch``).
+        fabric_manager: ``ActiveState`` of ``nvidia-fabricmanager.service`` (``active``,
+            ``inactive``, ``failed``), ``not-found`` when it is not installed, ``""`` when not
+            asked (no NVSwitch).
+        clock: clock synchronisation state.
         listener: the reachability listener (master only), or None.
+        listeners: the short-lived listeners on the ports this node serves its peers (API
+            port on rank 0, watchdog port), opened where nothing listened yet.
         reachability: TCP tests to the master/head, one per target.
         problems: probe-side errors (a command missing, a file unreadable).
         owner: the host's state record (last good ``provision up``), None when it has none.
@@ -305,7 +411,16 @@ class HostFacts:
     nccl_net_plugins: tuple[str, ...] = ()
     systemd_version: int | None = None
     openssh_version: str | None = None
+    kernel_release: str = ""
+    os_release: str = ""
+    kernel_modules: tuple[str, ...] = ()
+    rdma_ports: tuple[RdmaPort, ...] = ()
+    xid_events: tuple[XidEvent, ...] = ()
+    nvswitch_count: int = 0
+    fabric_manager: str = ""
+    clock: ClockSync = field(default_factory=ClockSync)
     listener: Listener | None = None
+    listeners: tuple[Listener, ...] = ()
     reachability: tuple[Reachability, ...] = ()
     problems: tuple[str, ...] = ()
     owner: HostOwner | None = None

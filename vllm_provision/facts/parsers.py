@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from vllm_provision.facts.model import Gpu, GpuProcess, Interface, ListeningSocket, Route
+from vllm_provision.facts.model import (
+    ClockSync,
+    Gpu,
+    GpuProcess,
+    Interface,
+    ListeningSocket,
+    RdmaPort,
+    Route,
+    XidEvent,
+)
 
 # The query the probe sends; the parser is told the fields so real outputs of other queries parse.
 GPU_QUERY_FIELDS: tuple[str, ...] = (
     "index", "name", "driver_version", "memory.total", "uuid", "pci.bus_id",
+)
+# GPU health, queried apart so an older driver's "not a valid field" cannot hide the GPU list;
+# field names as ``nvidia-smi --help-query-gpu`` lists them.
+GPU_HEALTH_FIELDS: tuple[str, ...] = (
+    "index", "memory.used", "ecc.errors.uncorrected.aggregate.total", "persistence_mode",
+    "mig.mode.current",
 )
 COMPUTE_APPS_FIELDS: tuple[str, ...] = ("pid", "process_name", "used_memory", "gpu_uuid")
 
@@ -337,3 +352,201 @@ def cuda_major_of_build(build: str | None) -> int | None:
 def python_micro(sys_version: str) -> str:
     """``"3.11.2 (main, Mar 13 2023, ...)"`` -> ``"3.11.2"``."""
     return sys_version.split()[0] if sys_version else ""
+
+
+def _enabled(text: str) -> bool | None:
+    lowered = text.strip().lower()
+    if lowered == "enabled":
+        return True
+    if lowered == "disabled":
+        return False
+    return None
+
+
+def parse_gpu_health_csv(text: str, gpus: Sequence[Gpu],
+                         fields: Sequence[str] = GPU_HEALTH_FIELDS) -> list[Gpu]:
+    """Merge ``nvidia-smi --query-gpu=<GPU_HEALTH_FIELDS> --format=csv,noheader,nounits`` rows
+    into ``gpus`` by index.
+
+    ``[N/A]`` (ECC off, MIG unsupported) and ``[Not Supported]`` become None; a row for an
+    index not in ``gpus`` is ignored.
+
+    Returns:
+        ``gpus`` with ``memory_used_mib``, ``ecc_uncorrected``, ``persistence_mode`` and
+        ``mig_mode`` filled in where the output had them.
+    """
+    rows: dict[int, dict[str, str]] = {}
+    for line in text.splitlines():
+        if "," not in line:
+            continue
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != len(fields):
+            continue
+        row = dict(zip(fields, parts, strict=True))
+        index = _int_or_none(row.get("index", ""))
+        if index is not None:
+            rows[index] = row
+    merged = []
+    for gpu in gpus:
+        if gpu.index not in rows:
+            merged.append(gpu)
+            continue
+        row = rows[gpu.index]
+        merged.append(Gpu(
+            index=gpu.index, name=gpu.name, memory_total_mib=gpu.memory_total_mib,
+            uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id,
+            memory_used_mib=_int_or_none(row.get("memory.used", "")),
+            ecc_uncorrected=_int_or_none(row.get("ecc.errors.uncorrected.aggregate.total", "")),
+            persistence_mode=_enabled(row.get("persistence_mode", "")),
+            mig_mode=_enabled(row.get("mig.mode.current", "")),
+        ))
+    return merged
+
+
+# "NVRM: Xid (PCI:0000:44:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+_XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)\): ([0-9]+)")
+
+
+def parse_xid_lines(text: str) -> list[XidEvent]:
+    """Parse kernel log lines (``journalctl -k`` or ``dmesg``) for NVIDIA Xid errors.
+
+    The line format is the driver's ``NVRM: Xid (PCI:<domain:bus:device>): <code>, ...``
+    (NVIDIA "Xid Errors" documentation); other lines are skipped.
+    """
+    events = []
+    for line in text.splitlines():
+        match = _XID_RE.search(line)
+        if match:
+            events.append(XidEvent(pci=match.group(1), code=int(match.group(2)),
+                                   line=line.strip()[:200]))
+    return events
+
+
+def parse_sys_speed(text: str | None) -> int | None:
+    """``/sys/class/net/<if>/speed`` in Mb/s; None for ``-1``, empty or unreadable (virtual
+    links and links without carrier report -1 or fail to read: kernel ABI sysfs-class-net)."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value.lstrip("-").isdigit() and int(value) > 0:
+        return int(value)
+    return None
+
+
+def parse_infiniband_sysfs(raw: Mapping[str, Any]) -> list[RdmaPort]:
+    """Parse the probe's read of ``/sys/class/infiniband``.
+
+    Args:
+        raw: device -> ``{"fw_ver": text, "ports": {number: {"state": "4: ACTIVE",
+            "link_layer": "InfiniBand", "rate": "400 Gb/sec (4X NDR)"}}}`` (file contents as
+            the kernel prints them; Documentation/ABI/stable/sysfs-class-infiniband).
+
+    Returns:
+        One :class:`RdmaPort` per port, sorted by device and port.
+    """
+    ports = []
+    for device, info in sorted(raw.items()):
+        if not isinstance(info, Mapping):
+            continue
+        firmware = str(info.get("fw_ver") or "").strip()
+        for number, port in sorted((info.get("ports") or {}).items(),
+                                   key=lambda item: int(item[0]) if str(item[0]).isdigit()
+                                   else 0):
+            if not str(number).isdigit() or not isinstance(port, Mapping):
+                continue
+            state = str(port.get("state") or "").strip()
+            state = state.split(":", 1)[1].strip() if ":" in state else state
+            ports.append(RdmaPort(device=device, port=int(number), state=state.upper(),
+                                  link_layer=str(port.get("link_layer") or "").strip(),
+                                  firmware=firmware, rate=str(port.get("rate") or "").strip()))
+    return ports
+
+
+def parse_ibv_devinfo(text: str) -> list[RdmaPort]:
+    """Parse ``ibv_devinfo`` (libibverbs) output into ports: ``hca_id``, ``fw_ver``,
+    ``port:``, ``state: PORT_ACTIVE (4)``, ``link_layer:`` lines."""
+    ports: list[RdmaPort] = []
+    device = firmware = ""
+    current: dict[str, str] | None = None
+
+    def flush() -> None:
+        if current is not None:
+            ports.append(RdmaPort(device=device, port=int(current["port"]),
+                                  state=current.get("state", ""),
+                                  link_layer=current.get("link_layer", ""), firmware=firmware))
+
+    for raw in text.splitlines():
+        key, sep, value = raw.strip().partition(":")
+        if not sep:
+            continue
+        value = value.strip()
+        if key == "hca_id":
+            flush()
+            current, device, firmware = None, value, ""
+        elif key == "fw_ver":
+            firmware = value
+        elif key == "port" and value.isdigit():
+            flush()
+            current = {"port": value}
+        elif current is not None and key == "state":
+            current["state"] = value.split()[0].removeprefix("PORT_") if value else ""
+        elif current is not None and key == "link_layer":
+            current["link_layer"] = value
+    flush()
+    return ports
+
+
+def parse_modules(text: str, wanted: Iterable[str]) -> list[str]:
+    """Names from ``/proc/modules`` (first word of each line) that are in ``wanted``, sorted."""
+    names = set(wanted)
+    return sorted({line.split()[0] for line in text.splitlines()
+                   if line.split() and line.split()[0] in names})
+
+
+def parse_os_release(text: str) -> str:
+    """``PRETTY_NAME`` of ``/etc/os-release`` (os-release(5)), else ``NAME VERSION_ID``."""
+    values = parse_key_values(text)
+    pretty = values.get("PRETTY_NAME", "").strip('"')
+    if pretty:
+        return pretty
+    return " ".join(v.strip('"') for v in (values.get("NAME", ""), values.get("VERSION_ID", ""))
+                    if v).strip()
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """``KEY=value`` lines (``timedatectl show``, ``systemctl show``, os-release) to a dict."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            values[key.strip()] = value.strip()
+    return values
+
+
+# chronyc(1) tracking: "System time     : 0.000001501 seconds slow of NTP time"
+_CHRONY_OFFSET_RE = re.compile(r"^System time\s*:\s*([0-9.]+) seconds (slow|fast)", re.M)
+
+
+def parse_chronyc_offset(text: str) -> float | None:
+    """The current offset from ``chronyc tracking``, seconds; negative when the clock is slow.
+
+    chronyc(1): "System time: ... the system clock is [this many seconds] slow or fast of
+    NTP time"; None when the line is absent (chronyd not running).
+    """
+    match = _CHRONY_OFFSET_RE.search(text)
+    if not match:
+        return None
+    value = float(match.group(1))
+    return -value if match.group(2) == "slow" else value
+
+
+def parse_clock(timedatectl: str, chronyc: str, container: str = "") -> ClockSync:
+    """Combine ``timedatectl show`` (``NTP=``, ``NTPSynchronized=``) and ``chronyc tracking``;
+    ``container`` is the text of ``/run/systemd/container`` (systemd's container interface)."""
+    values = parse_key_values(timedatectl)
+    offset = parse_chronyc_offset(chronyc)
+    source = "chrony" if offset is not None else ("timedatectl" if values else "")
+    return ClockSync(ntp_enabled=_parse_bool(values["NTP"]) if "NTP" in values else None,
+                     synchronized=(_parse_bool(values["NTPSynchronized"])
+                                   if "NTPSynchronized" in values else None),
+                     offset_s=offset, source=source, container=container.strip())

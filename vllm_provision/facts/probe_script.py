@@ -260,6 +260,58 @@ def connect_until(address, port, timeout_s, result):
                   elapsed_s=round(time.time() - start, 3))
 
 
+def net_speeds():
+    """/sys/class/net/<if>/speed text by interface (None when unreadable: link down)."""
+    speeds = {}
+    for path in sorted(glob.glob("/sys/class/net/*")):
+        speeds[os.path.basename(path)] = read_text(os.path.join(path, "speed"))
+    return speeds
+
+
+def infiniband():
+    """/sys/class/infiniband: fw_ver and each port's state, link_layer and rate (raw text)."""
+    devices = {}
+    for path in sorted(glob.glob("/sys/class/infiniband/*")):
+        ports = {}
+        for port in sorted(glob.glob(os.path.join(path, "ports", "*"))):
+            ports[os.path.basename(port)] = dict(
+                (name, (read_text(os.path.join(port, name)) or "").strip())
+                for name in ("state", "link_layer", "rate"))
+        devices[os.path.basename(path)] = {
+            "fw_ver": (read_text(os.path.join(path, "fw_ver")) or "").strip(), "ports": ports}
+    return devices
+
+
+def kernel_xid_lines():
+    """NVRM Xid lines of the kernel log of the last 24 hours (journalctl, else dmesg)."""
+    result = run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso",
+                  "--since", "-24h"], timeout=15)
+    if result["rc"] != 0:
+        result = run(["dmesg"], timeout=10)
+    lines = [line for line in result["stdout"].splitlines() if "NVRM: Xid" in line]
+    return {"rc": result["rc"], "stdout": "\n".join(lines[-50:]), "stderr": result["stderr"]}
+
+
+def fabric_manager():
+    """NVSwitch count and, where there are NVSwitches, nvidia-fabricmanager's unit state."""
+    try:
+        count = len(os.listdir("/proc/driver/nvidia-nvswitch/devices"))
+    except OSError:
+        count = 0
+    state = None
+    if count:
+        state = run(["systemctl", "show", "nvidia-fabricmanager.service",
+                     "-p", "LoadState", "-p", "ActiveState"], timeout=10)
+    return {"nvswitch_count": count, "unit": state}
+
+
+def clock_sync():
+    """``timedatectl show`` and, where chronyc exists, ``chronyc -n tracking``."""
+    return {"timedatectl": run(["timedatectl", "show"], timeout=10),
+            "chronyc": run(["chronyc", "-n", "tracking"], timeout=5),
+            "container": (read_text("/run/systemd/container") or "").strip()}
+
+
 def pids_in(text):
     return set(int(pid) for pid in re.findall(r"pid=([0-9]+)", text))
 
@@ -300,6 +352,9 @@ def main():
         spec = config["listen"]
         listener = Listener(spec["address"], int(spec["port"]), int(spec.get("expect", 1)),
                             float(spec.get("timeout_s", 10)))
+    # The other ports this node serves its peers (API, watchdog): same short-lived listeners.
+    listeners = [Listener(spec["address"], int(spec["port"]), int(spec.get("expect", 1)),
+                          float(spec.get("timeout_s", 10))) for spec in config.get("listens", [])]
     reach_threads = []
     for target in config.get("connect", []):
         result = {}
@@ -317,6 +372,9 @@ def main():
             "--format=csv,noheader,nounits"])
         if smi["query_gpu"]["rc"] == 127:
             return
+        smi["health"] = run(["nvidia-smi", "--query-gpu=" + config.get(
+            "health_fields", "index,memory.used,ecc.errors.uncorrected.aggregate.total,"
+            "persistence_mode,mig.mode.current"), "--format=csv,noheader,nounits"])
         smi["header"] = run(["nvidia-smi"])
         smi["compute_apps"] = run(["nvidia-smi", "--query-compute-apps=" + config.get(
             "apps_fields", "pid,process_name,used_memory,gpu_uuid"),
@@ -351,6 +409,14 @@ def main():
         "systemctl_version": run(["systemctl", "--version"]),
         "sshd_version": sshd_version(),
         "state": state_record(config.get("state_file", "")),
+        "net_speeds": net_speeds(),
+        "infiniband": infiniband(),
+        "modules": read_text("/proc/modules") or "",
+        "kernel_release": os.uname()[2],
+        "os_release": read_text("/etc/os-release") or read_text("/usr/lib/os-release") or "",
+        "xid": kernel_xid_lines(),
+        "fabric": fabric_manager(),
+        "clock": clock_sync(),
     }
     out.update(torch_runtime(bool(config.get("nccl_loaded")),
                              bool(config.get("torch_cuda_runtime"))))
@@ -369,6 +435,7 @@ def main():
         thread.join(float(target.get("timeout_s", 10)) + 2)
     out["reach"] = [result for _thread, result, _target in reach_threads if result]
     out["listener"] = listener.finish() if listener is not None else None
+    out["listeners"] = [item.finish() for item in listeners]
     out["errors"] = ERRORS
     out["elapsed_s"] = round(time.time() - started, 3)
     sys.stdout.write(json.dumps(out))

@@ -63,6 +63,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("ray", str, None, "ray version the venv reports (default: the base's real Ray, "
         "2.60.0 on bookworm and trixie, 2.51.2 on bullseye)"),
     Key("python", str, None, "Python version the venv reports (default: the guest's)"),
+    Key("ecc_gpus", str, "none", "GPU indexes (comma separated) with 2 uncorrectable ECC "
+        "errors in ecc.errors.uncorrected.aggregate.total, or none"),
+    Key("mig_gpus", str, "none", "GPU indexes (comma separated) with mig.mode.current "
+        "Enabled, or none"),
+    Key("persistence_off_gpus", str, "none", "GPU indexes (comma separated) with "
+        "persistence_mode Disabled, or none"),
     Key("load_s", float, 5.0, "stand-in vLLM: seconds to 'load weights' before serving"),
     Key("ttft_s", float, 0.05, "stand-in vLLM: seconds to the first token"),
     Key("token_s", float, 0.02, "stand-in vLLM: seconds between tokens"),

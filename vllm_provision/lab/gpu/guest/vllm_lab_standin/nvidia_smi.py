@@ -76,6 +76,16 @@ def memory_used_by_gpu(spec: dict) -> dict[int, int]:
     return used
 
 
+def faulty(spec: dict, key: str, index: int) -> bool:
+    """True when GPU ``index`` is listed in the spec's ``key`` (``"1,3"``; ``"none"``)."""
+    value = str(spec.get(key) or "none")
+    return str(index) in [part.strip() for part in value.split(",")]
+
+
+def _enabled(key: str, when_listed: str, otherwise: str):
+    return ("", lambda g, s, u: when_listed if faulty(s, key, g["index"]) else otherwise)
+
+
 # canonical field -> (header unit or "", value function(gpu, spec, units: bool))
 def _mib(key: str):
     return ("MiB", lambda g, s, u: f"{g[key]} MiB" if u else str(g[key]))
@@ -93,13 +103,13 @@ GPU_FIELDS = {
     "pci.bus": ("", lambda g, s, u: "0x" + g["bus_id"][9:11]),
     "pci.device_id": ("", lambda g, s, u: "0x233510DE"),
     "index": ("", lambda g, s, u: str(g["index"])),
-    "persistence_mode": ("", lambda g, s, u: "Enabled"),
+    "persistence_mode": _enabled("persistence_off_gpus", "Disabled", "Enabled"),
     "compute_mode": ("", lambda g, s, u: "Default"),
     "compute_cap": ("", lambda g, s, u: "9.0"),
     "pstate": ("", lambda g, s, u: "P0"),
     "vbios_version": ("", lambda g, s, u: "96.00.AF.00.01"),
-    "mig.mode.current": ("", lambda g, s, u: "Disabled"),
-    "mig.mode.pending": ("", lambda g, s, u: "Disabled"),
+    "mig.mode.current": _enabled("mig_gpus", "Enabled", "Disabled"),
+    "mig.mode.pending": _enabled("mig_gpus", "Enabled", "Disabled"),
     "driver_model.current": ("", lambda g, s, u: "[N/A]"),
     "memory.total": _mib("total"),
     "memory.used": _mib("used"),
@@ -112,7 +122,9 @@ GPU_FIELDS = {
     "power.limit": ("W", lambda g, s, u: "700.00 W" if u else "700.00"),
     "clocks.sm": ("MHz", lambda g, s, u: "345 MHz" if u else "345"),
     "clocks.max.sm": ("MHz", lambda g, s, u: "1980 MHz" if u else "1980"),
-    "ecc.errors.uncorrected.volatile.total": ("", lambda g, s, u: "0"),
+    "ecc.errors.uncorrected.volatile.total": _enabled("ecc_gpus", "2", "0"),
+    "ecc.errors.uncorrected.aggregate.total": _enabled("ecc_gpus", "2", "0"),
+    "ecc.errors.corrected.aggregate.total": ("", lambda g, s, u: "0"),
 }
 GPU_ALIASES = {
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
@@ -243,11 +255,14 @@ def table_output(spec: dict, chosen: list[dict]) -> str:
              "|" + bar[1:-1].replace("-", "=") + "|"]
     for gpu in chosen:
         memory = f"{gpu['used']}MiB / {gpu['total']}MiB"
-        lines += [f"| {gpu['index']:>3}  {gpu['name'][:30]:<31}On  |   {gpu['bus_id']} Off |"
-                  f"{'0':>21} |",
+        persistence = "Off" if faulty(spec, "persistence_off_gpus", gpu["index"]) else "On"
+        ecc = "2" if faulty(spec, "ecc_gpus", gpu["index"]) else "0"
+        mig = "Enabled" if faulty(spec, "mig_gpus", gpu["index"]) else "Disabled"
+        lines += [f"| {gpu['index']:>3}  {gpu['name'][:30]:<31}{persistence:<4}|   "
+                  f"{gpu['bus_id']} Off |{ecc:>21} |",
                   f"| N/A   31C    P0             76W /  700W | {memory:>22} |"
                   "      0%      Default |",
-                  "|" + " " * 41 + "|" + " " * 24 + "|" + f"{'Disabled':>21} |",
+                  "|" + " " * 41 + "|" + " " * 24 + "|" + f"{mig:>21} |",
                   bar]
     lines += ["", "+" + "-" * 89 + "+", row(" Processes:"),
               row("  GPU   GI   CI              PID   Type   Process name"
