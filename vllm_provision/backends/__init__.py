@@ -182,8 +182,20 @@ def _load() -> dict[str, Backend]:
         for builtin in (MpBackend(), RayBackend()):
             _REGISTRY.setdefault(builtin.name, builtin)
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            loaded = entry.load()
-            register(loaded() if isinstance(loaded, type) else loaded)
+            try:
+                loaded = entry.load()
+                backend = loaded() if isinstance(loaded, type) else loaded
+            except Exception as exc:  # a plug-in's import error, reported with its name
+                raise ProvisionError.single(
+                    f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP})",
+                    f"the backend cannot be loaded: {type(exc).__name__}: {exc}",
+                    fix="fix or uninstall the distribution that declares it") from None
+            if not isinstance(backend, Backend):
+                raise ProvisionError.single(
+                    f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP})",
+                    "it names no Backend", expected="a subclass or instance of "
+                    "vllm_provision.backends.Backend", actual=type(backend).__name__)
+            register(backend)
     return _REGISTRY
 
 
@@ -206,8 +218,7 @@ def register(backend: Backend) -> Backend:
 
 
 def unregister(name: str) -> None:
-    """Remove the backend ``name`` (a no-op when absent); the built-ins come back on the next
-    look-up only if they were never removed."""
+    """Remove the backend ``name`` from the registry (a no-op when absent)."""
     _load().pop(name, None)
 
 
