@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-Backend = Literal["mp", "ray"]
+if TYPE_CHECKING:
+    from vllm_provision.backends import Backend
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ class Replica:
 
     Attributes:
         name: the group name.
-        backend: ``mp`` (vLLM multi-node multiprocessing) or ``ray``.
+        backend: the registered backend's name: ``mp`` (vLLM multi-node multiprocessing),
+            ``ray`` or another one (:mod:`vllm_provision.backends`).
         nodes: ordered by rank; ``nodes[0]`` is rank 0.
         engine: the shared engine arguments.
         vars: the replica group's merged vars (for roles), read-only.
@@ -119,11 +121,19 @@ class Replica:
     """
 
     name: str
-    backend: Backend
+    backend: str
     nodes: tuple[Node, ...]
     engine: EngineArgs
     vars: Mapping[str, Any] = field(default_factory=dict)
     backend_reason: str = ""
+
+    @property
+    def backend_type(self) -> Backend:
+        """The :class:`~vllm_provision.backends.Backend` named by ``backend`` (units, ports,
+        watchdog plan, checks); templates read it as ``replica.backend_type``."""
+        from vllm_provision import backends
+
+        return backends.get(self.backend)
 
     @property
     def master(self) -> Node:

@@ -11,9 +11,11 @@ import difflib
 import functools
 import ipaddress
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from vllm_provision import backends
 
 Scope = Literal["host", "replica"]
 
@@ -114,7 +116,8 @@ class Variable:
             disagree); ``host``: may differ per host.
         secret: the value is never printed (masked as ``********``).
         required: a replica cannot be built without it.
-        choices: allowed values for a ``str`` variable.
+        choices: allowed values for a ``str`` variable (``vllm_backend``: the registered
+            backends, read when checked).
         minimum: smallest allowed ``int`` (ports: 1; sizes and counts: 1; ranks: 0).
         maximum: largest allowed ``int`` (ports: 65535).
         check: extra rule on a value of the right type; returns what is expected, or None if fine.
@@ -129,7 +132,7 @@ class Variable:
     scope: Scope = "replica"
     secret: bool = False
     required: bool = False
-    choices: tuple[str, ...] = ()
+    choices: Sequence[str] = ()
     minimum: int | None = None
     maximum: int | None = None
     check: Callable[[Any], str | None] | None = None
@@ -185,7 +188,7 @@ _TABLE: tuple[Variable, ...] = (
     # The replica and its nodes.
     Variable("vllm_backend", str, None, "Executor backend: vLLM multi-node multiprocessing "
              "(`mp`) or a Ray cluster (`ray`). Unset: vLLM's own default rule picks it (`mp`; "
-             "see \"Backend default\").", "mp", choices=("mp", "ray")),
+             "see \"Backend default\").", "mp", choices=backends.Names()),
     Variable("vllm_node_rank", int, None, "This node's rank in its replica, 0..N-1; 0 is the "
              "master (mp) or Ray head. May be omitted on a single-host replica.", "0",
              scope="host", minimum=0),

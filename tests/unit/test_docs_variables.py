@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from vllm_provision import variables
-from vllm_provision.inventory.replicas import SYNTHETIC_GROUPS
+from vllm_provision.inventory.replicas import synthetic_groups
 from vllm_provision.modules import find_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {**{n: v.default for n, v in variables.VARIABLES.item
 
 def _known_name(name: str) -> bool:
     return (name in DEFAULTS or name in PACKAGES or (ROLES / name).is_dir()
-            or name in SYNTHETIC_GROUPS or name == "vllm_replicas"
+            or name in synthetic_groups() or name == "vllm_replicas"
             or find_module(name) is not None)
 
 

@@ -29,11 +29,7 @@ def settings(replica: Replica) -> dict[str, Any]:
 
 
 def _units_of(replica: Replica, node: Node) -> list[str]:
-    values = settings(replica)
-    if replica.backend == "mp":
-        return [values["vllm_unit_name"]]
-    units = [values["ray_head_unit_name"] if node.rank == 0 else values["ray_worker_unit_name"]]
-    return units + ([values["vllm_unit_name"]] if node.rank == 0 else [])
+    return replica.backend_type.node_units(replica, node, settings(replica))
 
 
 def _replica_of(node: Node, inventory: Any) -> Replica:
@@ -53,8 +49,7 @@ def test_units_are_enabled_and_running(node: Node, verify_inventory: Any, connec
 def test_environment_file_is_root_only(node: Node, verify_inventory: Any, connect: Any) -> None:
     replica = _replica_of(node, verify_inventory)
     values = settings(replica)
-    path = values["vllm_env_file"] if (replica.backend == "mp" or node.rank == 0) \
-        else values["ray_env_file"]
+    path = values[replica.backend_type.env_file_variable(node)]
     env_file = connect(node.host).file(path)
     assert env_file.exists and env_file.user == "root" and env_file.mode == 0o600
     assert re.search(rf'^VLLM_HOST_IP="?{re.escape(node.host_ip)}"?$', env_file.content_string,

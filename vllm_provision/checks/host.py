@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vllm_provision import backends
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.models import Node
@@ -68,7 +69,7 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts,
 
 
 def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Finding]:
-    """The venv exists and holds vLLM (and Ray for the Ray backend).
+    """The venv exists and holds the backend's packages (vLLM, and Ray for the Ray backend).
 
     Source: gpustack #2415 (Ray workers without vLLM in their Python: ``No module named
     'vllm'``); vLLM's requirements/cuda.txt (Ray is no longer a vLLM dependency since ~0.18).
@@ -81,7 +82,7 @@ def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Fi
             fix=f"create the venv {venv} with vLLM on {node.name} (or set vllm_venv)",
             source="gpustack #2415"))
         return findings
-    wanted = ["vllm"] + (["ray"] if backend == "ray" else [])
+    wanted = list(backends.get(backend).packages)
     for package in wanted:
         if facts.packages.get(package):
             findings.append(Finding("host.venv", Severity.OK, node.name, f"{package} in {venv}",

@@ -166,7 +166,7 @@ def check_parity(replica: Replica, facts: Mapping[str, HostFacts],
     findings: list[Finding] = []
     for item in ITEMS:
         severity = _severity(policy, item.key)
-        if severity is None or (item.ray_only and replica.backend != "ray"):
+        if severity is None or (item.ray_only and not replica.backend_type.ray_cluster):
             continue
         if item.key == "driver_patch":
             branches = {_driver_branch(facts[n.name]) for n in nodes}
@@ -223,7 +223,7 @@ def check_pins(replica: Replica, facts: Mapping[str, HostFacts],
     findings = []
     for variable, (label, package, read) in PINS.items():
         want = pins.get(variable)
-        if not want or (variable == "ray_version" and replica.backend != "ray"):
+        if not want or (variable == "ray_version" and not replica.backend_type.ray_cluster):
             continue
         for node in replica.nodes:
             if node.name not in facts:

@@ -215,7 +215,7 @@ def check_placement(replica: Replica, nodes: Mapping[str, Bundle],
         custom_bundles: ``ray_placement_bundles`` from the inventory, or None.
         custom_strategy: ``ray_placement_strategy`` (default PACK).
     """
-    if replica.backend != "ray":
+    if not replica.backend_type.ray_cluster:
         return []
     findings = []
     shapes: list[tuple[str, list[dict[str, float]], str]] = [(

@@ -20,14 +20,13 @@ from vllm_provision.checks import (
     network,
     ownership,
     parity,
-    placement,
     platform,
     topology,
 )
 from vllm_provision.checks import host as host_checks
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.errors import ProvisionError
-from vllm_provision.facts.gather import ProbeOptions, host_var, reach_port
+from vllm_provision.facts.gather import ProbeOptions, host_var
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.models import Inventory, Replica
 
@@ -144,15 +143,7 @@ def is_skipped(check: str, skip: Iterable[str]) -> bool:
 
 
 def _ports(replica: Replica, rank: int) -> list[tuple[int, str]]:
-    if rank != 0:
-        return []
-    ports = [(replica.engine.api_port, "API port")]
-    if replica.backend == "mp":
-        ports.append((replica.engine.master_port, "master port"))
-    else:
-        ports.append((reach_port(replica), "Ray GCS port"))
-        ports.extend(network.RAY_HEAD_EXTRA_PORTS)
-    return ports
+    return replica.backend_type.listen_ports(replica, rank)
 
 
 def device_counts(facts: Mapping[str, HostFacts], device: str) -> dict[str, int]:
@@ -179,18 +170,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
     device = str(replica.vars.get("vllm_device") or "cuda")
     gpu_counts = device_counts(facts, device)
     findings = topology.check_topology(replica, gpu_counts)
-    if replica.backend == "ray":
-        resources = {}
-        for node in replica.nodes:
-            if node.name not in facts:
-                continue
-            declared = node.host.vars.get("ray_num_gpus")
-            resources[node.name] = placement.node_resources(
-                int(declared) if declared is not None else len(facts[node.name].gpus),
-                node.host_ip, facts[node.name].cpu_count)
-        if len(resources) == replica.nnodes:
-            findings += placement.check_placement(replica, resources, settings.placement_bundles,
-                                                  settings.placement_strategy)
+    findings += replica.backend_type.check_replica(replica, facts, settings)
     findings += parity.check_parity(replica, facts, settings.parity)
     pins = {name: replica.vars.get(name) for name in parity.PINS}
     findings += parity.check_pins(replica, facts, pins)
@@ -198,9 +178,9 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
     interface = replica.vars.get("vllm_cluster_interface")
     findings += network.check_host_ip_unique(replica)
     findings += network.check_routes(replica, facts, interface)
-    findings += network.check_reachability(
-        replica, facts, reach_port(replica),
-        "master port" if replica.backend == "mp" else "Ray GCS port")
+    meeting = replica.backend_type.rendezvous(replica)
+    if meeting is not None:
+        findings += network.check_reachability(replica, facts, *meeting)
     findings += fabric.check_mtu(replica, facts, interface)
     findings += fabric.check_rdma(replica, facts)
     findings += fabric.check_peer_reach(replica, facts)

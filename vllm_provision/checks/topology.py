@@ -274,13 +274,10 @@ def check_backend_args(replica: Replica) -> list[Finding]:
                   "--headless", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp")
     for flag in controlled:
         if any(word == flag or word.startswith(flag + "=") for word in args):
-            text = (NNODES_BACKEND_ERROR if replica.backend == "ray" and flag in ("--nnodes", "-n")
-                    else f"{flag} is rendered from the inventory")
+            expected, text = replica.backend_type.flag_finding(flag)
             findings.append(Finding(
                 "topology.backend", Severity.ERROR, "*", f"{flag} in vllm_extra_args",
-                expected="not set by hand" if replica.backend == "mp" else
-                         "no --nnodes with the ray backend",
-                actual=text,
+                expected=expected, actual=text,
                 fix=f"remove {flag} from vllm_extra_args; the inventory's ranks and sizes "
                     "give it",
                 source="vllm/config/parallel.py"))
@@ -289,8 +286,7 @@ def check_backend_args(replica: Replica) -> list[Finding]:
             "topology.backend", Severity.OK, "*", "executor backend",
             expected="explicit" if not replica.backend_reason else
                      "explicit in the unit (vLLM's default rule chose it)",
-            actual=f"--distributed-executor-backend {replica.backend}"
-            + (f" --nnodes {replica.nnodes}" if replica.backend == "mp" else "")))
+            actual=" ".join(replica.backend_type.rendered_flags(replica))))
     return findings
 
 

@@ -44,7 +44,6 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     ``verdict`` (never ``serving`` when a node is unreachable).
     """
     from vllm_provision.connection import UnreachableError
-    from vllm_provision.modules.ray_wait_cluster import read_head_snapshot
     from vllm_provision.modules.vllm_wait_ready import replica_units
     from vllm_provision.recovery_status import node_command, parse_node, replica_whole
     from vllm_provision.verify import Endpoint, parse_show, show_command, verdict
@@ -86,24 +85,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
                              "age_s": (None if r.watchdog_age_s is None
                                        else round(r.watchdog_age_s, 1))}
                       for host, r in recovery.items()}}
-    head_unit = str(vars_.get("ray_head_unit_name", "ray-head.service"))
-    head_active = any(s.host == replica.master.name and s.unit == head_unit
-                      and s.active_state == "active" for s in states)
-    if replica.backend == "ray" and replica.master.name in lost:
-        info["ray"] = {"error": lost[replica.master.name]}
-    elif replica.backend == "ray" and not head_active:
-        # ray.init() against a head that is not running retries for minutes (GCS reconnect
-        # timeout); there is no cluster to ask.
-        info["ray"] = {"error": f"{head_unit} is not active on {replica.master.name}"}
-    elif replica.backend == "ray":
-        try:
-            snapshot, error = read_head_snapshot(connections[replica.master.name], replica,
-                                                 vars_)
-        except UnreachableError as exc:  # lost after its units were read: say so, keep them
-            lost[replica.master.name] = error = one_line(exc)
-            snapshot = None
-        info["ray"] = ({"nodes": snapshot.alive_ips, "gpus": snapshot.total.get("GPU", 0)}
-                       if snapshot else {"error": error or "no answer"})
+    info.update(replica.backend_type.status_view(replica, states, lost, connections, vars_))
     ray_alive = len(info["ray"].get("nodes", [])) if "nodes" in info.get("ray", {}) else None
     info["whole"] = False if lost else replica_whole(
         recovery, ray_alive, replica.nnodes if ray_alive is not None else None)

@@ -79,11 +79,11 @@ def host_var(host: Host, name: str) -> Any:
     return variables.defaults().get(name)
 
 
-def reach_port(replica: Replica) -> int:
-    """The port every follower must reach on rank 0: master_port (mp) or ray_port (Ray)."""
-    if replica.backend == "ray":
-        return int(host_var(replica.master.host, "ray_port"))
-    return replica.engine.master_port
+def reach_port(replica: Replica) -> int | None:
+    """The port every follower must reach on rank 0 (mp: master_port, Ray: ray_port; the
+    backend's :meth:`~vllm_provision.backends.Backend.rendezvous`), or None."""
+    meeting = replica.backend_type.rendezvous(replica)
+    return meeting[0] if meeting else None
 
 
 def peer_ports(replica: Replica) -> dict[str, list[tuple[int, str]]]:
@@ -130,8 +130,8 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
     me = next(node for node in replica.nodes if node.name == host.name)
     config["peers"] = [node.host_ip for node in replica.nodes if node.name != host.name]
     config["model_path"] = replica.engine.model if replica.engine.model.startswith("/") else ""
-    if options.reachability and replica.nnodes > 1:
-        port = reach_port(replica)
+    port = reach_port(replica)
+    if options.reachability and replica.nnodes > 1 and port is not None:
         if me.rank == 0:
             config["listen"] = {"address": me.host_ip, "port": port,
                                 "expect": replica.nnodes - 1,

@@ -8,7 +8,7 @@ from typing import Any
 
 from vllm_provision.inventory import aliases
 from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars, plain
-from vllm_provision.inventory.replicas import REPLICAS_GROUP, SYNTHETIC_GROUPS, build_replicas
+from vllm_provision.inventory.replicas import REPLICAS_GROUP, build_replicas, synthetic_groups
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.sources import read_inventory, vars_base
 from vllm_provision.inventory.tree import Tree
@@ -57,9 +57,10 @@ def _group_merged_vars(tree: Tree, name: str,
 
 
 def _synthetic_groups(replicas: tuple[Replica, ...], hosts: Mapping[str, Host]) -> dict[str, Group]:
-    """``vllm_master`` (rank 0 of each replica), ``vllm_followers`` (ranks > 0), ``vllm_mp`` and
-    ``vllm_ray`` (nodes of replicas with that backend); hosts in inventory order."""
-    members: dict[str, set[str]] = {name: set() for name in SYNTHETIC_GROUPS}
+    """``vllm_master`` (rank 0 of each replica), ``vllm_followers`` (ranks > 0) and one
+    ``vllm_<backend>`` per registered backend (``vllm_mp``, ``vllm_ray``: nodes of replicas with
+    that backend); hosts in inventory order."""
+    members: dict[str, set[str]] = {name: set() for name in synthetic_groups()}
     for replica in replicas:
         members["vllm_master"].add(replica.master.name)
         members["vllm_followers"].update(node.name for node in replica.followers)
@@ -96,11 +97,11 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     if tree is None:
         problems.raise_if_any()
     assert tree is not None
-    for name in SYNTHETIC_GROUPS:
+    for name in synthetic_groups():
         if name in tree.groups:
             problems.add(f"{tree.file}: " + ".".join(map(str, tree.groups[name].key)),
                          f"the group name {name!r} is reserved: provision adds it itself",
-                         fix=f"rename the group; {', '.join(SYNTHETIC_GROUPS)} are derived from "
+                         fix=f"rename the group; {', '.join(synthetic_groups())} are derived from "
                              "the replicas")
     base = vars_base(path)
     raw_groups = read_vars_dir(base / "group_vars", tree.groups, problems, kind="group")
@@ -141,7 +142,7 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     groups.update(synthetic)
     final_hosts: dict[str, Host] = {}
     for name, host in hosts.items():
-        extra_groups = tuple(g for g in SYNTHETIC_GROUPS if name in synthetic[g].hosts)
+        extra_groups = tuple(g for g in synthetic_groups() if name in synthetic[g].hosts)
         final_hosts[name] = _with_groups(host, host.groups + extra_groups)
     replicas = tuple(_rebind(replica, final_hosts) for replica in replicas)
     return Inventory(path=path, hosts=final_hosts, groups=groups, replicas=replicas,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision import kinds, variables
+from vllm_provision import backends, kinds, variables
 from vllm_provision.checks import topology
 from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Origin, Problems, Setting
@@ -15,7 +16,10 @@ from vllm_provision.inventory.values import show
 from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 REPLICAS_GROUP = "vllm_replicas"
-SYNTHETIC_GROUPS = ("vllm_master", "vllm_followers", "vllm_mp", "vllm_ray")
+def synthetic_groups() -> tuple[str, ...]:
+    """The groups the loader adds: ``vllm_master``, ``vllm_followers`` and ``vllm_<backend>``
+    for every registered backend (:mod:`vllm_provision.backends`)."""
+    return ("vllm_master", "vllm_followers", *(f"vllm_{name}" for name in backends.names()))
 
 # Options we render ourselves from the backend and node rank. vLLM rejects nnodes > 1 with the
 # ray backend ("nnodes > 1 can only be set when distributed executor backend is mp, uni or
@@ -121,9 +125,8 @@ def _check_extra_args(args: list[str], origin: Origin | None, backend: Any,
                          fix=f"remove {option} and its value from vllm_extra_args and set "
                              f"{variable} instead")
         elif normalized in RENDERED_OPTIONS:
-            ray_note = (" With vllm_backend: ray, vLLM rejects --nnodes > 1 (\"nnodes > 1 can "
-                        "only be set when distributed executor backend is mp\", "
-                        "vllm/config/parallel.py)." if backend == "ray" else "")
+            chosen = backends.find(backend)
+            ray_note = chosen.extra_args_note() if chosen else ""
             problems.add(place, f"vllm_extra_args must not contain {option}: we render it "
                          f"ourselves ({RENDERED_OPTIONS[normalized]}).{ray_note}",
                          actual=repr(word), fix=f"remove {word!r} from vllm_extra_args")
@@ -181,10 +184,9 @@ def _check_conflicts(replica: str, members: list[str],
     for host in members:
         values = settings[host]
         others = {"vllm_watchdog_port": _value(values, "vllm_watchdog_port")}
-        if backend == "ray":
-            others["ray_port"] = _value(values, "ray_port")
-        else:
-            others["vllm_master_port"] = agreed.get("vllm_master_port")
+        # unset: vLLM's default rule gives mp (checks.topology.backend_choice)
+        chosen = backends.find(backend) or backends.get("mp")
+        others.update(chosen.other_ports(agreed, functools.partial(_value, values)))
         for other, port in others.items():
             if isinstance(api_port, int) and port == api_port:
                 setting = values.get(other) or values.get("vllm_api_port")

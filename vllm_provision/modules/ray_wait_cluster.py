@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_provision import backends
 from vllm_provision.connection import Connection
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Replica
@@ -241,7 +242,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """
     values = ARGUMENT_SPEC.validate(args)
     replica = ctx.replica
-    if replica is None or replica.backend != "ray":
+    if replica is None or not backends.of(replica).ray_cluster:
         return ModuleResult(Status.SKIPPED, "not a node of a Ray replica")
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, "check mode: the Ray cluster is not queried")

@@ -16,12 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import Problem
 from vllm_provision.models import Replica
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.modules.ray_wait_cluster import pending_placement_problem, read_snapshot
 from vllm_provision.results import Status
 from vllm_provision.verify import (
     Endpoint,
@@ -42,18 +40,13 @@ ARGUMENT_SPEC = ArgumentSpec("vllm_wait_ready", (
 
 
 def replica_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Host name -> the units of ours on it, in start order.
+    """Host name -> the units of ours on it, in start order (the backend's
+    :meth:`~vllm_provision.backends.Backend.replica_units`).
 
     mp: every node runs ``vllm_unit_name``. Ray: the head runs ``ray_head_unit_name`` and
     ``vllm_unit_name``; every other node ``ray_worker_unit_name``.
     """
-    vllm_unit = str(vars_.get("vllm_unit_name", "vllm.service"))
-    if replica.backend == "mp":
-        return {node.name: [vllm_unit] for node in replica.nodes}
-    head = str(vars_.get("ray_head_unit_name", "ray-head.service"))
-    worker = str(vars_.get("ray_worker_unit_name", "ray-worker.service"))
-    return {node.name: ([head, vllm_unit] if node.rank == 0 else [worker])
-            for node in replica.nodes}
+    return replica.backend_type.replica_units(replica, vars_)
 
 
 def observe_units(ctx: ModuleContext, replica: Replica) -> Observation:
@@ -102,18 +95,13 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     timeout_s = float(values["timeout_s"] or ctx.vars.get("vllm_ready_timeout_s", 1800))
     model = served_model(replica)
 
-    def ray_check() -> Problem | None:
-        snapshot, _ = read_snapshot(ctx, replica)
-        return pending_placement_problem(snapshot, f"{replica.name}: placement") \
-            if snapshot is not None else None
-
     ready = wait_ready(
         observe=lambda: observe_units(ctx, replica),
         journal=lambda state: read_journal(ctx, replica, state),
         endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
         vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
         poll_s=values["poll_s"],
-        extra_check=ray_check if replica.backend == "ray" else None)
+        extra_check=replica.backend_type.ready_check(ctx, replica))
     if ready.already_serving:
         message = "already serving"
     elif ready.start_to_serving_s is None:

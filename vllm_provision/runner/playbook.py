@@ -3,7 +3,10 @@
 Layout (Ansible's, docs "Roles", playbooks_reuse_roles.rst): ``roles/<name>/defaults/main.yml``,
 ``tasks/main.yml``, ``handlers/main.yml``, ``templates/``. Roles are looked up in the playbook
 folder's sibling ``roles/`` (``playbooks/../roles``), then beside the playbook, then in every
-``--roles-path`` folder.
+``--roles-path`` folder, then in each registered backend's ``roles_dir``.
+
+A backend's role may hold ``plays/<phase>.yml``: a play ``{name: ..., backend_plays: <phase>}``
+is replaced by those plays of every registered backend (:func:`_backend_plays`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from vllm_provision import backends
 from vllm_provision.errors import ProvisionError
 from vllm_provision.modules import BUILTIN_MODULES, find_module
 
@@ -27,6 +31,9 @@ HANDLER_KEYS = TASK_KEYS | {"listen", "scope", "order"}
 PLAY_KEYS = frozenset({"name", "hosts", "serial", "vars", "roles", "tasks", "handlers",
                        "any_errors_fatal", "fatal_scope", "gather_facts", "tags"})
 ROLE_ENTRY_KEYS = frozenset({"role", "when", "tags"})
+# A play ``{name: ..., backend_plays: <phase>}`` stands for every backend's plays of that phase.
+BACKEND_PLAYS_KEY = "backend_plays"
+BACKEND_PLAY_HOSTS = ("vllm_replicas", "vllm_master", "vllm_followers")
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,50 @@ def load_playbook(path: Path, roles_paths: Sequence[Path] = ()) -> list[Play]:
         raise _error(str(path), "a playbook is a non-empty list of plays",
                      actual=type(data).__name__)
     search = roles_search_path(path, roles_paths)
-    plays = [_load_play(raw, f"{path}: play[{index}]", path, search)
-             for index, raw in enumerate(data)]
+    search += [b.roles_dir for b in map(backends.get, backends.names())
+               if b.roles_dir is not None and b.roles_dir not in search]
+    plays: list[Play] = []
+    for index, raw in enumerate(data):
+        where = f"{path}: play[{index}]"
+        if isinstance(raw, Mapping) and BACKEND_PLAYS_KEY in raw:
+            plays.extend(_backend_plays(raw, where, path, search))
+        else:
+            plays.append(_load_play(raw, where, path, search))
+    return plays
+
+
+def _backend_plays(raw: Mapping[str, Any], where: str, playbook: Path,
+                   search: list[Path]) -> list[Play]:
+    """Expand ``{name: ..., backend_plays: <phase>}`` into every registered backend's plays for
+    that phase (``<backend role>/plays/<phase>.yml``, vllm_provision/backends), in registry
+    order, each limited to the nodes of that backend's replicas: ``hosts: vllm_replicas`` becomes
+    ``vllm_<backend>``, ``vllm_master`` becomes ``vllm_<backend>:&vllm_master`` (and
+    ``vllm_followers`` likewise)."""
+    _check_keys(raw, frozenset({"name", BACKEND_PLAYS_KEY}), where, "backend plays")
+    phase = raw[BACKEND_PLAYS_KEY]
+    if phase not in backends.PHASES:
+        raise _error(f"{where}.{BACKEND_PLAYS_KEY}", "unknown phase",
+                     expected="one of " + ", ".join(backends.PHASES), actual=repr(phase))
+    plays: list[Play] = []
+    for name in backends.names():
+        backend = backends.get(name)
+        role_dir = _find_role(backend.role, search, f"{where}: backend {name}")
+        path = backend.plays_file(phase, role_dir)
+        if path is None:
+            continue
+        data = _optional_list(path)
+        for index, play in enumerate(data):
+            play_where = f"{path}: play[{index}]"
+            if not isinstance(play, Mapping):
+                raise _error(play_where, "a play is a mapping", actual=type(play).__name__)
+            hosts = play.get("hosts")
+            if hosts not in BACKEND_PLAY_HOSTS:
+                raise _error(f"{play_where}.hosts", "a backend's play runs on one group of its "
+                             "replicas", expected="one of " + ", ".join(BACKEND_PLAY_HOSTS),
+                             actual=repr(hosts))
+            group = f"vllm_{name}"
+            limited = group if hosts == "vllm_replicas" else f"{group}:&{hosts}"
+            plays.append(_load_play({**play, "hosts": limited}, play_where, playbook, search))
     return plays
 
 

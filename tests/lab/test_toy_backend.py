@@ -1,0 +1,76 @@
+"""A third backend added from outside the package deploys on the lab: the extension point is real.
+
+The toy backend (tests/data/backends: one class, one role) is registered the way a plug-in
+distribution would: through the ``vllm_provision.backends`` entry-point group of a distribution
+on the path of the ``provision`` process. ``up`` then installs and starts its stub unit on both
+lab hosts, and ``down`` stops and disables it; the hosts are read over the lab's SSH.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+PROVISION = str(Path(sys.executable).parent / "provision")
+BACKENDS = Path(__file__).resolve().parents[1] / "data" / "backends"
+UNIT = "toy-stub.service"
+PORT = 18080
+
+
+def _plugin_path(root: Path) -> Path:
+    """A distribution's metadata naming the toy backend in the entry-point group."""
+    info = root / "toy_backend_plugin-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend-plugin\n"
+                                   "Version: 0\n")
+    (info / "entry_points.txt").write_text("[vllm_provision.backends]\n"
+                                           "toy = toy_backend:ToyBackend\n")
+    return root
+
+
+def _provision(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PROVISION, *args], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def toy(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The lab's two hosts as one toy replica, and the environment that registers the toy."""
+    root = tmp_path_factory.mktemp("toy")
+    doc = yaml.safe_load(lab.inventory_path("mp").read_text())
+    replica = doc["all"]["children"]["vllm_replicas"]["children"]["lab"]
+    replica["vars"]["vllm_backend"] = "toy"
+    inventory = root / "toy.yml"
+    inventory.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(_plugin_path(root / "plugin")), str(BACKENDS), os.environ.get("PYTHONPATH", "")])}
+    for backend in ("mp", "ray"):  # nothing of another backend runs on the hosts
+        _provision(env, "down", "-i", str(lab.inventory_path(backend)), "--purge")
+    yield {"inventory": str(inventory), "env": env}
+    _provision(env, "down", "-i", str(inventory))
+
+
+def test_toy_backend_deploys_its_units_and_takes_them_down(toy: dict[str, Any], lab: Any,
+                                                           lab_host: Any) -> None:
+    up = _provision(toy["env"], "up", "-i", toy["inventory"])
+    assert up.returncode == 0, up.stdout + up.stderr
+    for node in lab.hosts[:2]:
+        host = lab_host(node.name)
+        service = host.service(UNIT)
+        assert service.is_running and service.is_enabled, f"{node.name}: {UNIT} not up"
+        assert host.socket(f"tcp://{node.address}:{PORT}").is_listening
+        assert not host.service("vllm.service").is_running  # no unit of another backend
+    down = _provision(toy["env"], "down", "-i", toy["inventory"])
+    assert down.returncode == 0, down.stdout + down.stderr
+    for node in lab.hosts[:2]:
+        service = lab_host(node.name).service(UNIT)
+        assert not service.is_running and not service.is_enabled, f"{node.name}: {UNIT} still up"
