@@ -89,7 +89,9 @@ def sources(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     found = {"ini": write_ini(lab, root / "hosts"),
              "dir": write_directory(lab, root / "inventory")}
     yield found
-    done = provision("down", "-i", str(found["ini"]), "--purge")
+    done = provision("down", "-i", str(found["dir"]), "--purge")
+    if done.returncode != 0:  # the directory's up did not run: the INI file owns the hosts
+        done = provision("down", "-i", str(found["ini"]), "--purge")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -117,6 +119,9 @@ def test_up_from_ini_inventory_serves(sources: dict[str, Path], lab_host: Any) -
 
 def test_up_from_inventory_directory_serves_the_same_replica(sources: dict[str, Path],
                                                              lab_host: Any) -> None:
-    run = provision("up", "-i", str(sources["dir"]))
+    # the INI file deployed the hosts: another inventory is refused without --take-over
+    refused = provision("up", "-i", str(sources["dir"]))
+    assert refused.returncode == 1 and "--take-over" in refused.stdout + refused.stderr
+    run = provision("up", "-i", str(sources["dir"]), "--take-over")
     _assert_served(run, sources["dir"], lab_host)
     assert "deprecated" not in run.stderr

@@ -53,6 +53,15 @@ def test_own_hosts_unrecorded_hosts_and_hosts_of_a_down_replica_pass(tmp_path: P
     assert "free" in check_ownership(replica, {"h1": down}, mine)[0].actual
     # a record without started units (older records) is taken as running: refused
     assert conflict(replica, "h1", owner("/other/inv.yml", "lab", {}), mine) is not None
+    # the owner's vLLM is stopped; the shared watchdog unit runs, but a later run started it
+    # (another InvocationID): that is not the owner's process, so the host is free
+    restarted = {"vllm.service": STOPPED["vllm.service"],
+                 "vllm-watchdog.service": UnitStart("vllm-watchdog.service", "inv-2", {},
+                                                    "active", "inv-9")}
+    assert conflict(replica, "h1", owner("/other/inv.yml", "lab", restarted), mine) is None
+    still = {**restarted, "vllm-watchdog.service": UnitStart("vllm-watchdog.service", "inv-2",
+                                                             {}, "active", "inv-2")}
+    assert conflict(replica, "h1", owner("/other/inv.yml", "lab", still), mine) is not None
 
 
 def test_the_identity_resolves_symlinks_and_relative_paths(tmp_path: Path,

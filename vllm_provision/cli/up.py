@@ -83,7 +83,11 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         for entry in replicas:
             if "start_to_serving_s" in entry:
                 measured[entry["name"]] = entry["start_to_serving_s"]
-        if (name == "up" and not opts.check and not opts.limit and "completion" in extra
+        # a verified up (a completion answered, or no replica has an API to verify) records
+        # who owns the hosts now; without it the previous owner's record would stay
+        verified = "completion" in extra or not any(
+            r.backend_type.serves_openai for r in inventory.replicas)
+        if (name == "up" and not opts.check and not opts.limit and verified
                 and not any(r.failed for r in outcome.results)):
             extra.update(_record_good_up(inventory, runner, factory, measured, started_at))
         if opts.check:

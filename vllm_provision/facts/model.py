@@ -311,12 +311,17 @@ class HostOwner:
 
     @property
     def running(self) -> bool:
-        """True while the owner's replica runs here: a unit it started is active, activating
-        or reloading now (a record without started units counts as running). After
-        ``provision down`` the host is free (docs/deploy.md, "Who owns a host")."""
+        """True while the owner's replica runs here: a process it started still runs, that is a
+        unit it started is active, activating or reloading now with the InvocationID the record
+        saw (a record without started units counts as running). A unit of the same name that a
+        later run started (the shared watchdog unit, say) is another run's process, not the
+        owner's. After ``provision down`` the host is free (docs/deploy.md, "Who owns a
+        host")."""
         if not self.started:
             return True
-        return any(start.active_now in RUNNING_STATES for start in self.started.values())
+        return any(start.active_now in RUNNING_STATES and bool(start.invocation)
+                   and start.invocation_now == start.invocation
+                   for start in self.started.values())
 
 
 @dataclass(frozen=True)
