@@ -166,9 +166,11 @@ class Replica:
             # Read the invocation first: a completion served by the old group just before the
             # watchdog restarted rank 0 does not count as recovered.
             current = self.invocation() if new_group else ""
+            # the sample's time is when /health answered: a completion that then hangs until
+            # its timeout must not move a 200 read right after the fault past DETECT_S
+            now = time.monotonic() - started
             health = self.health()
             served = health == 200 and self.complete()
-            now = time.monotonic() - started
             recovery.samples.append(Sample(round(now, 2), health, served))
             if served and (not new_group or current not in ("", before)):
                 recovery.seconds = round(now, 2)
