@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+PROVISION = str(Path(sys.executable).parent / "provision")
+
+
+def provision(*args: str, state_home: Path, timeout: float = 600,
+              ) -> subprocess.CompletedProcess[str]:
+    """Run ``provision ARGS`` with the lab's environment and its own controller state folder
+    (``XDG_STATE_HOME``); never raises on a non-zero exit."""
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, check=False)
 
 
 def complete(base_url: str, model: str, timeout_s: float = 10) -> bool:

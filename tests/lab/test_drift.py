@@ -5,27 +5,16 @@ at all. Each test undoes its own change; the replica is taken down at the end.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_support import provision
 
 pytestmark = pytest.mark.lab
 
-PROVISION = [str(Path(sys.executable).parent / "provision")]
 UNIT = "/etc/systemd/system/vllm.service"
-
-
-def provision(*args: str, state_home: Path, timeout: float = 600,
-              ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with the lab's environment and its own controller state folder."""
-    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, check=False)
 
 
 @pytest.fixture(scope="module")

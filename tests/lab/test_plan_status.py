@@ -7,18 +7,16 @@ one takes the replica down (the fixture's `down` then finds nothing to do).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lab_support
 import pytest
 
 pytestmark = pytest.mark.lab
 
-PROVISION = [str(Path(sys.executable).parent / "provision")]
 KEY = "sk-plan-lab-0123456789"
 ENV_FILE = "/etc/vllm-provision/vllm.env"
 RESTART = "Restart the replica's vLLM units"
@@ -27,9 +25,8 @@ RESTART = "Restart the replica's vLLM units"
 def provision(*args: str, state_home: Path, timeout: float = 600,
               ) -> subprocess.CompletedProcess[str]:
     """Run the CLI with the lab's environment, the API key and a private controller state."""
-    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    return subprocess.run([*PROVISION, *args, "-e", f"vllm_api_key={KEY}"], capture_output=True,
-                          text=True, timeout=timeout, env=env, check=False)
+    return lab_support.provision(*args, "-e", f"vllm_api_key={KEY}", state_home=state_home,
+                                 timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -9,29 +9,18 @@ is reverted by `up` without restarting anything; a second inventory naming the s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from lab_support import provision
 
 pytestmark = pytest.mark.lab
 
-PROVISION = [str(Path(sys.executable).parent / "provision")]
 ENV_FILE = "/etc/vllm-provision/vllm.env"
 NODES = ("h1", "h2")
-
-
-def provision(*args: str, state_home: Path, timeout: float = 600,
-              ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with the lab's environment and a private controller state folder."""
-    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, check=False)
 
 
 @pytest.fixture(scope="module")

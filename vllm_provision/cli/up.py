@@ -173,10 +173,7 @@ def replica_results(inventory: Any, results: Sequence[TaskResult],
         entry: dict[str, Any] = {"name": replica.name, "backend": replica.backend,
                                  "hosts": nodes, "served": False, "failed": bool(failures),
                                  "failed_findings": findings, "failures": failures}
-        for result in mine:
-            if (result.host == replica.master.name and result.data
-                    and result.register in SERVING_REGISTERS):
-                entry.update({k: v for k, v in result.data.items() if k in SERVING_KEYS})
+        entry.update(serving_summary(r for r in mine if r.host == replica.master.name))
         entry["served"] = any(
             r.host == replica.master.name and r.register == "vllm_verified"
             and r.status in (Status.OK, Status.CHANGED) and "completion" in (r.data or {})
