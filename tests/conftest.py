@@ -13,6 +13,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+# Every run of the suite approves the runs that would ask for approval (vllm_provision.approval:
+# up restarting a serving replica, down, --take-over), as CI would with --yes; the tests of the
+# approval itself (tests/unit/test_approval.py, tests/lab/test_plan_status.py) remove it.
+os.environ.setdefault("VLLM_PROVISION_YES", "1")
+
 NOT_ROOT_REASON = ("lab tests need root (the lab mounts overlays and creates network namespaces); "
                    "run them as root, e.g. `sudo .venv/bin/pytest -m lab`")
 

@@ -13,13 +13,18 @@ from pathlib import Path
 PROVISION = str(Path(sys.executable).parent / "provision")
 
 
-def provision(*args: str, state_home: Path, timeout: float = 600,
-              ) -> subprocess.CompletedProcess[str]:
+def provision(*args: str, state_home: Path, timeout: float = 600, approve: bool = True,
+              stdin: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``provision ARGS`` with the lab's environment and its own controller state folder
-    (``XDG_STATE_HOME``); never raises on a non-zero exit."""
+    (``XDG_STATE_HOME``); never raises on a non-zero exit.
+
+    ``approve=False`` removes ``VLLM_PROVISION_YES`` (which the test session sets), so a run
+    that needs approval asks (``stdin``: a terminal's file descriptor) or is refused."""
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    if not approve:
+        env.pop("VLLM_PROVISION_YES", None)
     return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, check=False)
+                          env=env, check=False, stdin=stdin)
 
 
 def complete(base_url: str, model: str, timeout_s: float = 10) -> bool:

@@ -7,6 +7,8 @@ one takes the replica down (the fixture's `down` then finds nothing to do).
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +24,11 @@ ENV_FILE = "/etc/vllm-provision/vllm.env"
 RESTART = "Restart the replica's vLLM units"
 
 
-def provision(*args: str, state_home: Path, timeout: float = 600,
-              ) -> subprocess.CompletedProcess[str]:
+def provision(*args: str, state_home: Path, timeout: float = 600, approve: bool = True,
+              stdin: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI with the lab's environment, the API key and a private controller state."""
     return lab_support.provision(*args, "-e", f"vllm_api_key={KEY}", state_home=state_home,
-                                 timeout=timeout)
+                                 timeout=timeout, approve=approve, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,34 @@ def test_engine_change_plans_the_restart_in_order_with_the_outage(
     reloads = [t["host"] for t in summary["tasks"] if t["task"] == "Reload systemd if a unit "
                "file changed" and t["status"] == "changed"]
     assert sorted(reloads) == ["h1", "h2"]
+
+
+def test_a_restart_of_the_serving_replica_needs_approval(lab: Any,
+                                                        deployed: tuple[str, Path]) -> None:
+    inventory, state_home = deployed
+
+    def host_state() -> list[str]:
+        return [lab.ssh(h, f"sha256sum {ENV_FILE}; systemctl show -p InvocationID vllm.service"
+                        ).stdout for h in ("h1", "h2")]
+
+    before = host_state()
+    change = ("up", "-i", inventory, "-e", "vllm_max_model_len=2048")
+    refused = provision(*change, state_home=state_home, approve=False,
+                        stdin=subprocess.DEVNULL)  # no terminal, no --yes
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "approval needed" in refused.stderr and "--yes" in refused.stderr, refused.stderr
+    assert "replica 'lab' would be unavailable" in refused.stdout  # the plan is shown
+    master, slave = pty.openpty()  # a terminal that answers "no"
+    try:
+        os.write(master, b"no\n")
+        declined = provision(*change, state_home=state_home, approve=False, stdin=slave)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert declined.returncode == 1, declined.stdout + declined.stderr
+    assert "Only 'yes' will be accepted" in declined.stdout + declined.stderr
+    assert "up cancelled: nothing was changed." in declined.stdout + declined.stderr
+    assert host_state() == before  # neither the env files nor the running vLLM changed
 
 
 def test_no_change_plans_no_restart(deployed: tuple[str, Path]) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from vllm_provision.approval import YES_HELP
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
@@ -15,8 +16,12 @@ from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 @common_options
 @click.option("--purge", is_flag=True, help="Also remove the units and environment files.")
 @click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
-def command(purge: bool, take_over: bool, **kwargs: Any) -> None:
-    """Stop the replica in reverse start order and disable its units (--purge: remove them)."""
+@click.option("-y", "--yes", "assume_yes", is_flag=True, help=YES_HELP)
+def command(purge: bool, take_over: bool, assume_yes: bool, **kwargs: Any) -> None:
+    """Stop the replica in reverse start order and disable its units (--purge: remove them).
+
+    Shows its plan and asks first; --yes approves (without a terminal, --yes is required).
+    """
     sys.exit(run_deploy_playbook("down", CommonOptions.from_kwargs(kwargs),
                                  extra_vars={"purge": True} if purge else None,
-                                 take_over=take_over))
+                                 take_over=take_over, assume_yes=assume_yes))

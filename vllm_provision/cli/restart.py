@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from vllm_provision.approval import YES_HELP
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
@@ -14,7 +15,11 @@ from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 @click.command("restart")
 @common_options
 @click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
-def command(take_over: bool, **kwargs: Any) -> None:
-    """Restart the whole replica in order, then wait until it serves and verify."""
+@click.option("-y", "--yes", "assume_yes", is_flag=True, help=YES_HELP)
+def command(take_over: bool, assume_yes: bool, **kwargs: Any) -> None:
+    """Restart the whole replica in order, then wait until it serves and verify.
+
+    Asks only with --take-over (--yes approves): a restart is what was asked for.
+    """
     sys.exit(run_deploy_playbook("restart", CommonOptions.from_kwargs(kwargs),
-                                 take_over=take_over))
+                                 take_over=take_over, assume_yes=assume_yes))

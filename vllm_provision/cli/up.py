@@ -11,12 +11,14 @@ from typing import Any
 import click
 
 from vllm_provision import resources
+from vllm_provision.approval import YES_HELP
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.results import Status, TaskResult
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
-                        skip_checks: tuple[str, ...] = (), take_over: bool = False) -> int:
+                        skip_checks: tuple[str, ...] = (), take_over: bool = False,
+                        assume_yes: bool = False) -> int:
     """Run ``playbooks/<name>.yml`` with the shared options, print the recap (or ``--json``) and
     return the exit code (0, 1, or 2 for pending changes in check mode).
 
@@ -34,6 +36,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         skip_checks: preflight checks to skip (``--skip-check``).
         take_over: ``--take-over``: hosts another replica or inventory deployed are taken over
             (``vllm_provision.takeover``) instead of refused.
+        assume_yes: ``--yes``: approve a run that needs approval (``vllm_provision.approval``:
+            ``up`` restarting a serving replica, ``down``, ``--take-over``) without asking.
 
     The run holds the run lock on every host it may touch (``vllm_provision.runlock``), the
     state record included.
@@ -43,8 +47,10 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         RunLockError: another run holds a host's lock (nothing was changed).
         ProvisionError: a host belongs to another replica or inventory and ``take_over`` is
             false (nothing was changed).
+        ProvisionError: the run needs approval, and stdin is not a terminal and ``assume_yes``
+            is false (nothing was changed).
     """
-    from vllm_provision import report, runlock
+    from vllm_provision import approval, report, runlock
     from vllm_provision.runner.engine import Runner, RunOptions
     from vllm_provision.runner.playbook import load_playbook
 
@@ -61,9 +67,15 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     measured: dict[str, float | None] = {}
     started_at = datetime.now(UTC)
     connection = opts.connection_options()
+    approved = (opts.check or assume_yes or approval.env_approves()
+                or (name == "restart" and not take_over))
+    if not approved and approval.always_asks(name, take_over) and not approval.interactive():
+        raise approval.refusal(name, take_over)
     with runlock.locked_run(runlock.hosts_of_plays(inventory, plays, opts.limit), connection,
                             name, warn=lambda line: click.echo(f"warning: {line}",
                                                                err=True)) as factory:
+        if not approved and not _approve(name, inventory, plays, opts, factory, take_over):
+            return 1
         taken = _guard_ownership(name, inventory, plays, opts, factory, take_over)
         if taken:
             extra["take_over"] = [take.to_json() for take in taken]
@@ -250,6 +262,34 @@ def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dic
                       starts_again=starts_again)
 
 
+def _approve(name: str, inventory: Any, plays: Sequence[Any], opts: CommonOptions,
+             factory: Any, take_over: bool) -> bool:
+    """Dry-run the playbook on the run's connections (the run locks are held), show its plan,
+    and ask for approval where it needs one (``vllm_provision.approval``); True to go on.
+
+    Raises:
+        ProvisionError: approval is needed and stdin is not a terminal (nothing was changed).
+    """
+    import io
+
+    from vllm_provision import approval, report
+    from vllm_provision.plan import plan_lines
+    from vllm_provision.runner.engine import Runner, RunOptions
+
+    dry = replace(opts, check=True)
+    _guard_ownership(name, inventory, plays, dry, factory, take_over)
+    runner = Runner(inventory, RunOptions(check_mode=True, diff_mode=False, limit=opts.limit,
+                                          connection=opts.connection_options()),
+                    report.HumanReporter(io.StringIO()), connection_factory=factory)
+    plan = run_plan(inventory, runner.run_plays(plays), starts_again=name == "restart")
+    if not approval.plan_needs_approval(name, plan, take_over):
+        return True
+    click.echo("\n".join(plan_lines(plan)), err=opts.json)
+    if not approval.interactive():
+        raise approval.refusal(name, take_over)
+    return approval.ask(name, echo=lambda line: click.echo(line, err=opts.json))
+
+
 def _guard_ownership(name: str, inventory: Any, plays: Sequence[Any], opts: CommonOptions,
                      factory: Any, take_over: bool) -> list[Any]:
     """Refuse hosts another replica or inventory deployed, or take them over
@@ -300,7 +340,13 @@ def _record_good_up(inventory: Any, runner: Any, factory: Any = None,
 @click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
               help="Preflight check to skip (by its name, e.g. parity.nccl); repeatable.")
 @click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
-def command(skip_checks: tuple[str, ...], take_over: bool, **kwargs: Any) -> None:
-    """Deploy the replica: preflight, install, start in order, wait until it serves, verify."""
+@click.option("-y", "--yes", "assume_yes", is_flag=True, help=YES_HELP)
+def command(skip_checks: tuple[str, ...], take_over: bool, assume_yes: bool,
+            **kwargs: Any) -> None:
+    """Deploy the replica: preflight, install, start in order, wait until it serves, verify.
+
+    An up that would restart a serving replica shows its plan and asks first (--yes approves).
+    """
     sys.exit(run_deploy_playbook("up", CommonOptions.from_kwargs(kwargs),
-                                 skip_checks=skip_checks, take_over=take_over))
+                                 skip_checks=skip_checks, take_over=take_over,
+                                 assume_yes=assume_yes))
