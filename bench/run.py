@@ -280,7 +280,9 @@ def cmd_product(args: argparse.Namespace) -> None:
     log = OUT / "product.log"
     OUT.mkdir(exist_ok=True)
     log.write_text("", encoding="utf-8")
-    up = Tool("provision up", (str(PROVISION), "up", "-i", str(inventory)))
+    # --yes: automation approves, as terraform apply -auto-approve (without it every up first
+    # makes the dry run that decides whether to ask: docs/deploy.md, "Approval")
+    up = Tool("provision up", (str(PROVISION), "up", "--yes", "-i", str(inventory)))
     first = {up.name: time_once(up, log)}  # deploys the replica when it is not yet there
     tools = [Tool("provision check", (str(PROVISION), "check", "-i", str(inventory))), up]
     result = measure(tools, args.rounds, log, first)
