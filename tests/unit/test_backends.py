@@ -114,3 +114,27 @@ def test_the_watchdog_renders_the_backend_plan(toy: backends.Backend) -> None:
     config = json.loads(templar.render(text, "watchdog.json.j2"))
     assert config["units"] == ["toy-stub.service"]
     assert config["rules"] == [] and config["probe"] is None
+
+
+def test_the_first_lookups_from_many_threads_all_see_the_built_in_backends(monkeypatch):
+    # hosts are probed in threads; the registry once answered "unknown backend 'mp'" to a
+    # thread that looked it up while another was still filling it
+    import threading
+
+    import vllm_provision.backends as registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_LOADED", False)
+    seen: list[tuple[str, ...]] = []
+    barrier = threading.Barrier(8)
+
+    def look() -> None:
+        barrier.wait()
+        seen.append(registry.names())
+
+    threads = [threading.Thread(target=look) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(seen) == 8 and all(names[:2] == ("mp", "ray") for names in seen), seen

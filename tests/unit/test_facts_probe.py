@@ -113,3 +113,33 @@ def test_a_listener_that_exited_before_its_cgroup_was_read_holds_no_port():
            "cgroups": {"41": None, "42": "0::/user.slice/user-0.slice/session-3.scope\n"}}
     facts = parse_probe_output("h1", raw)
     assert [(s.port, s.pid, s.unit) for s in facts.listening] == [(8000, 42, "session-3.scope")]
+
+
+def test_the_facts_table_fits_80_columns_and_marks_differences_without_colour(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from vllm_provision.cli.facts import ROWS, facts_table
+
+    inventory = make_inventory(tmp_path)
+    facts, errors = gather_facts(inventory, {"h1": LocalConnection("h1"),
+                                             "h2": LocalConnection("h2")},
+                                 ProbeOptions(reachability=False))
+    assert not errors
+    iface = next(name for name in facts["h2"].interfaces if name != "lo")
+    changed = replace(facts["h2"].interfaces[iface], mtu=9000)
+    facts["h2"] = replace(facts["h2"], interfaces={**facts["h2"].interfaces, iface: changed})
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(
+        facts_table(facts, [["h1", "h2"]]))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    labels = [line.split("│")[1].strip() for line in lines if line.count("│") >= 3]
+    for label, _read in ROWS:  # every fact name whole, on one line
+        assert label in labels, label
+    mtu = [line for line in lines if line.count("│") >= 3 and line.split("│")[1].strip() == "MTU"]
+    assert mtu and mtu[0].count("* ") == 2, lines  # both hosts' MTU cells marked
+    python = [line for line in lines
+              if line.count("│") >= 3 and line.split("│")[1].strip() == "python"]
+    assert python and "* " not in python[0]  # equal values are not marked

@@ -16,6 +16,7 @@ entry points specification); entry points are read once, on the first look-up.
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -170,12 +171,18 @@ class Backend:
 
 _REGISTRY: dict[str, Backend] = {}
 _LOADED = False
+# Hosts are probed and run in threads: the first lookups may race. The registry is marked
+# loaded only once it is full, under this lock (re-entrant: register() calls _load()).
+_LOCK = threading.RLock()
 
 
 def _load() -> dict[str, Backend]:
     global _LOADED
-    if not _LOADED:
-        _LOADED = True
+    if _LOADED:
+        return _REGISTRY
+    with _LOCK:
+        if _LOADED:
+            return _REGISTRY
         from vllm_provision.backends.mp import MpBackend
         from vllm_provision.backends.ray import RayBackend
 
@@ -195,7 +202,8 @@ def _load() -> dict[str, Backend]:
                     f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP})",
                     "it names no Backend", expected="a subclass or instance of "
                     "vllm_provision.backends.Backend", actual=type(backend).__name__)
-            register(backend)
+            _register(backend)
+        _LOADED = True
     return _REGISTRY
 
 
@@ -205,7 +213,12 @@ def register(backend: Backend) -> Backend:
     Raises:
         ProvisionError: its name is empty, not a lower-case word, or taken by another backend.
     """
-    registry = _load()
+    _load()
+    return _register(backend)
+
+
+def _register(backend: Backend) -> Backend:
+    registry = _REGISTRY
     name = backend.name
     if not name or not name.isidentifier() or name != name.lower():
         raise ProvisionError.single(f"backend {type(backend).__name__}", "invalid backend name",

@@ -155,6 +155,32 @@ def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
     return rows
 
 
+DIFFERS_MARK = "* "
+
+
+def facts_table(facts: Mapping[str, HostFacts], groups: list[list[str]]) -> Any:
+    """The facts as a ``rich`` table, hosts as columns (:func:`facts_table_rows`).
+
+    A value that differs within its replica is marked ``* `` and printed bold red, so the
+    difference shows in a pipe (no colour) as well. Long values wrap at spaces and commas;
+    only a word longer than its column (a long path) is folded. At 80 columns the fact names
+    never break: the first column is as wide as the longest name.
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="facts (* = differs within the replica)", title_justify="left",
+                  show_lines=False, padding=(0, 1))
+    table.add_column("fact", style="bold", no_wrap=True)
+    for name in facts:
+        table.add_column(name, overflow="fold", ratio=1)
+    for label, cells in facts_table_rows(facts, groups):
+        table.add_row(label, *(Text(DIFFERS_MARK + value if differs else value,
+                                    style="bold red" if differs else "")
+                               for value, differs in cells))
+    return table
+
+
 @click.command("facts")
 @shared_options(HOST_OPTIONS)
 @click.option("--nccl-loaded", is_flag=True,
@@ -184,21 +210,12 @@ def command(nccl_loaded: bool, sha256: bool, **kwargs: Any) -> None:
         }, indent=2, default=str))
         sys.exit(1 if errors else 0)
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     console = Console()
     groups = [[n.name for n in r.nodes] for r in inventory.replicas]
     if ordered:
-        table = Table(title="facts (values differing within a replica in red)",
-                      title_justify="left", show_lines=False)
-        table.add_column("fact", style="bold")
-        for name in ordered:
-            table.add_column(name, overflow="fold")
-        for label, cells in facts_table_rows(ordered, groups):
-            table.add_row(label, *(Text(value, style="bold red" if differs else "")
-                                   for value, differs in cells))
-        console.print(table)
+        console.print(facts_table(ordered, groups))
     for name, error in errors.items():
         console.print(Text(f"{name}: {error.render()}", style="bold red"))
     sys.exit(1 if errors else 0)
