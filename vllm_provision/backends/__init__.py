@@ -129,6 +129,23 @@ class Backend:
         ``vllm_extra_args``."""
         return "not set by hand", f"{flag} is rendered from the inventory"
 
+    def node_role(self, replica: Replica, node: Node) -> str:
+        """The node's role word in ``provision inventory --list`` (``master``, ``ray-worker``);
+        default ``rank N``."""
+        return f"rank {node.rank}"
+
+    def serve_argv(self, replica: Replica, node: Node, engine_argv: list[str]) -> list[str] | None:
+        """The arguments after ``vllm serve`` in ``node``'s vLLM unit, as its role's
+        ``templates/vllm.service.j2`` renders them, or None where the node runs no vLLM
+        process (a Ray worker) or the backend does not say.
+
+        Args:
+            replica: the node's replica.
+            node: one of its nodes.
+            engine_argv: the engine words every node shares (model, TP, PP, ...), first.
+        """
+        return None
+
     # --- watchdog, readiness, checks, status ------------------------------------------------
 
     def plan(self, replica: Replica, node: Node) -> dict[str, Any]:

@@ -41,6 +41,21 @@ class MpBackend(Backend):
         """``--distributed-executor-backend mp --nnodes N``."""
         return ["--distributed-executor-backend", "mp", "--nnodes", str(replica.nnodes)]
 
+    def node_role(self, replica: Replica, node: Node) -> str:
+        """``master`` (rank 0) or ``headless``."""
+        return "master" if node.rank == 0 else "headless"
+
+    def serve_argv(self, replica: Replica, node: Node, engine_argv: list[str]) -> list[str] | None:
+        """``--nnodes N --node-rank R --master-addr A --master-port P``, then ``--host``/``--port``
+        on rank 0 or ``--headless`` elsewhere, then ``--distributed-executor-backend mp``
+        (roles/vllm_mp/templates/vllm.service.j2)."""
+        engine = replica.engine
+        argv = [*engine_argv, "--nnodes", str(replica.nnodes), "--node-rank", str(node.rank),
+                "--master-addr", replica.master_addr, "--master-port", str(engine.master_port)]
+        argv += (["--host", engine.api_host, "--port", str(engine.api_port)] if node.rank == 0
+                 else ["--headless"])
+        return [*argv, "--distributed-executor-backend", "mp"]
+
     def plan(self, replica: Replica, node: Node) -> dict[str, Any]:
         """This node's vLLM depends on every other node's vLLM, both ways; a headless node's rule
         for rank 0 names the rendezvous (``master_addr``/``master_port``), which its workers must

@@ -79,6 +79,20 @@ class RayBackend(Backend):
             f"{flag} is rendered from the inventory"
         return "no --nnodes with the ray backend", text
 
+    def node_role(self, replica: Replica, node: Node) -> str:
+        """``ray-head`` (rank 0) or ``ray-worker``."""
+        return "ray-head" if node.rank == 0 else "ray-worker"
+
+    def serve_argv(self, replica: Replica, node: Node, engine_argv: list[str]) -> list[str] | None:
+        """On the head: ``--host``/``--port`` and ``--distributed-executor-backend ray``, never
+        ``--nnodes`` (roles/vllm_ray/templates/vllm.service.j2); None on a worker, which runs no
+        vLLM process (Ray places the replica's workers on it)."""
+        if node.rank != 0:
+            return None
+        engine = replica.engine
+        return [*engine_argv, "--host", engine.api_host, "--port", str(engine.api_port),
+                "--distributed-executor-backend", "ray"]
+
     def plan(self, replica: Replica, node: Node) -> dict[str, Any]:
         """vLLM on the head and every worker depend on the head's ``ray start``, one way."""
         vars_ = node.host.vars

@@ -123,10 +123,11 @@ def ansible_graph(tree: Tree, top: str = "all") -> str:
 
 
 def node_role(replica: Replica, node: Node) -> str:
-    """``master`` and ``headless`` (mp), ``ray-head`` and ``ray-worker`` (ray)."""
-    if replica.backend == "ray":
-        return "ray-head" if node.rank == 0 else "ray-worker"
-    return "master" if node.rank == 0 else "headless"
+    """The node's role from its backend (:meth:`~vllm_provision.backends.Backend.node_role`):
+    ``master`` and ``headless`` (mp), ``ray-head`` and ``ray-worker`` (ray)."""
+    from vllm_provision import backends
+
+    return backends.of(replica).node_role(replica, node)
 
 
 def engine_argv(replica: Replica) -> list[str]:
@@ -143,21 +144,12 @@ def engine_argv(replica: Replica) -> list[str]:
 
 
 def node_argv(replica: Replica, node: Node) -> list[str] | None:
-    """The arguments after ``vllm serve`` in ``node``'s vLLM unit (``roles/vllm_mp`` and
-    ``roles/vllm_ray`` ``templates/vllm.service.j2``), or None for a Ray worker, which runs no
-    vLLM process (Ray places the replica's workers on it)."""
-    engine = replica.engine
-    if replica.backend == "ray":
-        if node.rank != 0:
-            return None
-        return [*engine_argv(replica), "--host", engine.api_host, "--port", str(engine.api_port),
-                "--distributed-executor-backend", "ray"]
-    argv = [*engine_argv(replica), "--nnodes", str(replica.nnodes), "--node-rank",
-            str(node.rank), "--master-addr", replica.master_addr, "--master-port",
-            str(engine.master_port)]
-    argv += (["--host", engine.api_host, "--port", str(engine.api_port)] if node.rank == 0
-             else ["--headless"])
-    return [*argv, "--distributed-executor-backend", "mp"]
+    """The arguments after ``vllm serve`` in ``node``'s vLLM unit, from its backend
+    (:meth:`~vllm_provision.backends.Backend.serve_argv`), or None for a node that runs no vLLM
+    process (a Ray worker)."""
+    from vllm_provision import backends
+
+    return backends.of(replica).serve_argv(replica, node, engine_argv(replica))
 
 
 def replicas_view(inventory: Inventory) -> dict[str, Any]:
