@@ -9,7 +9,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-packages=(mmdebstrap systemd-container zstd iptables iproute2 openssh-client python3-venv ca-certificates)
+packages=(mmdebstrap systemd-container systemd-journal-remote zstd iptables iproute2 openssh-client python3-venv ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -181,25 +181,32 @@ def test_facts_is_one_ssh_round_trip_per_host(lab, monkeypatch):
 
 def test_mtu_mismatch_and_gpu_faults_on_h2_are_errors_on_the_right_gpu(lab):
     """One check run: h2's eth0 at MTU 1400 against h1's 1500, and the stand-in's simulated
-    faults on h2 (ECC on GPU 1, MIG on GPU 2, persistence off on GPU 3)."""
+    faults on h2 (ECC on GPU 1, MIG on GPU 2, persistence off on GPU 3), and an Xid 79 of
+    GPU 0 in h2's kernel log (``provision lab xid``)."""
     # ip, not /sys/class/net: an nspawn guest's sysfs shows the machine's own interfaces
     mtu = json.loads(lab.ssh("h2", "ip -j link show dev eth0").stdout)[0]["mtu"]
     faults = provision("lab", "set", "h2", "ecc_gpus=1", "mig_gpus=2", "persistence_off_gpus=3")
     assert faults.returncode == 0, faults.stderr
+    xid = provision("lab", "xid", "h2", "--gpu", "0", "--code", "79")
+    assert xid.returncode == 0, xid.stderr
     lab.ssh("h2", "ip link set dev eth0 mtu 1400")
     try:
         code, findings = check(lab)
     finally:
         lab.ssh("h2", f"ip link set dev eth0 mtu {mtu}")
+        provision("lab", "xid", "h2", "--clear")
         provision("lab", "set", "h2", "ecc_gpus=default", "mig_gpus=default",
                   "persistence_off_gpus=default")
     assert code == 1
     [mtu_error] = [f for f in errors(findings) if f["check"] == "network.mtu"]
     assert f"h1 eth0 mtu {mtu}" in mtu_error["actual"] and "h2 eth0 mtu 1400" in \
         mtu_error["actual"]
-    [ecc] = [f for f in errors(findings) if f["check"] == "gpu.errors"]
-    assert ecc["host"] == "h2" and ecc["item"].startswith("GPU 1 ")
-    assert "2 uncorrectable ECC errors" in ecc["actual"]
+    gpu_errors = {f["item"].split(" (")[0]: f for f in errors(findings)
+                  if f["check"] == "gpu.errors"}
+    assert sorted(gpu_errors) == ["GPU 0", "GPU 1"], gpu_errors
+    assert all(f["host"] == "h2" for f in gpu_errors.values())
+    assert "2 uncorrectable ECC errors" in gpu_errors["GPU 1"]["actual"]
+    assert gpu_errors["GPU 0"]["actual"] == "Xid 79 in the last 24 h"
     [mig] = [f for f in errors(findings) if f["check"] == "gpu.mig"]
     assert mig["host"] == "h2" and mig["actual"] == "Enabled on GPU 2"
     [persistence] = [f for f in findings if f["check"] == "gpu.persistence"

@@ -131,9 +131,10 @@ def reboot(host: str) -> None:
 
 
 try:  # the GPU stand-in commands, when that part of the lab is installed
-    from vllm_provision.lab.gpu.cli import occupy, set as set_gpu  # noqa: I001
+    from vllm_provision.lab.gpu.cli import occupy, set as set_gpu, xid  # noqa: I001
 
     command.add_command(set_gpu, "set")
     command.add_command(occupy, "occupy")
+    command.add_command(xid, "xid")
 except ImportError:
     pass

@@ -95,4 +95,28 @@ def occupy(host: str, gpus: str, memory_mib: int, release: bool) -> None:
     click.echo(f"{host}: GPUs {gpus} occupied ({memory_mib} MiB each) by unit {unit}")
 
 
-__all__ = ["set", "occupy"]
+@click.command("xid")
+@click.argument("host")
+@click.option("--gpu", type=click.IntRange(0, 63), default=0, show_default=True,
+              help="GPU index whose PCI address the line names")
+@click.option("--code", type=click.IntRange(1, 999), default=79, show_default=True,
+              help="Xid number (79: fallen off the bus, 48: double-bit ECC, ...)")
+@click.option("--clear", is_flag=True, help="remove every Xid line the lab put on HOST")
+def xid(host: str, gpu: int, code: int, clear: bool) -> None:
+    """Put an NVIDIA Xid line into HOST's kernel log (journalctl -k), as the driver would.
+
+    Example: provision lab xid h2 --gpu 1 --code 79
+    """
+    from .xid import CLEAR_COMMAND, GUEST_IDS, inject_command
+
+    lab = _lab()
+    if clear:
+        _run(lab, host, CLEAR_COMMAND)
+        click.echo(f"{host}: Xid lines removed")
+        return
+    command, line = inject_command(_run(lab, host, GUEST_IDS), gpu, code)
+    _run(lab, host, command)
+    click.echo(f"{host}: kernel: {line}")
+
+
+__all__ = ["set", "occupy", "xid"]
