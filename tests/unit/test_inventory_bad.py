@@ -73,7 +73,9 @@ def test_bad_inventory_names_file_key_and_value(case: str, tmp_path: Path) -> No
     error = _error_for(case, spec, tmp_path)
     elapsed = time.monotonic() - started
     text = error.render()
-    assert elapsed < 2.0, f"{case} took {elapsed:.1f} s to refuse"
+    # a bound against a YAML bomb or a deep nesting that would hang, not a timing goal
+    # (bench/ has those): generous, because a loaded 2-core CI machine takes ~3 s here
+    assert elapsed < 15.0, f"{case} took {elapsed:.1f} s to refuse"
     assert len(error.problems) == spec.get("problems", 1), text
     assert spec["message"] in text
     if not {"pattern", "extra_vars", "extra_args", "special"} & set(spec) and not str(

@@ -11,21 +11,15 @@ import re
 import urllib.request
 from typing import Any
 
-import yaml
-
-from vllm_provision import resources, variables
+from vllm_provision import settings as resolver
 from vllm_provision.models import Node, Replica
 from vllm_provision.verify import Endpoint
 
 
 def settings(replica: Replica) -> dict[str, Any]:
-    """The replica's variables over the variables table's and roles' defaults."""
-    merged: dict[str, Any] = dict(variables.defaults())
-    for role in ("vllm_common", "vllm_mp", "ray", "vllm_ray", "vllm_watchdog"):
-        defaults = resources.role_file(role, "defaults", "main.yml")
-        merged.update(yaml.safe_load(defaults.read_text()) or {})
-    merged.update(replica.vars)
-    return merged
+    """The replica's variables over the variables table's and roles' defaults
+    (:func:`vllm_provision.settings.replica_settings`, the chain every command uses)."""
+    return resolver.replica_settings(replica)
 
 
 def _units_of(replica: Replica, node: Node) -> list[str]:

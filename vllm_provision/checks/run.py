@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from vllm_provision import variables
+from vllm_provision import settings
 from vllm_provision.checks import (
     fabric,
     gpu_health,
@@ -104,21 +104,15 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         replica: the replica (None: defaults only).
         defaults: role defaults (default: :func:`load_defaults`).
     """
-    values: dict[str, Any] = dict(load_defaults() if defaults is None else defaults)
-    roles = variables.role_defaults()
-    if replica is not None:
-        merged = {**dict(replica.vars), **dict(replica.master.host.vars)}
-        for key, value in merged.items():
-            if key == "preflight_parity" and isinstance(value, Mapping):
-                values[key] = {**dict(values.get(key) or {}), **dict(value)}
-            elif key.startswith(("preflight_", "vllm_unit_name", "ray_head_unit_name",
-                                 "ray_worker_unit_name", "vllm_watchdog_unit_name")):
-                values[key] = value
-    units = (str(values.get("vllm_unit_name", "vllm.service")),
-             str(values.get("ray_head_unit_name", roles.get("ray_head_unit_name",
-                                                                   "ray-head.service"))),
-             str(values.get("ray_worker_unit_name", roles.get("ray_worker_unit_name",
-                                                                     "ray-worker.service"))))
+    own = dict(load_defaults() if defaults is None else defaults)
+    inventory_vars = ({**dict(replica.vars), **dict(replica.master.host.vars)}
+                      if replica is not None else {})
+    values = settings.layered(inventory_vars, role_defaults=own)
+    override = inventory_vars.get("preflight_parity")
+    if isinstance(override, Mapping):  # a partial mapping adds to the default pins
+        values["preflight_parity"] = {**dict(own.get("preflight_parity") or {}), **override}
+    units = (str(values["vllm_unit_name"]), str(values["ray_head_unit_name"]),
+             str(values["ray_worker_unit_name"]))
     return PreflightSettings(
         parity={str(k): str(v) for k, v in dict(values.get("preflight_parity") or {}).items()},
         min_shm_mib=int(values.get("preflight_min_shm_mib", 1024)),
@@ -129,11 +123,10 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         placement_bundles=values.get("preflight_placement_bundles"),
         placement_strategy=str(values.get("preflight_placement_strategy") or "PACK"),
         own_units=units,
-        watchdog_unit=str(values.get("vllm_watchdog_unit_name", roles.get(
-            "vllm_watchdog_unit_name", "vllm-watchdog.service"))),
+        watchdog_unit=str(values["vllm_watchdog_unit_name"]),
         # Not the master's host vars: a node without its own value binds the group's.
-        watchdog_port=int((replica.vars if replica is not None else {}).get(
-            "vllm_watchdog_port", roles.get("vllm_watchdog_port", 29510))),
+        watchdog_port=int((settings.replica_settings(replica) if replica is not None
+                           else settings.base())["vllm_watchdog_port"]),
     )
 
 

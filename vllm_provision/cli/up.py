@@ -245,15 +245,15 @@ def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dic
     node from its variables, the outage estimate from the controller's state record (none when
     it is missing or unreadable). ``starts_again``: the playbook starts what it stops
     (``restart``)."""
-    from vllm_provision import state, variables
+    from vllm_provision import settings, state
     from vllm_provision.errors import ProvisionError
     from vllm_provision.modules.vllm_wait_ready import replica_units
     from vllm_provision.plan import build_plan
 
     serving: dict[str, list[str]] = {}
     for replica in inventory.replicas:
-        vars_ = {**variables.defaults(), **replica.master.host.vars, **inventory.extra_vars}
-        serving.update(replica_units(replica, vars_))
+        serving.update(replica_units(replica, settings.master_settings(
+            replica, inventory.extra_vars)))
     try:
         record = state.read_controller_record(inventory.path)
     except ProvisionError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
-from vllm_provision import variables
+from vllm_provision import settings, variables
 from vllm_provision.connection import Connection, UnreachableError
 from vllm_provision.errors import ProvisionError
 from vllm_provision.facts import parsers
@@ -93,8 +93,7 @@ def peer_ports(replica: Replica) -> dict[str, list[tuple[int, str]]]:
     ``vllm_watchdog_port`` (the node's own value, else the replica's, else the role default;
     docs/recovery.md). The rendezvous port (:func:`reach_port`) is tested apart.
     """
-    group = replica.vars.get("vllm_watchdog_port",
-                             variables.role_defaults().get("vllm_watchdog_port", 29510))
+    group = settings.replica_settings(replica)["vllm_watchdog_port"]
     ports: dict[str, list[tuple[int, str]]] = {}
     for node in replica.nodes:
         own = [(replica.engine.api_port, "API port")] if node.rank == 0 else []

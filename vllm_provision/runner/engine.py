@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vllm_provision import handlers_state, variables
+from vllm_provision import handlers_state, settings
 from vllm_provision.connection import (
     Connection,
     ConnectionOptions,
@@ -494,17 +494,15 @@ class Runner:
             self.options.pending_dir)
 
     def templar_for(self, play: Play, host: Host) -> Templar:
-        """Return the Templar holding ``host``'s variables for ``play`` (precedence per
-        docs/runner-contract.md: variables-table defaults < role defaults < inventory < play vars <
-        registered < -e)."""
+        """Return the Templar holding ``host``'s variables for ``play``
+        (:func:`vllm_provision.settings.layered`: variables-table defaults < role defaults <
+        inventory < play vars < registered < -e; docs/runner-contract.md)."""
         replica = self.inventory.replica_of(host.name)
         node = next((n for n in replica.nodes if n.name == host.name), None) if replica else None
-        layered: dict[str, Any] = dict(variables.defaults())
-        layered.update(play.role_defaults)
-        layered.update(host.vars)
-        layered.update(play.vars)
-        layered.update(self.registered.get(host.name, {}))
-        layered.update(self.inventory.extra_vars)
+        layered = settings.layered(host.vars, role_defaults=play.role_defaults,
+                                   play_vars=play.vars,
+                                   registered=self.registered.get(host.name, {}),
+                                   extra_vars=self.inventory.extra_vars)
         groups = {name: self.inventory.hosts_in_group(name) for name in self.inventory.groups}
         fixed: dict[str, Any] = {
             "inventory_hostname": host.name,
