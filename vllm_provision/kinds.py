@@ -350,6 +350,7 @@ KINDS: dict[str, Kind] = {
     # preflight
     "preflight_parity": ("data", check_severities),
     "preflight_min_shm_mib": ("count", _no_check),
+    "preflight_gpu_overhead_mib": ("count", _no_check),
     "preflight_nccl_loaded": ("flag", _no_check),
     "preflight_model_sha256": ("flag", _no_check),
     "preflight_reach_timeout_s": ("seconds", _no_check),

@@ -113,8 +113,8 @@ class Variable:
 
     Attributes:
         name: the variable name as written in the inventory (``vllm_api_port``).
-        type: the Python type of a valid value: ``str``, ``int``, ``float``, ``bool``, ``list`` (of scalars,
-            rendered as strings) or ``dict`` (string keys to scalar values).
+        type: the Python type of a valid value: ``str``, ``int``, ``float``, ``bool``, ``list``
+            (of scalars, rendered as strings) or ``dict`` (string keys to scalar values).
         default: the value when unset; ``None`` means "unset" (or required when ``required``).
         doc: one line for the reference table.
         example: a value as it would be written in YAML.

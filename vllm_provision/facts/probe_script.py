@@ -145,7 +145,7 @@ def safetensors_header(path, budget):
     try:
         header = json.loads(raw.decode("utf-8"))
     except ValueError as exc:
-        raise ValueError("header is not JSON: %s" % exc)
+        raise ValueError("header is not JSON: %s" % exc) from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     tensors = []
@@ -157,7 +157,7 @@ def safetensors_header(path, budget):
             tensors.append([name, str(entry["dtype"]), [int(d) for d in entry["shape"]],
                             int(end) - int(begin)])
         except (KeyError, TypeError, ValueError):
-            raise ValueError("tensor %r has no dtype, shape or data_offsets" % name)
+            raise ValueError("tensor %r has no dtype, shape or data_offsets" % name) from None
     return tensors, length + 8
 
 
