@@ -223,3 +223,34 @@ def test_a_hub_name_is_skipped_and_unreadable_headers_warn(tmp_path):
     [warned], _ = memory.check_memory_fit(replica_of("mixtral-8x7b-v0.1"), facts, 2048)
     assert warned.severity is Severity.WARNING
     assert "model.safetensors: header length" in warned.actual
+
+
+def ray_replica(env: dict | None = None, num_gpus: int | None = None) -> Replica:
+    worker_vars = {} if num_gpus is None else {"ray_num_gpus": num_gpus}
+    members = (Node(Host("h1", "10.0.0.1"), 0, "10.0.0.1"),
+               Node(Host("h2", "10.0.0.2", vars=worker_vars), 1, "10.0.0.2"))
+    return Replica("r", "ray", members, EngineArgs(model="/m", tensor_parallel_size=4,
+                                                    pipeline_parallel_size=2),
+                   vars={"vllm_env": env or {}})
+
+
+def test_ray_logical_gpus_fractional_workers_and_more_than_physical_warn():
+    from vllm_provision.checks import placement
+
+    physical = {"h1": 4, "h2": 4}
+    clean = placement.check_logical_gpus(ray_replica(), physical, {"h1": None, "h2": None})
+    assert clean == []
+    [share] = placement.check_logical_gpus(ray_replica({"VLLM_RAY_PER_WORKER_GPUS": "0.5"}),
+                                           physical, {"h1": None, "h2": None})
+    assert share.severity is Severity.WARNING and share.host == "h1"
+    assert "0.5: Ray may place 2 workers on one GPU" in share.actual
+    assert "do not isolate or reserve memory" in share.actual
+    [extra] = placement.check_logical_gpus(ray_replica(num_gpus=8), physical,
+                                           {"h1": None, "h2": 8})
+    assert extra.host == "h2" and "8 logical GPUs declared to Ray" in extra.actual
+    assert "at most the 4 GPUs" in extra.expected
+    [bundles] = placement.check_logical_gpus(ray_replica(), physical, {"h1": None, "h2": None},
+                                             [{"GPU": 0.5}, {"GPU": 1}])
+    assert "GPU amounts 0.5" in bundles.actual
+    mp = replace(ray_replica({"VLLM_RAY_PER_WORKER_GPUS": "0.5"}), backend="mp")
+    assert placement.check_logical_gpus(mp, physical, {"h1": None, "h2": None}) == []
