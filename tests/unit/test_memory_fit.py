@@ -254,3 +254,11 @@ def test_ray_logical_gpus_fractional_workers_and_more_than_physical_warn():
     assert "GPU amounts 0.5" in bundles.actual
     mp = replace(ray_replica({"VLLM_RAY_PER_WORKER_GPUS": "0.5"}), backend="mp")
     assert placement.check_logical_gpus(mp, physical, {"h1": None, "h2": None}) == []
+
+
+def test_vllm_pp_layer_partition_moves_layers_between_stages():
+    replica = replace(replica_of("tinyllama-1.1b-chat-v1.0"),
+                      vars={"vllm_env": {"VLLM_PP_LAYER_PARTITION": "12,10"}})
+    result = memory.estimate(replica, facts_for("tinyllama-1.1b-chat-v1.0"), 2048)
+    assert [s.layers for s in result.stages] == [(0, 12), (12, 22)]
+    assert result.stages[0].weights > result.stages[1].weights

@@ -272,11 +272,17 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
     loaded = sum(layer_bytes) + embed + other + (head if not tied else 0)
     max_len = engine.max_model_len or (int(config["max_position_embeddings"])
                                        if config.get("max_position_embeddings") else None)
+    partition_text = str((replica.vars.get("vllm_env") or {}).get("VLLM_PP_LAYER_PARTITION", ""))
+    try:
+        partition = [int(x) for x in partition_text.split(",")] if partition_text else None
+        pp_indices(num_layers, 0, engine.pipeline_parallel_size, partition)
+    except ValueError as exc:
+        raise CannotEstimate(f"VLLM_PP_LAYER_PARTITION {partition_text!r}: {exc}") from None
     local = max(1, engine.world_size // max(1, replica.nnodes))
     overhead = overhead_mib * MIB
     stages = []
     for stage in range(pp):
-        start, end = pp_indices(num_layers, stage, pp)
+        start, end = pp_indices(num_layers, stage, pp, partition)
         ranks = range(stage * tp, (stage + 1) * tp)
         nodes = sorted({min(rank // local, replica.nnodes - 1) for rank in ranks})
         hosts = tuple(replica.nodes[n].name for n in nodes)
