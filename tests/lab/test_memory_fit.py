@@ -108,3 +108,17 @@ def test_fitting_weights_with_too_little_kv_room_warn_with_the_largest_context(
     assert "max_model_len 32768" in finding["expected"]
     assert f"vllm_max_model_len to at most {largest}" in finding["fix"]
     assert [s["tokens"] for s in document["memory"]["lab"]["stages"]] == [largest] * 2
+
+
+def test_facts_show_the_headers_read_on_rank_0_and_the_estimate(model_on_hosts, tmp_path):
+    result = provision("facts", "-i", str(model_on_hosts.inventory_path("mp")), "--json",
+                       "-e", f"vllm_model={MODEL}", state_home=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    weights = document["hosts"]["h1"]["model_weights"]
+    assert weights["total_bytes"] == 46_702_792_704 * 2  # Mixtral's parameters in BF16
+    assert weights["files"] == 4 and weights["errors"] == []
+    assert document["hosts"]["h2"]["model_weights"] is None  # headers are read on rank 0 only
+    stages = document["memory"]["lab"]["stages"]
+    assert [s["weights"] for s in stages] == [WEIGHTS_PER_GPU] * 2
+    assert [s["budget"] for s in stages] == [int(GPU_TOTAL * 0.9)] * 2

@@ -262,3 +262,43 @@ def test_vllm_pp_layer_partition_moves_layers_between_stages():
     result = memory.estimate(replica, facts_for("tinyllama-1.1b-chat-v1.0"), 2048)
     assert [s.layers for s in result.stages] == [(0, 12), (12, 22)]
     assert result.stages[0].weights > result.stages[1].weights
+
+
+INVENTORY = """all:
+  children:
+    vllm_replicas:
+      children:
+        r:
+          vars: {vllm_model: /srv/models/m, vllm_backend: mp}
+          hosts:
+            h1: {ansible_host: 10.0.0.1}
+"""
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0.5", 0.5), ("1", 1.0), ("0.95", 0.95)])
+def test_gpu_memory_utilization_is_read_as_a_number_and_rendered(tmp_path, value, expected):
+    from vllm_provision.cli.options import parse_extra_vars
+    from vllm_provision.inventory import load_inventory
+    from vllm_provision.inventory.view import engine_argv
+
+    path = tmp_path / "inv.yml"
+    path.write_text(INVENTORY)
+    inventory = load_inventory(path, parse_extra_vars([f"vllm_gpu_memory_utilization={value}"]))
+    [replica] = inventory.replicas
+    assert replica.engine.gpu_memory_utilization == expected
+    argv = engine_argv(replica)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == str(expected)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "lots", "nan", "-0.2"])
+def test_gpu_memory_utilization_outside_0_1_is_refused_naming_it(tmp_path, value):
+    from vllm_provision.cli.options import parse_extra_vars
+    from vllm_provision.errors import ProvisionError
+    from vllm_provision.inventory import load_inventory
+
+    path = tmp_path / "inv.yml"
+    path.write_text(INVENTORY)
+    with pytest.raises(ProvisionError) as caught:
+        load_inventory(path, parse_extra_vars([f"vllm_gpu_memory_utilization={value}"]))
+    text = caught.value.render()
+    assert "vllm_gpu_memory_utilization" in text and "Traceback" not in text

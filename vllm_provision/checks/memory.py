@@ -326,6 +326,8 @@ def check_memory_fit(replica: Replica, facts: Mapping[str, HostFacts], overhead_
     folder; a warning when the headers cannot be read.
     """
     item = "memory per GPU (weights + KV cache)"
+    if replica.master.name not in facts:
+        return [], None  # the master's facts are missing: the `facts` error says why
     try:
         result = estimate(replica, facts, overhead_mib)
     except CannotEstimate as exc:

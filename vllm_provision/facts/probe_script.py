@@ -185,7 +185,11 @@ def model_weights(path, max_bytes, max_config_bytes=1 << 20):
             out["config"] = json.loads(text)
         except ValueError as exc:
             out["errors"].append("config.json is not JSON: %s" % exc)
-    names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    try:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    except OSError as exc:
+        out["errors"].append("cannot list %s: %s" % (path, exc))
+        return out
     index_text = read_text(os.path.join(path, "model.safetensors.index.json"))
     if index_text is not None:
         try:
