@@ -302,3 +302,12 @@ def test_gpu_memory_utilization_outside_0_1_is_refused_naming_it(tmp_path, value
         load_inventory(path, parse_extra_vars([f"vllm_gpu_memory_utilization={value}"]))
     text = caught.value.render()
     assert "vllm_gpu_memory_utilization" in text and "Traceback" not in text
+
+
+def test_mla_caches_one_latent_vector_per_layer():
+    # DeepSeek-V3's config: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 (MLA)
+    config = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+              "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168}
+    # (512 + 64) x 2 bytes x 61 layers = 70,272 bytes per token, the same on every TP rank
+    assert memory.kv_bytes_per_token(config, 61, 8, 2) == 70_272
+    assert memory.kv_bytes_per_token(config, 61, 1, 2) == 70_272
