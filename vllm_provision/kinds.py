@@ -257,7 +257,7 @@ Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
 # ssh_host, ssh_user, ssh_args, port, interface, engine_arg, engine_args, env, secret, version,
-# count, seconds, flag, choice, text, data.
+# count, seconds, fraction, flag, choice, text, data.
 KINDS: dict[str, Kind] = {
     # connection
     "ansible_host": ("ssh_host", check_ssh_host),
@@ -282,6 +282,7 @@ KINDS: dict[str, Kind] = {
     "vllm_tensor_parallel_size": ("count", _no_check),
     "vllm_pipeline_parallel_size": ("count", _no_check),
     "vllm_max_model_len": ("count", _no_check),
+    "vllm_gpu_memory_utilization": ("fraction", _no_check),  # checked by check_fraction
     "vllm_api_host": ("address", check_address),
     "vllm_api_port": ("port", _no_check),
     "vllm_master_port": ("port", _no_check),
@@ -349,6 +350,7 @@ KINDS: dict[str, Kind] = {
     # preflight
     "preflight_parity": ("data", check_severities),
     "preflight_min_shm_mib": ("count", _no_check),
+    "preflight_gpu_overhead_mib": ("count", _no_check),
     "preflight_nccl_loaded": ("flag", _no_check),
     "preflight_model_sha256": ("flag", _no_check),
     "preflight_reach_timeout_s": ("seconds", _no_check),

@@ -62,7 +62,8 @@ class Group:
 class EngineArgs:
     """The ``vllm serve`` arguments every node of a replica shares: the ONE source they render from.
 
-    Sizes are counts; ports are TCP ports; ``max_model_len`` is in tokens.
+    Sizes are counts; ports are TCP ports; ``max_model_len`` is in tokens;
+    ``gpu_memory_utilization`` is a fraction of each GPU's total memory.
     ``api_key`` is a secret: it is rendered only into the 0600 environment file, never into a
     unit or output.
     """
@@ -72,6 +73,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
     api_host: str = "0.0.0.0"
     api_port: int = 8000
     master_port: int = 29501

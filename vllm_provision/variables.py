@@ -93,6 +93,12 @@ def check_owned_dirs_list(value: list[str]) -> str | None:
 MIN_SECRET_LENGTH = 8
 
 
+def check_fraction(value: float) -> str | None:
+    """Return why ``value`` is not a fraction in (0, 1], or None (vLLM's CacheConfig:
+    ``gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)``, vllm/config/cache.py)."""
+    return None if 0 < value <= 1 else "a number greater than 0 and at most 1, such as 0.9"
+
+
 def check_secret(value: str) -> str | None:
     """Return why ``value`` cannot be a secret (shorter than MIN_SECRET_LENGTH), or None."""
     if len(value) < MIN_SECRET_LENGTH:
@@ -107,8 +113,8 @@ class Variable:
 
     Attributes:
         name: the variable name as written in the inventory (``vllm_api_port``).
-        type: the Python type of a valid value: ``str``, ``int``, ``bool``, ``list`` (of scalars,
-            rendered as strings) or ``dict`` (string keys to scalar values).
+        type: the Python type of a valid value: ``str``, ``int``, ``float``, ``bool``, ``list``
+            (of scalars, rendered as strings) or ``dict`` (string keys to scalar values).
         default: the value when unset; ``None`` means "unset" (or required when ``required``).
         doc: one line for the reference table.
         example: a value as it would be written in YAML.
@@ -150,6 +156,8 @@ class Variable:
             if self.minimum is not None:
                 return f"an integer >= {self.minimum}"
             return "an integer"
+        if self.type is float:
+            return "a number"
         if self.type is list:
             return "a list of strings"
         if self.type is dict:
@@ -211,6 +219,11 @@ _TABLE: tuple[Variable, ...] = (
              "stages).", "2", engine_field="pipeline_parallel_size", minimum=1),
     Variable("vllm_max_model_len", int, None, "`--max-model-len`, in tokens.", "8192",
              engine_field="max_model_len", minimum=1),
+    Variable("vllm_gpu_memory_utilization", float, 0.9, "`--gpu-memory-utilization`: the "
+             "fraction of each GPU's total memory vLLM may use for weights, activations and the "
+             "KV cache (vLLM's default 0.9); preflight's memory estimate checks the model "
+             "against it (docs/preflight.md, \"Will the model fit\").", "0.9",
+             engine_field="gpu_memory_utilization", check=check_fraction),
     Variable("vllm_api_host", str, "0.0.0.0", "Address the master's HTTP server binds "
              "(`--host`).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
     Variable("vllm_api_port", int, 8000, "HTTP port of the master (`--port`).", "8000",
@@ -364,8 +377,8 @@ def render_markdown_table() -> str:
     pasted verbatim into ``docs/inventory.md`` between ``<!-- variables:begin -->`` and
     ``<!-- variables:end -->``; a unit test compares the two.
     """
-    type_names = {str: "string", int: "integer", bool: "boolean", list: "list of strings",
-                  dict: "mapping"}
+    type_names = {str: "string", int: "integer", float: "number", bool: "boolean",
+                  list: "list of strings", dict: "mapping"}
     lines = [
         "| variable | type | default | scope | description | example |",
         "|---|---|---|---|---|---|",

@@ -111,7 +111,8 @@ def test_mp_engine_arguments_are_identical_on_every_node() -> None:
     assert per_node[0] == per_node[1]
     assert per_node[0] == ["/srv/models/lab-model", "--tensor-parallel-size", "4",
                            "--pipeline-parallel-size", "2", "--served-model-name", "llama-3",
-                           "--max-model-len", "4096", "--dtype", "bfloat16", "--enforce-eager"]
+                           "--max-model-len", "4096", "--gpu-memory-utilization", "0.9",
+                           "--dtype", "bfloat16", "--enforce-eager"]
 
 
 def test_optional_engine_arguments_are_left_out_when_unset() -> None:

@@ -123,8 +123,8 @@ class RayBackend(Backend):
 
     def check_replica(self, replica: Replica, facts: Mapping[str, HostFacts],
                       settings: Any) -> list[Finding]:
-        """vLLM's and the inventory's placement groups fit the nodes' Ray resources
-        (checks/placement.py)."""
+        """vLLM's and the inventory's placement groups fit the nodes' Ray resources, and
+        Ray's logical GPUs are whole physical GPUs (checks/placement.py)."""
         from vllm_provision.checks import placement
 
         resources = {}
@@ -135,10 +135,16 @@ class RayBackend(Backend):
             resources[node.name] = placement.node_resources(
                 int(declared) if declared is not None else len(facts[node.name].gpus),
                 node.host_ip, facts[node.name].cpu_count)
+        logical = placement.check_logical_gpus(
+            replica, {name: len(f.gpus) for name, f in facts.items()},
+            {node.name: (int(node.host.vars["ray_num_gpus"]) if node.host.vars.get(
+                "ray_num_gpus") is not None else None) for node in replica.nodes},
+            settings.placement_bundles)
         if len(resources) != replica.nnodes:
-            return []
-        return placement.check_placement(replica, resources, settings.placement_bundles,
-                                          settings.placement_strategy)
+            return logical
+        return logical + placement.check_placement(replica, resources,
+                                                    settings.placement_bundles,
+                                                    settings.placement_strategy)
 
     def status_view(self, replica: Replica, states: Sequence[Any], lost: dict[str, str],
                     connections: Mapping[str, Any], vars_: Mapping[str, Any]) -> dict[str, Any]:

@@ -254,3 +254,84 @@ def check_placement(replica: Replica, nodes: Mapping[str, Bundle],
                     "strategy; vLLM would wait 1800 s for it and fail",
                 source=RAY_PG_DOC + "; vllm/v1/executor/ray_utils.py"))
     return findings
+
+
+RAY_RESOURCES_DOC = "Ray docs: ray-core/scheduling/resources.rst (physical vs logical resources)"
+
+
+def _gpu_amounts(value: Any) -> list[float]:
+    try:
+        return [b.get("GPU", 0.0) for b in _as_bundles(value)]
+    except ValueError:
+        return []
+
+
+def check_logical_gpus(replica: Replica, physical: Mapping[str, int],
+                       declared: Mapping[str, int | None], custom_bundles: Any = None,
+                       ) -> list[Finding]:
+    """Warn where Ray's logical GPUs stop being one whole physical GPU per worker.
+
+    Ray's resources are logical: a ``{"GPU": 0.5}`` request sets ``CUDA_VISIBLE_DEVICES`` and
+    lets Ray put two such workers on one GPU, but nothing isolates or reserves that GPU's
+    memory; "it is the user's responsibility to make sure that the individual tasks don't use
+    more than their share of the GPU memory" (Ray docs, resources.rst and "Fractional
+    resource requirements"). Each vLLM worker then still sizes its KV cache from the whole
+    GPU's free memory, so the memory estimate (per GPU) no longer holds. Warnings for:
+    ``VLLM_RAY_PER_WORKER_GPUS`` below 1 (vllm/envs.py: "if it is set to be a fraction, it
+    allows ray to schedule multiple actors on a single GPU"), a custom placement bundle with a
+    fractional GPU amount, and ``ray_num_gpus`` above the GPUs nvidia-smi lists on a node.
+
+    Args:
+        replica: a Ray replica.
+        physical: host name -> GPUs nvidia-smi lists.
+        declared: host name -> ``ray_num_gpus`` (None: the physical count).
+        custom_bundles: ``preflight_placement_bundles``, or None.
+    """
+    if not replica.backend_type.ray_cluster:
+        return []
+    findings: list[Finding] = []
+    why = ("Ray's GPUs are logical: they set CUDA_VISIBLE_DEVICES but do not isolate or "
+           "reserve memory, so workers sharing a GPU share its memory and each sizes its KV "
+           "cache as if the GPU were its own")
+    env = {**dict(replica.vars.get("vllm_env") or {}),
+           **dict(replica.master.host.vars.get("vllm_node_env") or {})}
+    text = env.get("VLLM_RAY_PER_WORKER_GPUS")
+    if text is not None:
+        try:
+            share = float(text)
+        except ValueError:
+            share = 1.0
+            findings.append(Finding(
+                "placement.logical_gpus", Severity.WARNING, replica.master.name,
+                "VLLM_RAY_PER_WORKER_GPUS", expected="a number such as 1.0",
+                actual=repr(text), fix="remove VLLM_RAY_PER_WORKER_GPUS from vllm_env",
+                source="vllm/envs.py"))
+        if 0 < share < 1:
+            findings.append(Finding(
+                "placement.logical_gpus", Severity.WARNING, replica.master.name,
+                "GPUs per Ray worker (VLLM_RAY_PER_WORKER_GPUS)",
+                expected="1 (one whole GPU per worker)",
+                actual=f"{share:g}: Ray may place {int(1 // share)} workers on one GPU; {why}",
+                fix="remove VLLM_RAY_PER_WORKER_GPUS (or set it to 1) unless every process "
+                    "on a shared GPU is given its part with vllm_gpu_memory_utilization",
+                source=f"vllm/envs.py; {RAY_RESOURCES_DOC}"))
+    fractional = [g for g in _gpu_amounts(custom_bundles) if g and g != int(g)]
+    if fractional:
+        findings.append(Finding(
+            "placement.logical_gpus", Severity.WARNING, "*", "custom placement bundles",
+            expected="whole GPUs per bundle",
+            actual=f"GPU amounts {', '.join(f'{g:g}' for g in fractional)}; {why}",
+            fix="ask for whole GPUs in preflight_placement_bundles",
+            source=RAY_RESOURCES_DOC))
+    for node in replica.nodes:
+        have, says = physical.get(node.name), declared.get(node.name)
+        if have is None or says is None or says <= have:
+            continue
+        findings.append(Finding(
+            "placement.logical_gpus", Severity.WARNING, node.name, "ray_num_gpus",
+            expected=f"at most the {have} GPUs nvidia-smi lists",
+            actual=f"{says} logical GPUs declared to Ray; Ray can place {says} workers on "
+                   f"{have} GPUs; {why}",
+            fix=f"set ray_num_gpus on {node.name} to {have} or less (or remove it)",
+            source=RAY_RESOURCES_DOC))
+    return findings

@@ -17,6 +17,7 @@ from vllm_provision import settings
 from vllm_provision.checks import (
     fabric,
     gpu_health,
+    memory,
     network,
     ownership,
     parity,
@@ -76,6 +77,7 @@ class PreflightSettings:
         watchdog_unit: the peer watchdog's unit, the only one that may hold its port.
         watchdog_port: the replica's watchdog port (group vars, else the role default); a
             node's own vars win (:func:`check_replica`).
+        gpu_overhead_mib: MiB per GPU the memory estimate reserves beyond the weights.
     """
 
     parity: Mapping[str, str] = field(default_factory=dict)
@@ -89,6 +91,7 @@ class PreflightSettings:
     own_units: tuple[str, ...] = ("vllm.service", "ray-head.service", "ray-worker.service")
     watchdog_unit: str = "vllm-watchdog.service"
     watchdog_port: int = 29510
+    gpu_overhead_mib: int = memory.DEFAULT_OVERHEAD_MIB
 
     def probe_options(self) -> ProbeOptions:
         """The probe options these settings ask for."""
@@ -127,6 +130,7 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         # Not the master's host vars: a node without its own value binds the group's.
         watchdog_port=int((settings.replica_settings(replica) if replica is not None
                            else settings.base())["vllm_watchdog_port"]),
+        gpu_overhead_mib=int(values["preflight_gpu_overhead_mib"]),
     )
 
 
@@ -177,6 +181,8 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
     findings += fabric.check_mtu(replica, facts, interface)
     findings += fabric.check_rdma(replica, facts)
     findings += fabric.check_peer_reach(replica, facts)
+    if device != "cpu":
+        findings += memory.check_memory_fit(replica, facts, settings.gpu_overhead_mib)[0]
     model_bytes = 0
     master_facts = facts.get(replica.master.name)
     if master_facts is not None and master_facts.model_files:
@@ -211,6 +217,24 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += host_checks.check_memory(node, f, model_bytes // max(1, replica.nnodes))
         findings += platform.check_platform(node, f)
     return findings
+
+
+def memory_estimates(replicas: Iterable[Replica], facts: Mapping[str, HostFacts],
+                     defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replica name -> its memory estimate as JSON (:mod:`vllm_provision.checks.memory`), or
+    ``{"skipped": why}``; CPU replicas are left out. For ``provision check --json`` and
+    ``provision facts --json``."""
+    out: dict[str, Any] = {}
+    for replica in replicas:
+        if str(replica.vars.get("vllm_device") or "cuda") == "cpu":
+            continue
+        settings = settings_for(replica, defaults)
+        try:
+            out[replica.name] = memory.estimate(replica, facts,
+                                                settings.gpu_overhead_mib).to_json()
+        except memory.CannotEstimate as exc:
+            out[replica.name] = {"skipped": str(exc)}
+    return out
 
 
 def unreachable_findings(errors: Mapping[str, ProvisionError]) -> list[Finding]:

@@ -13,12 +13,15 @@ from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 
 
-def findings_json(findings: list[Finding], replicas: Sequence[Any] = ()) -> dict:
+def findings_json(findings: list[Finding], replicas: Sequence[Any] = (),
+                  memory: dict[str, Any] | None = None) -> dict:
     """The ``--json`` object: every finding (with the replica it belongs to), counts per
-    severity, and per replica its backend and where the backend came from: ``inventory``
-    (``vllm_backend``) or ``default`` (vLLM's rule; ``backend_reason`` says why and cites it).
+    severity, per replica its backend and where the backend came from: ``inventory``
+    (``vllm_backend``) or ``default`` (vLLM's rule; ``backend_reason`` says why and cites it),
+    and ``memory``: replica name -> its memory estimate (``checks.run.memory_estimates``).
     """
     return {
+        "memory": memory or {},
         "ok": not any(f.severity is Severity.ERROR for f in findings),
         "counts": {s.value: sum(1 for f in findings if f.severity is s) for s in Severity},
         "replicas": [backend_json(replica) for replica in replicas],
@@ -123,7 +126,13 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     With --limit, only the replicas with a host matching the pattern are checked.
     Exit status 0 when no check is an error, 1 otherwise.
     """
-    from vllm_provision.checks.run import has_errors, load_defaults, run_checks, settings_for
+    from vllm_provision.checks.run import (
+        has_errors,
+        load_defaults,
+        memory_estimates,
+        run_checks,
+        settings_for,
+    )
     from vllm_provision.facts.collect import collect_facts
     from vllm_provision.inventory import select_hosts
 
@@ -145,7 +154,8 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
                           defaults=defaults)
     if opts.json:
-        click.echo(json.dumps(findings_json(findings, replicas), indent=2))
+        click.echo(json.dumps(findings_json(findings, replicas, memory_estimates(
+            replicas, facts, defaults)), indent=2))
     else:
         render_backends(replicas)
         render_findings(findings, show_ok=not quiet_ok)

@@ -31,6 +31,15 @@ def _model(f: HostFacts) -> str:
             f"{sum(m.size for m in f.model_files)} bytes")
 
 
+def _weights(f: HostFacts) -> str:
+    w = f.model_weights
+    if w is None:
+        return "-"
+    dtypes = ", ".join(f"{d} {n / 2**30:.2f} GiB" for d, n in sorted(w.by_dtype.items()))
+    text = f"{w.files} safetensors, {w.tensors} tensors, {dtypes or '0 bytes'}"
+    return text + (f" ({'; '.join(w.errors[:2])})" if w.errors else "")
+
+
 def _user(f: HostFacts) -> str:
     user = f.service_user
     if user is None or not user.name:
@@ -113,6 +122,7 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
     ("disk free (model fs)", lambda f: _mib(f.disk_free_bytes)),
     ("CPUs", lambda f: str(f.cpu_count)),
     ("model", _model),
+    ("model weights", lambda f: _weights(f)),
     ("listening TCP", _ports),
     ("logind RemoveIPC", lambda f: "yes" if f.remove_ipc else "no"),
     ("service user", _user),
@@ -128,7 +138,7 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
 # Rows whose values differ per host by nature: never highlighted.
 NOT_COMPARED = {"hostname", "interfaces", "routes", "GPU memory used", "clock",
                 "memory available", "disk free (model fs)", "listening TCP", "GPU processes",
-                "python (probe)", "probe problems"}
+                "python (probe)", "probe problems", "model weights"}
 
 
 def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
@@ -204,8 +214,11 @@ def command(nccl_loaded: bool, sha256: bool, **kwargs: Any) -> None:
         nccl_loaded=nccl_loaded, sha256=sha256, reachability=False), opts.connection_options())
     ordered = {h.name: facts[h.name] for h in hosts if h.name in facts}
     if as_json:
+        from vllm_provision.checks.run import memory_estimates
+
         click.echo(json.dumps({
             "hosts": {name: f.to_json() for name, f in ordered.items()},
+            "memory": memory_estimates(inventory.replicas, ordered),
             "errors": {name: e.render() for name, e in errors.items()},
         }, indent=2, default=str))
         sys.exit(1 if errors else 0)

@@ -17,13 +17,14 @@ from typing import Any
 from vllm_provision import settings, variables
 from vllm_provision.connection import Connection, UnreachableError
 from vllm_provision.errors import ProvisionError
-from vllm_provision.facts import parsers
+from vllm_provision.facts import parsers, weights
 from vllm_provision.facts.model import (
     HostFacts,
     HostOwner,
     Interface,
     Listener,
     ModelFile,
+    ModelWeights,
     Reachability,
     Route,
     ServiceUser,
@@ -43,6 +44,9 @@ PACKAGES: tuple[str, ...] = (
 KERNEL_MODULES: tuple[str, ...] = ("nvidia_peermem", "nv_peer_mem", "nvidia_fs")
 # Seconds a follower keeps trying to reach the master and the master keeps its listener open.
 DEFAULT_REACH_TIMEOUT_S = 8.0
+# Most safetensors header bytes the master reads for the memory estimate (all files together):
+# a 1 TB MoE checkpoint's headers are ~20 MB; the format caps one header at 100 MB.
+WEIGHTS_MAX_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,10 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
     me = next(node for node in replica.nodes if node.name == host.name)
     config["peers"] = [node.host_ip for node in replica.nodes if node.name != host.name]
     config["model_path"] = replica.engine.model if replica.engine.model.startswith("/") else ""
+    if me.rank == 0 and config["model_path"]:
+        # config.json and the safetensors headers, for the memory estimate (checks/memory.py)
+        config["weights"] = True
+        config["weights_max_bytes"] = WEIGHTS_MAX_BYTES
     port = reach_port(replica)
     if options.reachability and replica.nnodes > 1 and port is not None:
         if me.rank == 0:
@@ -309,7 +317,15 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
                            for r in raw.get("reach") or []),
         problems=tuple(problems),
         owner=parse_owner(host, raw.get("state") or {}, problems),
+        model_weights=_weights(raw.get("weights")),
     )
+
+
+def _weights(raw: Any) -> ModelWeights | None:
+    """The probe's ``weights`` section as :class:`ModelWeights`, None when not asked for."""
+    if not isinstance(raw, Mapping):
+        return None
+    return weights.summarise(raw.get("config"), raw.get("files") or [], raw.get("errors") or [])
 
 
 def parse_owner(host: str, raw: Mapping[str, Any], problems: list[str]) -> HostOwner | None:

@@ -202,6 +202,33 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
+class ModelWeights:
+    """What the master read of the model without loading it: config.json and the safetensors
+    headers (``facts/weights.py`` builds it; ``checks/memory.py`` uses it).
+
+    Attributes:
+        config: the keys of config.json the memory estimate reads (``text_config`` keys of a
+            multimodal model merged over the top level), ``{}`` when unreadable.
+        files: safetensors files whose header was read.
+        tensors: tensors in those headers.
+        total_bytes: the sum of every tensor's stored size (``data_offsets`` end - begin).
+        by_dtype: safetensors dtype (``BF16``, ``F8_E4M3``, ``I32``) -> stored bytes.
+        groups: where a tensor goes when vLLM splits the model: ``embed``, ``lm_head``,
+            ``layer.<N>`` (decoder layer N) or ``other`` (final norm, vision tower, ...) ->
+            dtype -> stored bytes.
+        errors: why a file could not be read (the estimate is then incomplete).
+    """
+
+    config: Mapping[str, Any] = field(default_factory=dict)
+    files: int = 0
+    tensors: int = 0
+    total_bytes: int = 0
+    by_dtype: Mapping[str, int] = field(default_factory=dict)
+    groups: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ServiceUser:
     """The account the vLLM unit runs as.
 
@@ -382,6 +409,8 @@ class HostFacts:
         reachability: TCP tests to the master/head, one per target.
         problems: probe-side errors (a command missing, a file unreadable).
         owner: the host's state record (last good ``provision up``), None when it has none.
+        model_weights: config.json and safetensors headers of the model, read on a replica's
+            rank 0 only (None elsewhere, or when the model path is not a local folder).
     """
 
     host: str
@@ -429,6 +458,7 @@ class HostFacts:
     reachability: tuple[Reachability, ...] = ()
     problems: tuple[str, ...] = ()
     owner: HostOwner | None = None
+    model_weights: ModelWeights | None = None
 
     @property
     def nccl_version(self) -> str | None:

@@ -122,6 +122,93 @@ def model_manifest(path, want_sha256, max_files):
     return {"exists": True, "is_dir": True, "files": files, "truncated": truncated}
 
 
+# safetensors format: an 8-byte little-endian header length, then that many bytes of JSON
+# (name -> {dtype, shape, data_offsets}); the format caps the header at 100 MB
+# (safetensors docs, "Format"). Only headers are read, never the weights.
+SAFETENSORS_HEADER_MAX = 100000000
+
+
+def safetensors_header(path, budget):
+    """Read one safetensors header: ([[name, dtype, shape, nbytes], ...], header bytes read) or
+    raise ValueError naming what is wrong. ``budget`` bounds the bytes read."""
+    with open(path, "rb") as handle:
+        first = handle.read(8)
+        if len(first) < 8:
+            raise ValueError("shorter than the 8-byte safetensors header length")
+        length = int.from_bytes(first, "little")
+        if length > SAFETENSORS_HEADER_MAX or length > budget:
+            raise ValueError("header length %d is not a safetensors header (limit %d)"
+                             % (length, min(SAFETENSORS_HEADER_MAX, budget)))
+        raw = handle.read(length)
+    if len(raw) < length:
+        raise ValueError("header cut short (%d of %d bytes)" % (len(raw), length))
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError("header is not JSON: %s" % exc) from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    tensors = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            tensors.append([name, str(entry["dtype"]), [int(d) for d in entry["shape"]],
+                            int(end) - int(begin)])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("tensor %r has no dtype, shape or data_offsets" % name) from None
+    return tensors, length + 8
+
+
+def model_weights(path, max_bytes, max_config_bytes=1 << 20):
+    """The model's config.json and every top-level ``*.safetensors`` header (headers only).
+
+    With a ``model.safetensors.index.json`` only the shards its ``weight_map`` names are read,
+    as vLLM loads them (``filter_duplicate_safetensors_files``,
+    vllm/model_executor/model_loader/weight_utils.py).
+    """
+    out = {"config": None, "files": [], "errors": []}
+    if not path or not os.path.isdir(path):
+        return out
+    text = None
+    config_path = os.path.join(path, "config.json")
+    try:
+        if os.path.getsize(config_path) > max_config_bytes:
+            out["errors"].append("config.json is larger than %d bytes" % max_config_bytes)
+        else:
+            text = read_text(config_path)
+    except OSError:
+        out["errors"].append("config.json is missing")
+    if text is not None:
+        try:
+            out["config"] = json.loads(text)
+        except ValueError as exc:
+            out["errors"].append("config.json is not JSON: %s" % exc)
+    try:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    except OSError as exc:
+        out["errors"].append("cannot list %s: %s" % (path, exc))
+        return out
+    index_text = read_text(os.path.join(path, "model.safetensors.index.json"))
+    if index_text is not None:
+        try:
+            wanted = set((json.loads(index_text).get("weight_map") or {}).values())
+            names = [n for n in names if n in wanted]
+        except (ValueError, AttributeError) as exc:
+            out["errors"].append("model.safetensors.index.json is not JSON: %s" % exc)
+    budget = max_bytes
+    for name in names:
+        try:
+            tensors, used = safetensors_header(os.path.join(path, name), budget)
+        except (OSError, ValueError) as exc:
+            out["errors"].append("%s: %s" % (name, exc))
+            continue
+        budget -= used
+        out["files"].append({"name": name, "tensors": tensors})
+    return out
+
+
 def statvfs_bytes(path):
     try:
         stat = os.statvfs(path)
@@ -401,6 +488,9 @@ def main():
         "cpu_count": os.cpu_count(),
         "model": model_manifest(config.get("model_path", ""), bool(config.get("sha256")),
                                 int(config.get("max_files", 20000))),
+        "weights": model_weights(config.get("model_path", ""),
+                                 int(config.get("weights_max_bytes", 0)))
+        if config.get("weights") else None,
         "ss": run(["ss", "-Hltnp"]),
         "logind": logind_texts(),
         "login_defs": read_text("/etc/login.defs") or "",

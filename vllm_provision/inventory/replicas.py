@@ -38,6 +38,7 @@ VARIABLE_OPTIONS = {
     "--pipeline-parallel-size": "vllm_pipeline_parallel_size",
     "-pp": "vllm_pipeline_parallel_size",
     "--max-model-len": "vllm_max_model_len", "--served-model-name": "vllm_served_model_name",
+    "--gpu-memory-utilization": "vllm_gpu_memory_utilization",
     "--host": "vllm_api_host", "--port": "vllm_api_port", "--master-port": "vllm_master_port",
     "--model": "vllm_model",
 }

@@ -87,6 +87,18 @@ def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
         if isinstance(value, str) and value.strip().isdigit():
             return int(value.strip())
         return _INVALID
+    if var.type is float:
+        if isinstance(value, bool):
+            return _INVALID
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                return _INVALID
+            return number if number == number and abs(number) != float("inf") else _INVALID
+        return _INVALID
     if var.type is str:
         if isinstance(value, str):
             return value

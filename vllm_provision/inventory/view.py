@@ -140,6 +140,7 @@ def engine_argv(replica: Replica) -> list[str]:
         argv += ["--served-model-name", engine.served_model_name]
     if engine.max_model_len:
         argv += ["--max-model-len", str(engine.max_model_len)]
+    argv += ["--gpu-memory-utilization", str(engine.gpu_memory_utilization)]
     return argv + list(engine.extra_args)
 
 

@@ -24,19 +24,56 @@ def site_packages(root: Path) -> Path:
     return found[-1] if found else root / VENV.lstrip("/") / SITE_FALLBACK
 
 
+# The lab model: a tiny Llama (2 layers, hidden 64, 4 heads, 2 KV heads), so preflight's memory
+# estimate reads real safetensors headers (docs/preflight.md, "Will the model fit").
+LAB_MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 320, "max_position_embeddings": 2048,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "_comment": "vllm-provision lab model: the stand-in vLLM never reads the weights"}
+
+
+def safetensors_file(tensors: list[tuple[str, list[int]]], seed: bytes) -> bytes:
+    """A BF16 safetensors file (8-byte little-endian header length, JSON header padded to 8
+    bytes, then the data) whose data bytes are a deterministic function of ``seed``."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in tensors:
+        size = 2
+        for dim in shape:
+            size *= dim
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    data = b"".join(hashlib.sha256(seed + i.to_bytes(4, "little")).digest()
+                    for i in range(-(-offset // 32)))[:offset]
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
 def model_files() -> dict[str, bytes]:
-    """Return the lab model's files (name -> bytes): a config and two small weight shards."""
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-              "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 320,
-              "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
-              "_comment": "vllm-provision lab model: the stand-in vLLM never reads the weights"}
-    files = {"config.json": (json.dumps(config, indent=2) + "\n").encode(),
+    """Return the lab model's files (name -> bytes): a config and two weight shards with real
+    safetensors headers (embedding + layer 0, layer 1 + norm + LM head; about 230 KB)."""
+    c = LAB_MODEL_CONFIG
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+
+    def layer(i: int) -> list[tuple[str, list[int]]]:
+        p = f"model.layers.{i}."
+        return [(p + "input_layernorm.weight", [h]), (p + "post_attention_layernorm.weight", [h]),
+                (p + "self_attn.q_proj.weight", [h, h]), (p + "self_attn.k_proj.weight", [kv, h]),
+                (p + "self_attn.v_proj.weight", [kv, h]), (p + "self_attn.o_proj.weight", [h, h]),
+                (p + "mlp.gate_proj.weight", [inter, h]), (p + "mlp.up_proj.weight", [inter, h]),
+                (p + "mlp.down_proj.weight", [h, inter])]
+
+    shards = ([("model.embed_tokens.weight", [c["vocab_size"], h]), *layer(0)],
+              [*layer(1), ("model.norm.weight", [h]), ("lm_head.weight", [c["vocab_size"], h])])
+    files = {"config.json": (json.dumps(c, indent=2) + "\n").encode(),
              "generation_config.json": b'{"max_new_tokens": 16}\n'}
-    for shard in (1, 2):
-        seed = f"lab-model-shard-{shard}".encode()
-        blob = b"".join(hashlib.sha256(seed + bytes([i % 256, i // 256])).digest()
-                        for i in range(128))  # 4 KiB, deterministic
-        files[f"model-0000{shard}-of-00002.safetensors"] = blob
+    for number, tensors in enumerate(shards, 1):
+        files[f"model-0000{number}-of-00002.safetensors"] = safetensors_file(
+            tensors, f"lab-model-shard-{number}".encode())
     return files
 
 
