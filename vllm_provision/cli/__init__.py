@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "drift": "drift",
     "play": "play",
     "verify": "verify",
+    "init": "init",
     "lab": "lab",
 }
 

@@ -10,7 +10,7 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -28,6 +28,7 @@ from vllm_provision.facts.model import (
     Route,
     ServiceUser,
     UnitStart,
+    VenvFound,
 )
 from vllm_provision.models import Host, Inventory, Replica
 from vllm_provision.modules import STATE_DIR
@@ -43,6 +44,13 @@ PACKAGES: tuple[str, ...] = (
 KERNEL_MODULES: tuple[str, ...] = ("nvidia_peermem", "nv_peer_mem", "nvidia_fs")
 # Seconds a follower keeps trying to reach the master and the master keeps its listener open.
 DEFAULT_REACH_TIMEOUT_S = 8.0
+# Where ``provision init`` looks for virtual environments holding vLLM (globs on the host; ``~``
+# is the SSH user's home); the environment of a ``vllm`` on the PATH is added by the probe.
+VENV_SEARCH: tuple[str, ...] = (
+    "/opt/*", "/opt/*/venv", "/opt/*/.venv", "/srv/*", "/srv/*/venv", "/srv/*/.venv",
+    "/usr/local/*", "/venv", "/opt/conda/envs/*", "~/*", "~/*/venv", "~/*/.venv",
+    "~/.venv", "~/.virtualenvs/*", "~/miniconda3/envs/*", "~/anaconda3/envs/*",
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,11 @@ class ProbeOptions:
             head's ray_port (Ray), with a short-lived listener on the master when the port is free.
         reach_timeout_s: how long followers retry and the master listens, in seconds.
         command_timeout_s: limit of the whole probe round trip, in seconds.
+        venv_search: globs of folders that may be virtual environments holding vLLM
+            (:data:`VENV_SEARCH`); found ones land in ``HostFacts.vllm_venvs``. Empty: no search.
+        peers: peer addresses to read routes to, by host name, for hosts outside any replica
+            (``provision init``: the other hosts it was given); a replica's nodes use the
+            replica's addresses.
     """
 
     nccl_loaded: bool = False
@@ -65,6 +78,8 @@ class ProbeOptions:
     reachability: bool = True
     reach_timeout_s: float = DEFAULT_REACH_TIMEOUT_S
     command_timeout_s: float = 120.0
+    venv_search: tuple[str, ...] = ()
+    peers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def probe_source() -> str:
@@ -125,7 +140,10 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         "peers": [],
         "state_file": HOST_STATE_FILE,
     }
+    if options.venv_search:
+        config["venv_search"] = list(options.venv_search)
     if replica is None:
+        config["peers"] = list(options.peers.get(host.name, ()))
         return config
     me = next(node for node in replica.nodes if node.name == host.name)
     config["peers"] = [node.host_ip for node in replica.nodes if node.name != host.name]
@@ -310,6 +328,8 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
                            for r in raw.get("reach") or []),
         problems=tuple(problems),
         owner=parse_owner(host, raw.get("state") or {}, problems),
+        vllm_venvs=tuple(VenvFound(str(v.get("path", "")), str(v.get("vllm", "")))
+                         for v in raw.get("venvs") or () if isinstance(v, dict)),
     )
 
 

@@ -261,6 +261,19 @@ class Listener:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class VenvFound:
+    """A Python virtual environment holding vLLM, found by the probe's venv search.
+
+    Attributes:
+        path: the environment's folder (``/opt/vllm``): ``vllm_venv``.
+        vllm: the vLLM version its ``vllm-<version>.dist-info`` names.
+    """
+
+    path: str
+    vllm: str
+
+
 # systemd ActiveState values of a unit that runs or is about to (systemctl(1), "is-active").
 RUNNING_STATES = frozenset({"active", "activating", "reloading"})
 
@@ -382,6 +395,8 @@ class HostFacts:
         reachability: TCP tests to the master/head, one per target.
         problems: probe-side errors (a command missing, a file unreadable).
         owner: the host's state record (last good ``provision up``), None when it has none.
+        vllm_venvs: environments holding vLLM, when the probe was asked to search
+            (``ProbeOptions.venv_search``: ``provision init``), sorted by path; else empty.
     """
 
     host: str
@@ -429,6 +444,7 @@ class HostFacts:
     reachability: tuple[Reachability, ...] = ()
     problems: tuple[str, ...] = ()
     owner: HostOwner | None = None
+    vllm_venvs: tuple[VenvFound, ...] = ()
 
     @property
     def nccl_version(self) -> str | None:
