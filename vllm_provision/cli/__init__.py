@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "play": "play",
     "verify": "verify",
     "init": "init",
+    "completion": "completion",
     "lab": "lab",
 }
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import click
 import yaml
 
+from vllm_provision.cli.completion import complete_limit
 from vllm_provision.connection import (
     DEFAULT_FORKS,
     DEFAULT_HOST_KEY_POLICY,
@@ -182,6 +183,7 @@ OPTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
                               type=click.Path(path_type=Path),
                               help="Inventory: a YAML or INI file, or a directory of them."),
     "limit": click.option("-l", "--limit", metavar="PATTERN",
+                          shell_complete=complete_limit,
                           help="Only hosts matching this pattern (e.g. 'h1', 'llama:!h2')."),
     "check": click.option("-C", "--check", is_flag=True,
                           help="Dry run: change nothing; exit 2 if changes are pending."),

@@ -7,11 +7,14 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
 
-@click.command("restart")
+@click.command("restart", epilog=examples(
+    'provision restart -i inventory.yml',
+    'provision restart -i inventory.yml --check        # the plan and the outage'))
 @common_options
 @click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
 def command(take_over: bool, **kwargs: Any) -> None:
