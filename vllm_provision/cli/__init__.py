@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "verify": "verify",
     "init": "init",
     "completion": "completion",
+    "schema": "schema",
     "lab": "lab",
 }
 

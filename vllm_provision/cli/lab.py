@@ -71,9 +71,13 @@ def down() -> None:
 @command.command("status", epilog=examples(
     'provision lab status',
     'provision lab status --json'))
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON object instead of a table (provision schema lab status).")
 def status(as_json: bool) -> None:
     """Show each host's address and `systemctl is-system-running` (exit 1 if any is not running)."""
+    from vllm_provision import report
+
+    report.set_json_mode(as_json)  # an error is then the JSON error object too
     require_root("lab status")
     lab = Lab.from_env()
     states = lab.status()

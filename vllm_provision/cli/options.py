@@ -195,7 +195,8 @@ OPTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
                           show_default=True, help="Hosts handled in parallel."),
     "verbose": click.option("-v", "--verbose", count=True, help="More output (-v, -vv)."),
     "json": click.option("--json", "json_output", is_flag=True,
-                         help="Print exactly one JSON object on stdout (progress on stderr)."),
+                         help="Print exactly one JSON object on stdout (progress on stderr); its "
+                              "schema: provision schema COMMAND."),
     "host_key_policy": click.option(
         "--host-key-policy", type=click.Choice(["strict", "accept-new"]),
         default=DEFAULT_HOST_KEY_POLICY, show_default=True,
