@@ -162,10 +162,14 @@ def choose_sizes(gpu_counts: Mapping[str, int], request: InitRequest,
     pp = told_pp if told_pp is not None else nodes
     pp_reason = ("--pipeline-parallel-size" if told_pp is not None else
                  f"one pipeline stage per node ({nodes} node{'s' if nodes != 1 else ''})")
-    if (tp * pp) % nodes or tp * pp // nodes > min(counts):
+    workers = tp * pp
+    if len(problems) == before and (workers % nodes or workers // nodes > min(counts)):
+        message = (f"TP {tp} x PP {pp} = {workers} workers cannot be spread evenly over "
+                   f"{nodes} nodes" if workers % nodes else
+                   f"TP {tp} x PP {pp} = {workers} workers need {workers // nodes} GPUs on each "
+                   f"of the {nodes} nodes")
         problems.append(Problem(
-            "--tensor-parallel-size/--pipeline-parallel-size",
-            f"TP {tp} x PP {pp} = {tp * pp} workers do not fill {nodes} node(s) evenly",
+            "--tensor-parallel-size/--pipeline-parallel-size", message,
             expected=f"TP x PP a multiple of {nodes}, at most {min(counts)} per node",
             actual=f"{tp} x {pp}", fix="leave the sizes out to use every GPU, or change them"))
     if len(problems) > before:
@@ -350,8 +354,8 @@ def plan_inventory(request: InitRequest, facts: Mapping[str, HostFacts]) -> Inve
     replica_vars["vllm_model"] = request.model
     files = facts[addresses[0]].model_files or ()
     comments[(*path, "vllm_model")] = (comment_text(
-        f"found on every node ({len(files)} files, "
-        f"{sum(m.size for m in files) / 1e9:.1f} GB on {addresses[0]})"),)
+        f"found on every node ({len(files)} files, {_size(sum(m.size for m in files))} on "
+        f"{addresses[0]})"),)
     replica_vars["vllm_tensor_parallel_size"] = sizes.tensor_parallel_size
     replica_vars["vllm_pipeline_parallel_size"] = sizes.pipeline_parallel_size
     fit = memory_fit_note(facts, sizes, request)
@@ -394,6 +398,11 @@ def plan_inventory(request: InitRequest, facts: Mapping[str, HostFacts]) -> Inve
         "Next: provision check -i THIS_FILE, then provision up -i THIS_FILE.",
         "Every variable: docs/inventory.md.")
     return InventoryPlan(data, comments, tuple(warnings))
+
+
+def _size(size: int) -> str:
+    """A byte count for a comment: GiB from 1 GiB up, else MiB."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def _ip_or_warn(address: str, name: str, warnings: list[str]) -> None:

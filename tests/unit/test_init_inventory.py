@@ -75,6 +75,16 @@ def test_sizes_told_win_over_the_facts(tmp_path, facts):
     assert (engine.tensor_parallel_size, engine.pipeline_parallel_size) == (2, 2)
 
 
+def test_sizes_that_do_not_fit_the_nodes_are_refused(facts):
+    with pytest.raises(ProvisionError) as caught:
+        plan_inventory(request(tensor_parallel_size=4, pipeline_parallel_size=4), facts)
+    (problem,) = caught.value.problems
+    assert "need 8 GPUs on each of the 2 nodes" in problem.message
+    with pytest.raises(ProvisionError) as caught:
+        plan_inventory(request(tensor_parallel_size=8), facts)
+    assert [p.where for p in caught.value.problems] == [H1, H2]
+
+
 def test_different_gpu_counts_name_the_host_and_the_option(facts):
     facts[H2] = replace(facts[H2], gpus=facts[H2].gpus[:2])
     with pytest.raises(ProvisionError) as caught:
