@@ -50,6 +50,8 @@ class InitRequest:
             ``ansible_ssh_private_key_file``, ``provision_known_hosts_file``,
             ``ansible_become``), already checked by the command.
         replica: the replica group's name.
+        ips: the IP address of each address that is a DNS name, as this machine resolves it
+            (the routes between the hosts are read towards IPs); an IP stands for itself.
     """
 
     addresses: tuple[str, ...]
@@ -60,6 +62,11 @@ class InitRequest:
     pipeline_parallel_size: int | None = None
     connection: Mapping[str, Any] = field(default_factory=dict)
     replica: str = DEFAULT_REPLICA
+    ips: Mapping[str, str] = field(default_factory=dict)
+
+    def ip(self, address: str) -> str:
+        """The IP that ``address`` stands for (itself when it is one)."""
+        return self.ips.get(address, address)
 
 
 @dataclass(frozen=True)
@@ -315,7 +322,8 @@ def plan_inventory(request: InitRequest, facts: Mapping[str, HostFacts]) -> Inve
     if len(addresses) > 1:
         for address in addresses:
             found = _cluster_interface(facts[address], address,
-                                       [a for a in addresses if a != address], problems)
+                                       [request.ip(a) for a in addresses if a != address],
+                                       problems)
             if found is not None:
                 interfaces[address] = found
     if problems:

@@ -125,6 +125,14 @@ def test_a_cluster_address_other_than_the_ssh_one_becomes_vllm_host_ip(tmp_path,
     assert inventory.replicas[0].nodes[1].host_ip == H2
 
 
+def test_names_in_hosts_get_the_route_source_as_vllm_host_ip(tmp_path, facts):
+    names = {"gpu-a.example": H1, "gpu-b.example": H2}
+    by_name = {name: replace(facts[ip], host=name) for name, ip in names.items()}
+    _text, inventory = written(tmp_path, request(addresses=tuple(names), ips=names), by_name)
+    assert [(n.host.address, n.host_ip) for n in inventory.replicas[0].nodes] == [
+        ("gpu-a.example", H1), ("gpu-b.example", H2)]
+
+
 def test_interfaces_named_differently_are_written_per_host(tmp_path, facts):
     facts[H2] = replace(facts[H2], routes={H1: Route(H1, dev="ens1f0", src=H2)})
     _text, inventory = written(tmp_path, request(), facts)

@@ -82,11 +82,38 @@ def connection_vars(user: str | None, port: int | None, key: Path | None,
     return values
 
 
+def resolve_names(addresses: tuple[str, ...]) -> dict[str, str]:
+    """The IP of each address that is a DNS name, as this machine resolves it (IPv4 first):
+    the probe reads the routes between the hosts towards IPs.
+
+    Raises:
+        ProvisionError: a name that does not resolve (naming it).
+    """
+    import ipaddress
+    import socket
+
+    ips: dict[str, str] = {}
+    for address in addresses:
+        try:
+            ipaddress.ip_address(address)
+            continue
+        except ValueError:
+            pass
+        try:
+            infos = socket.getaddrinfo(address, None, 0, socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ProvisionError.single(address, f"the name does not resolve here: {exc}",
+                                        fix="give the host's IP address in --hosts") from None
+        found = sorted({str(info[4][0]) for info in infos}, key=lambda ip: (":" in ip, ip))
+        ips[address] = found[0]
+    return ips
+
+
 def probe_hosts(addresses: tuple[str, ...], conn_vars: dict[str, Any], venv: str | None,
-                model: str, opts: CommonOptions) -> dict[str, Any]:
+                model: str, opts: CommonOptions, ips: dict[str, str]) -> dict[str, Any]:
     """Connect to every address (the connection settings of ``conn_vars``), run the facts
-    probe once on each with the venv search and the routes to the others; return the facts by
-    address.
+    probe once on each with the venv search and the routes to the others (towards ``ips`` for
+    names, :func:`resolve_names`); return the facts by address.
 
     Raises:
         ProvisionError: a host is unreachable or its probe failed (every such host named).
@@ -110,7 +137,8 @@ def probe_hosts(addresses: tuple[str, ...], conn_vars: dict[str, Any], venv: str
     inventory = Inventory(path=Path("provision-init"), hosts=hosts,
                           groups={"all": Group("all", hosts=addresses)})
     probe = ProbeOptions(reachability=False, venv_search=VENV_SEARCH,
-                         peers={a: tuple(b for b in addresses if b != a) for a in addresses})
+                         peers={a: tuple(ips.get(b, b) for b in addresses if b != a)
+                                for a in addresses})
     facts, errors = collect_facts(inventory, list(hosts.values()), probe,
                                   opts.connection_options())
     if errors:
@@ -223,11 +251,12 @@ def command(addresses: tuple[str, ...], backend: str, model: str, venv: str | No
     if venv is not None:
         _checked("--venv", "vllm_venv", venv)
     conn_vars = connection_vars(user, port, key, known_hosts, become)
-    facts = probe_hosts(addresses, conn_vars, venv, model, opts)
+    ips = resolve_names(addresses)
+    facts = probe_hosts(addresses, conn_vars, venv, model, opts, ips)
     plan = plan_inventory(InitRequest(
         addresses=addresses, backend=backend, model=model, venv=venv,
         tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-        connection=conn_vars, replica=replica), facts)
+        connection=conn_vars, replica=replica, ips=ips), facts)
     text = render_inventory(plan)
     check_written(text)
     for line in plan.warnings:
