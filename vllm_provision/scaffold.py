@@ -22,13 +22,15 @@ from typing import Any
 
 import yaml
 
-from vllm_provision import kinds, variables
+from vllm_provision import backends, kinds, variables
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.inventory.tree import check_name
 
 # the replica's group name when the operator gives none (a child group of vllm_replicas)
 DEFAULT_REPLICA = "llm"
+# the backend when the operator names none: vLLM's multi-node multiprocessing
+DEFAULT_BACKEND = "mp"
 KeyPath = tuple[str, ...]
 
 
@@ -56,7 +58,7 @@ class InitRequest:
 
     addresses: tuple[str, ...]
     model: str
-    backend: str = "mp"
+    backend: str = DEFAULT_BACKEND
     venv: str | None = None
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
@@ -357,8 +359,8 @@ def plan_inventory(request: InitRequest, facts: Mapping[str, HostFacts]) -> Inve
     replica_vars: dict[str, Any] = {"vllm_backend": request.backend}
     path = ("all", "children", "vllm_replicas", "children", request.replica, "vars")
     comments[(*path, "vllm_backend")] = (
-        "--backend" if request.backend != "mp" else
-        "mp: vLLM's multi-node multiprocessing (no Ray); --backend ray for a Ray cluster",)
+        ("the default" if request.backend == DEFAULT_BACKEND else "chosen with --backend")
+        + f" (one of {', '.join(backends.names())}; choosing one: docs/deploy.md)",)
     replica_vars["vllm_model"] = request.model
     files = facts[addresses[0]].model_files or ()
     comments[(*path, "vllm_model")] = (comment_text(

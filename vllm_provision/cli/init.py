@@ -13,6 +13,7 @@ import click
 from vllm_provision import backends
 from vllm_provision.cli.options import CommonOptions, shared_options
 from vllm_provision.errors import Problem, ProvisionError
+from vllm_provision.scaffold import DEFAULT_BACKEND
 
 EPILOG = """\b
 Examples:
@@ -201,7 +202,8 @@ def write_output(path: Path, text: str) -> None:
 @click.option("--hosts", "addresses", required=True, metavar="ADDR[,ADDR...]",
               callback=lambda _ctx, _param, value: _split_hosts(value),
               help="The servers' SSH addresses, rank 0 (the one serving the API) first.")
-@click.option("--backend", type=click.Choice(backends.Names()), default="mp", show_default=True,
+@click.option("--backend", type=click.Choice(backends.Names()), default=DEFAULT_BACKEND,
+              show_default=True,
               help="How the nodes run the replica.")
 @click.option("--model", metavar="PATH", required=True,
               help="The model's folder, the same absolute path on every host (vllm_model): "
