@@ -27,6 +27,9 @@ COMMANDS: dict[str, str] = {
     "drift": "drift",
     "play": "play",
     "verify": "verify",
+    "init": "init",
+    "completion": "completion",
+    "schema": "schema",
     "lab": "lab",
 }
 

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 
 
@@ -114,7 +115,10 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
                   f"[{styles[Severity.OK]}]{counts[Severity.OK]} ok[/]")
 
 
-@click.command("check")
+@click.command("check", epilog=examples(
+    'provision check -i inventory.yml',
+    'provision check -i inventory.yml --json | jq .counts',
+    'provision check -i inventory.yml -l llm -e vllm_tensor_parallel_size=2'))
 @shared_options(HOST_OPTIONS)
 @click.option("--skip-check", "skip", multiple=True, metavar="NAME",
               help="Skip a check by name or prefix (e.g. host.shm, parity.transformers, parity); "

@@ -8,11 +8,15 @@ from typing import Any
 import click
 
 from vllm_provision.approval import YES_HELP
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
 
-@click.command("down")
+@click.command("down", epilog=examples(
+    'provision down -i inventory.yml',
+    'provision down -i inventory.yml --check          # what would stop',
+    'provision down -i inventory.yml --purge          # also remove units and env files'))
 @common_options
 @click.option("--purge", is_flag=True, help="Also remove the units and environment files.")
 @click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)

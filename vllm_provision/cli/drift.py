@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from vllm_provision import resources
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 
 NO_RECORD = "no record of a good `provision up`; run it first"
@@ -162,7 +163,9 @@ def render_plan(outcome: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@click.command("drift")
+@click.command("drift", epilog=examples(
+    'provision drift -i inventory.yml                 # exit 2 when something changed',
+    'provision drift -i inventory.yml -D --json'))
 @shared_options((*HOST_OPTIONS, "diff"))  # always a dry run: no -C
 def command(**kwargs: Any) -> None:
     """Show what changed since the last good `provision up`: facts and configuration.

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 from vllm_provision.facts.model import HostFacts
 
@@ -191,7 +192,10 @@ def facts_table(facts: Mapping[str, HostFacts], groups: list[list[str]]) -> Any:
     return table
 
 
-@click.command("facts")
+@click.command("facts", epilog=examples(
+    'provision facts -i inventory.yml',
+    'provision facts -i inventory.yml -l h2 --json',
+    'provision facts -i inventory.yml --nccl-loaded --sha256'))
 @shared_options(HOST_OPTIONS)
 @click.option("--nccl-loaded", is_flag=True,
               help="Also import torch and read the NCCL it loads (slow).")

@@ -13,10 +13,14 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, shared_options
 
 
-@click.command()
+@click.command(epilog=examples(
+    'provision inventory -i inventory.yml --list',
+    'provision inventory -i inventory.yml --host h1',
+    'provision inventory -i inventory.yml --graph'))
 @shared_options(("inventory", "extra_vars", "verbose", "json"))
 @click.option("--list", "show_list", is_flag=True,
               help="Every group and host variable, as ansible-inventory --list, and the replicas.")

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.lab import Lab
 from vllm_provision.lab.config import MAX_HOSTS
 from vllm_provision.lab.system import require_root
 
 
-@click.group("lab")
+@click.group("lab", epilog=examples(
+    'provision lab up && provision up -i inventory/lab-mp.yml',
+    'provision lab status --json',
+    'provision lab down'))
 def command() -> None:
     """Throw-away Debian hosts with real systemd and sshd on this machine (needs root).
 
@@ -23,7 +27,10 @@ def command() -> None:
     """
 
 
-@command.command("up")
+@command.command("up", epilog=examples(
+    'provision lab up',
+    'provision lab up --hosts 3 --suite bullseye,bookworm,trixie',
+    'provision lab up --vllm real'))
 @click.option("--hosts", "host_count", type=click.IntRange(1, MAX_HOSTS), default=2,
               show_default=True, help="How many hosts to boot (h1 .. hN).")
 @click.option("--spec", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -53,17 +60,24 @@ def up(host_count: int, spec: Path | None, install_deps: bool, vllm: str, suite:
                    f"{lab.inventory_path('mp')}, {lab.inventory_path('ray')}")
 
 
-@command.command("down")
+@command.command("down", epilog=examples(
+    'provision lab down'))
 def down() -> None:
     """Stop every host and remove all the lab made (mounts, netns, veths, bridge, cgroups)."""
     Lab.from_env().down()
     click.echo("lab down")
 
 
-@command.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
+@command.command("status", epilog=examples(
+    'provision lab status',
+    'provision lab status --json'))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON object instead of a table (provision schema lab status).")
 def status(as_json: bool) -> None:
     """Show each host's address and `systemctl is-system-running` (exit 1 if any is not running)."""
+    from vllm_provision import report
+
+    report.set_json_mode(as_json)  # an error is then the JSON error object too
     require_root("lab status")
     lab = Lab.from_env()
     states = lab.status()
@@ -80,7 +94,9 @@ def status(as_json: bool) -> None:
         raise SystemExit(1)
 
 
-@command.command("ssh", context_settings={"ignore_unknown_options": True})
+@command.command("ssh", context_settings={"ignore_unknown_options": True}, epilog=examples(
+    'provision lab ssh h1',
+    'provision lab ssh h2 -- systemctl status vllm'))
 @click.option("--user", default="root", show_default=True, help="Login user (root or deploy).")
 @click.argument("host")
 @click.argument("remote_command", nargs=-1, type=click.UNPROCESSED)
@@ -94,7 +110,9 @@ def ssh(user: str, host: str, remote_command: tuple[str, ...]) -> None:
     os.execvp("ssh", argv)
 
 
-@command.command("delay")
+@command.command("delay", epilog=examples(
+    'provision lab delay h2 200',
+    'provision lab delay h2 0                         # remove the delay'))
 @click.option("--peer", help="Delay only packets to this host (e.g. h2).")
 @click.argument("host")
 @click.argument("milliseconds", type=click.FloatRange(min=0))
@@ -106,7 +124,8 @@ def delay(peer: str | None, host: str, milliseconds: float) -> None:
                else f"{host}: delay removed")
 
 
-@command.command("cut")
+@command.command("cut", epilog=examples(
+    'provision lab cut h2 && provision status -i inventory/lab-mp.yml'))
 @click.argument("host")
 def cut(host: str) -> None:
     """Drop all traffic of HOST (as if its cable were pulled) until `lab heal`."""
@@ -114,7 +133,8 @@ def cut(host: str) -> None:
     click.echo(f"{host}: traffic cut")
 
 
-@command.command("heal")
+@command.command("heal", epilog=examples(
+    'provision lab heal h2'))
 @click.argument("host")
 def heal(host: str) -> None:
     """Restore the traffic of HOST after `lab cut`."""
@@ -122,7 +142,8 @@ def heal(host: str) -> None:
     click.echo(f"{host}: traffic restored")
 
 
-@command.command("reboot")
+@command.command("reboot", epilog=examples(
+    'provision lab reboot h2'))
 @click.argument("host")
 def reboot(host: str) -> None:
     """Reboot HOST and wait until it is running again."""

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import click
 import yaml
 
+from vllm_provision.cli.completion import complete_limit
 from vllm_provision.connection import (
     DEFAULT_FORKS,
     DEFAULT_HOST_KEY_POLICY,
@@ -182,6 +183,7 @@ OPTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
                               type=click.Path(path_type=Path),
                               help="Inventory: a YAML or INI file, or a directory of them."),
     "limit": click.option("-l", "--limit", metavar="PATTERN",
+                          shell_complete=complete_limit,
                           help="Only hosts matching this pattern (e.g. 'h1', 'llama:!h2')."),
     "check": click.option("-C", "--check", is_flag=True,
                           help="Dry run: change nothing; exit 2 if changes are pending."),
@@ -193,7 +195,8 @@ OPTIONS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
                           show_default=True, help="Hosts handled in parallel."),
     "verbose": click.option("-v", "--verbose", count=True, help="More output (-v, -vv)."),
     "json": click.option("--json", "json_output", is_flag=True,
-                         help="Print exactly one JSON object on stdout (progress on stderr)."),
+                         help="Print exactly one JSON object on stdout (progress on stderr); its "
+                              "schema: provision schema COMMAND."),
     "host_key_policy": click.option(
         "--host-key-policy", type=click.Choice(["strict", "accept-new"]),
         default=DEFAULT_HOST_KEY_POLICY, show_default=True,

@@ -12,10 +12,13 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
 
 
-@click.command("play")
+@click.command("play", epilog=examples(
+    'provision play -i inventory.yml my-playbook.yml',
+    'provision play -i inventory.yml my-playbook.yml --check -D -l h1'))
 @common_options
 @click.argument("playbook", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--roles-path", "roles_paths", multiple=True,

@@ -8,11 +8,14 @@ from typing import Any
 import click
 
 from vllm_provision.approval import YES_HELP
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
 
 
-@click.command("restart")
+@click.command("restart", epilog=examples(
+    'provision restart -i inventory.yml',
+    'provision restart -i inventory.yml --check        # the plan and the outage'))
 @common_options
 @click.option("--take-over", is_flag=True, help=TAKE_OVER_HELP)
 @click.option("-y", "--yes", "assume_yes", is_flag=True, help=YES_HELP)

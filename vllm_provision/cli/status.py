@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 from vllm_provision.errors import ProvisionError
 
@@ -129,7 +130,10 @@ def _iso(seconds: float | None) -> str | None:
     return datetime.fromtimestamp(seconds, UTC).isoformat() if seconds else None
 
 
-@click.command("status")
+@click.command("status", epilog=examples(
+    'provision status -i inventory.yml',
+    'provision status -i inventory.yml --history',
+    'provision status -i inventory.yml --json | jq ".replicas[].verdict"'))
 @shared_options(HOST_OPTIONS)
 @click.option("--history", is_flag=True,
               help="Also show failures from before the current deployment (this boot).")

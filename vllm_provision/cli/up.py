@@ -12,6 +12,7 @@ import click
 
 from vllm_provision import resources
 from vllm_provision.approval import YES_HELP
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.results import Status, TaskResult
 
@@ -335,7 +336,11 @@ def _record_good_up(inventory: Any, runner: Any, factory: Any = None,
         return {"state_record_error": text}
 
 
-@click.command("up")
+@click.command("up", epilog=examples(
+    'provision up -i inventory.yml',
+    'provision up -i inventory.yml --check -D         # the plan, changing nothing',
+    'provision up -i inventory.yml --json > result.json',
+    'provision up -i inventory.yml --skip-check host.clock'))
 @common_options
 @click.option("--skip-check", "skip_checks", multiple=True, metavar="NAME",
               help="Preflight check to skip (by its name, e.g. parity.nccl); repeatable.")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import shared_options
 
 
@@ -50,7 +51,9 @@ def pytest_args(inventory: Path, extra_vars: tuple[str, ...], pytest_extra: tupl
 VERIFY_OPTIONS = ("inventory", "extra_vars", "verbose")
 
 
-@click.command("verify", context_settings={"ignore_unknown_options": False})
+@click.command("verify", context_settings={"ignore_unknown_options": False}, epilog=examples(
+    'provision verify -i inventory.yml',
+    'provision verify -i inventory.yml -- -k watchdog -x'))
 @shared_options(VERIFY_OPTIONS)
 @click.argument("pytest_extra", nargs=-1, type=click.UNPROCESSED)
 def command(inventory: Path, extra_vars: tuple[str, ...], verbose: int,

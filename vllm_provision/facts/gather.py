@@ -10,7 +10,7 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -29,6 +29,7 @@ from vllm_provision.facts.model import (
     Route,
     ServiceUser,
     UnitStart,
+    VenvFound,
 )
 from vllm_provision.models import Host, Inventory, Replica
 from vllm_provision.modules import STATE_DIR
@@ -47,6 +48,13 @@ DEFAULT_REACH_TIMEOUT_S = 8.0
 # Most safetensors header bytes the master reads for the memory estimate (all files together):
 # a 1 TB MoE checkpoint's headers are ~20 MB; the format caps one header at 100 MB.
 WEIGHTS_MAX_BYTES = 256 * 1024 * 1024
+# Where ``provision init`` looks for virtual environments holding vLLM (globs on the host; ``~``
+# is the SSH user's home); the environment of a ``vllm`` on the PATH is added by the probe.
+VENV_SEARCH: tuple[str, ...] = (
+    "/opt/*", "/opt/*/venv", "/opt/*/.venv", "/srv/*", "/srv/*/venv", "/srv/*/.venv",
+    "/usr/local/*", "/venv", "/opt/conda/envs/*", "~/*", "~/*/venv", "~/*/.venv",
+    "~/.venv", "~/.virtualenvs/*", "~/miniconda3/envs/*", "~/anaconda3/envs/*",
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,11 @@ class ProbeOptions:
             head's ray_port (Ray), with a short-lived listener on the master when the port is free.
         reach_timeout_s: how long followers retry and the master listens, in seconds.
         command_timeout_s: limit of the whole probe round trip, in seconds.
+        venv_search: globs of folders that may be virtual environments holding vLLM
+            (:data:`VENV_SEARCH`); found ones land in ``HostFacts.vllm_venvs``. Empty: no search.
+        peers: peer addresses to read routes to, by host name, for hosts outside any replica
+            (``provision init``: the other hosts it was given); a replica's nodes use the
+            replica's addresses.
     """
 
     nccl_loaded: bool = False
@@ -69,6 +82,8 @@ class ProbeOptions:
     reachability: bool = True
     reach_timeout_s: float = DEFAULT_REACH_TIMEOUT_S
     command_timeout_s: float = 120.0
+    venv_search: tuple[str, ...] = ()
+    peers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def probe_source() -> str:
@@ -128,7 +143,10 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         "peers": [],
         "state_file": HOST_STATE_FILE,
     }
+    if options.venv_search:
+        config["venv_search"] = list(options.venv_search)
     if replica is None:
+        config["peers"] = list(options.peers.get(host.name, ()))
         return config
     me = next(node for node in replica.nodes if node.name == host.name)
     config["peers"] = [node.host_ip for node in replica.nodes if node.name != host.name]
@@ -318,6 +336,8 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
         problems=tuple(problems),
         owner=parse_owner(host, raw.get("state") or {}, problems),
         model_weights=_weights(raw.get("weights")),
+        vllm_venvs=tuple(VenvFound(str(v.get("path", "")), str(v.get("vllm", "")))
+                         for v in raw.get("venvs") or () if isinstance(v, dict)),
     )
 
 

@@ -288,6 +288,19 @@ class Listener:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class VenvFound:
+    """A Python virtual environment holding vLLM, found by the probe's venv search.
+
+    Attributes:
+        path: the environment's folder (``/opt/vllm``): ``vllm_venv``.
+        vllm: the vLLM version its ``vllm-<version>.dist-info`` names.
+    """
+
+    path: str
+    vllm: str
+
+
 # systemd ActiveState values of a unit that runs or is about to (systemctl(1), "is-active").
 RUNNING_STATES = frozenset({"active", "activating", "reloading"})
 
@@ -411,6 +424,8 @@ class HostFacts:
         owner: the host's state record (last good ``provision up``), None when it has none.
         model_weights: config.json and safetensors headers of the model, read on a replica's
             rank 0 only (None elsewhere, or when the model path is not a local folder).
+        vllm_venvs: environments holding vLLM, when the probe was asked to search
+            (``ProbeOptions.venv_search``: ``provision init``), sorted by path; else empty.
     """
 
     host: str
@@ -459,6 +474,7 @@ class HostFacts:
     problems: tuple[str, ...] = ()
     owner: HostOwner | None = None
     model_weights: ModelWeights | None = None
+    vllm_venvs: tuple[VenvFound, ...] = ()
 
     @property
     def nccl_version(self) -> str | None:

@@ -399,6 +399,33 @@ def clock_sync():
             "container": (read_text("/run/systemd/container") or "").strip()}
 
 
+def vllm_venvs(patterns):
+    """Virtual environments holding vLLM: every directory matching one of ``patterns`` (globs,
+    ``~`` for the SSH user's home) with a ``bin/python`` and a ``vllm-*.dist-info`` in its
+    ``lib/python3*/site-packages``, plus the environment of a ``vllm`` found on PATH.
+    Returns [{"path", "vllm"}] sorted by path (``vllm``: the version from the dist-info name)."""
+    candidates = set()
+    for pattern in patterns:
+        candidates.update(glob.glob(os.path.expanduser(pattern)))
+    on_path = None
+    for directory in os.environ.get("PATH", "").split(":"):
+        if directory and os.path.isfile(os.path.join(directory, "vllm")):
+            on_path = os.path.dirname(os.path.abspath(directory))
+            break
+    if on_path:
+        candidates.add(on_path)
+    found = []
+    for path in sorted(set(os.path.normpath(c) for c in candidates)):
+        if not os.path.isfile(os.path.join(path, "bin", "python")):
+            continue
+        infos = glob.glob(os.path.join(path, "lib", "python3*", "site-packages",
+                                       "vllm-*.dist-info"))
+        if infos:
+            name = os.path.basename(sorted(infos)[-1])[len("vllm-"):-len(".dist-info")]
+            found.append({"path": path, "vllm": name})
+    return found
+
+
 def pids_in(text):
     return set(int(pid) for pid in re.findall(r"pid=([0-9]+)", text))
 
@@ -508,6 +535,8 @@ def main():
         "fabric": fabric_manager(),
         "clock": clock_sync(),
     }
+    if config.get("venv_search"):
+        out["venvs"] = vllm_venvs(config["venv_search"])
     out.update(torch_runtime(bool(config.get("nccl_loaded")),
                              bool(config.get("torch_cuda_runtime"))))
     smi_thread.join(60)

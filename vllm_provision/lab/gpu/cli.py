@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.errors import LabError
 
 from .install import remote_apply_command
@@ -38,7 +39,9 @@ def _run(lab, host: str, command: str) -> str:  # type: ignore[no-untyped-def]
     return str(result.stdout)
 
 
-@click.command("set")
+@click.command("set", epilog=examples(
+    "provision lab set h2 nccl=2.27.3                 # version drift on one host",
+    "provision lab set h2 nccl=default"))
 @click.argument("host")
 @click.argument("assignments", nargs=-1, required=True)
 def set(host: str, assignments: tuple[str, ...]) -> None:  # noqa: A001 - the command's name
@@ -71,7 +74,9 @@ def effective_spec_with(state_dir: Path, host: str,
     return finish(spec, host)
 
 
-@click.command("occupy")
+@click.command("occupy", epilog=examples(
+    "provision lab occupy h1 --gpus 0",
+    "provision lab occupy h1 --release"))
 @click.argument("host")
 @click.option("--gpus", default="0", show_default=True, help="GPU indexes, comma separated")
 @click.option("--memory-mib", default=120000, show_default=True, type=int,

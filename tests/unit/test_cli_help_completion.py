@@ -1,0 +1,101 @@
+"""Every command's --help ends with examples, and shell completion (click's own) completes
+commands, options and the inventory's host and group names after -l/--limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.shell_completion import BashComplete
+from click.testing import CliRunner
+
+from vllm_provision.cli import cli
+from vllm_provision.cli.completion import script
+from vllm_provision.cli.help import EXAMPLES_HEADING
+
+INVENTORY = """\
+all:
+  children:
+    vllm_replicas:
+      children:
+        llama:
+          vars: {vllm_model: /m, vllm_tensor_parallel_size: 1}
+          hosts:
+            gpu-a: {ansible_host: 10.0.0.11, vllm_node_rank: 0}
+            gpu-b: {ansible_host: 10.0.0.12, vllm_node_rank: 1}
+    spare:
+      hosts:
+        cpu-1: {ansible_host: 10.0.0.21}
+"""
+
+
+def command_paths(group: click.Group = cli, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and group under ``group``, as the words that name it."""
+    ctx = click.Context(group)
+    paths = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        paths.append((*prefix, name))
+        if isinstance(command, click.Group):
+            paths += command_paths(command, (*prefix, name))
+    return paths
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=" ".join)
+def test_every_command_help_has_an_example_of_itself(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert EXAMPLES_HEADING in result.output, f"provision {' '.join(path)} --help has no example"
+    examples = result.output.split(EXAMPLES_HEADING, 1)[1].splitlines()
+    assert any(line.strip().startswith("provision " + " ".join(path)) for line in examples)
+
+
+def completions(args: list[str], incomplete: str) -> list[str]:
+    comp = BashComplete(cli, {}, "provision", "_PROVISION_COMPLETE")
+    return [item.value for item in comp.get_completions(args, incomplete)]
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> str:
+    path = tmp_path / "inv.yml"
+    path.write_text(INVENTORY)
+    return str(path)
+
+
+def test_commands_and_options_complete() -> None:
+    assert {"init", "inventory"} <= set(completions([], "in"))
+    assert "--limit" in completions(["up"], "--li")
+
+
+def test_limit_completes_hosts_then_groups_of_the_inventory(inventory: str) -> None:
+    names = completions(["status", "-i", inventory, "-l"], "")
+    assert names[:3] == ["gpu-a", "gpu-b", "cpu-1"]
+    assert {"all", "llama", "spare", "vllm_replicas", "vllm_master"} <= set(names)
+    assert completions(["up", "-i", inventory, "--limit"], "gpu") == ["gpu-a", "gpu-b"]
+
+
+def test_limit_completes_the_last_term_of_a_pattern(inventory: str) -> None:
+    assert completions(["up", "-i", inventory, "-l"], "llama:!gpu-") == [
+        "llama:!gpu-a", "llama:!gpu-b"]
+    assert completions(["up", "-i", inventory, "-l"], "spare,cp") == ["spare,cpu-1"]
+
+
+def test_limit_without_a_loadable_inventory_completes_nothing_quietly(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text("all: [unclosed\n")
+    assert completions(["up", "-l"], "") == []
+    assert completions(["up", "-i", str(tmp_path / "missing.yml"), "-l"], "") == []
+    assert completions(["up", "-i", str(broken), "-l"], "g") == []
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "")
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_clicks_script(shell: str) -> None:
+    result = CliRunner().invoke(cli, ["completion", shell])
+    assert result.exit_code == 0
+    assert result.output.strip() == script(shell).strip()
+    assert "_PROVISION_COMPLETE" in result.output
