@@ -164,10 +164,20 @@ def facts_schema() -> dict[str, Any]:
     """The schema of ``provision facts --json``: ``hosts`` (host name -> the facts of
     :class:`~vllm_provision.facts.model.HostFacts`, every field, as ``asdict`` writes them) and
     ``errors`` (host name -> the rendered error), or the common error object."""
+    from vllm_provision.checks.memory import MemoryEstimate
     from vllm_provision.facts.model import HostFacts
 
     defs: dict[str, Any] = {}
     _type_schema(HostFacts, defs)
+    _type_schema(MemoryEstimate, defs)
+    defs["MemoryEstimates"] = {
+        "type": "object", "description": "replica name -> its GPU memory estimate "
+        "(docs/preflight.md, 'Will the model fit'), or why there is none; CPU replicas are "
+        "left out",
+        "additionalProperties": {"anyOf": [
+            {"$ref": "#/$defs/MemoryEstimate"},
+            {"type": "object", "required": ["skipped"], "additionalProperties": False,
+             "properties": {"skipped": {"type": "string"}}}]}}
     return {
         "$schema": DRAFT, "$id": ID_BASE + "facts.json",
         "title": "provision facts --json",
@@ -182,7 +192,8 @@ def facts_schema() -> dict[str, Any]:
                            "additionalProperties": {"$ref": "#/$defs/HostFacts"}},
                  "errors": {"type": "object", "description": "host name -> why its facts "
                             "could not be gathered (unreachable, probe failed)",
-                            "additionalProperties": {"type": "string"}}}},
+                            "additionalProperties": {"type": "string"}},
+                 "memory": {"$ref": "#/$defs/MemoryEstimates"}}},
         ],
         "$defs": dict(sorted(defs.items())),
     }

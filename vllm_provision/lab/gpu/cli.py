@@ -100,7 +100,9 @@ def occupy(host: str, gpus: str, memory_mib: int, release: bool) -> None:
     click.echo(f"{host}: GPUs {gpus} occupied ({memory_mib} MiB each) by unit {unit}")
 
 
-@click.command("xid")
+@click.command("xid", epilog=examples(
+    "provision lab xid h2 --gpu 1 --code 79",
+    "provision lab xid h2 --clear"))
 @click.argument("host")
 @click.option("--gpu", type=click.IntRange(0, 63), default=0, show_default=True,
               help="GPU index whose PCI address the line names")
@@ -108,10 +110,7 @@ def occupy(host: str, gpus: str, memory_mib: int, release: bool) -> None:
               help="Xid number (79: fallen off the bus, 48: double-bit ECC, ...)")
 @click.option("--clear", is_flag=True, help="remove every Xid line the lab put on HOST")
 def xid(host: str, gpu: int, code: int, clear: bool) -> None:
-    """Put an NVIDIA Xid line into HOST's kernel log (journalctl -k), as the driver would.
-
-    Example: provision lab xid h2 --gpu 1 --code 79
-    """
+    """Put an NVIDIA Xid line into HOST's kernel log (journalctl -k), as the driver would."""
     from .xid import CLEAR_COMMAND, GUEST_IDS, inject_command
 
     lab = _lab()
