@@ -9,6 +9,7 @@ on the pending placement group until the job ends. Short timeouts keep the modul
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -31,16 +32,13 @@ def state_home(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     try:
         yield home
     finally:
-        for host in ("h1", "h2"):
-            lab_support.provision("lab", "occupy", host, "--release", state_home=home)
+        lab_support.provision("lab", "occupy", "h2", "--release", state_home=home)
         for kind in ("mp", "ray"):
             lab_support.provision("down", "-i", str(lab.inventory_path(kind)), state_home=home)
 
 
 def start_up(lab: Any, kind: str, home: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
     """`provision up` in the background, its stderr (the progress lines) into ``log``."""
-    import os
-
     env = {**os.environ, "XDG_STATE_HOME": str(home)}
     with log.open("w") as stream:
         return subprocess.Popen(

@@ -96,6 +96,13 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     used = local_world_size(replica)
     units = replica.backend_type.replica_units(replica, ctx.vars)
     nodes = start_order(replica)
+    missing = [n.name for n in nodes if n.name not in ctx.connections]
+    if missing:
+        raise ProvisionError.single(
+            f"{replica.name}: gang start", "every node must be reachable to know that all their "
+            "GPUs are free at once", expected="a connection to " + ", ".join(n.name for n in nodes),
+            actual="none to " + ", ".join(missing),
+            fix="run without a --limit that leaves out nodes of this replica")
 
     def read(node: Node) -> list[gpu_pool.Holder]:
         result = ctx.connections[node.name].run(gpu_pool.HOLDERS_COMMAND, timeout_s=60)
