@@ -61,8 +61,12 @@ def wait_for_line(log: Path, process: subprocess.Popen[str], *words: str,
 
 
 def vllm_states(lab: Any) -> dict[str, str]:
-    return {host: lab.ssh(host, "systemctl is-active vllm.service").stdout.strip()
-            for host in ("h1", "h2")}
+    """``running`` or ``stopped`` per node (``failed`` left by an earlier stop counts as
+    stopped: nothing runs)."""
+    states = {host: lab.ssh(host, "systemctl is-active vllm.service").stdout.strip()
+              for host in ("h1", "h2")}
+    return {host: "running" if state in ("active", "activating", "reloading") else "stopped"
+            for host, state in states.items()}
 
 
 def test_shared_pool_mp_times_out_leaving_no_node_started(lab: Any, state_home: Path) -> None:
@@ -76,7 +80,7 @@ def test_shared_pool_mp_times_out_leaving_no_node_started(lab: Any, state_home: 
     holder = f"h2 GPU 0: pid {pid} python3 (120000 MiB) in unit {HOLDER_UNIT}"
     assert "not free at the same time within 3 s" in output and holder in output, output
     assert "no node was started" in output
-    assert vllm_states(lab) == {"h1": "inactive", "h2": "inactive"}
+    assert vllm_states(lab) == {"h1": "stopped", "h2": "stopped"}
 
 
 def test_shared_pool_mp_waits_for_the_holder_then_starts_both(
@@ -86,7 +90,7 @@ def test_shared_pool_mp_waits_for_the_holder_then_starts_both(
     try:
         line = wait_for_line(log, up, "waiting for the GPUs of every node", "h2 GPU 0",
                              f"in unit {HOLDER_UNIT}")
-        assert vllm_states(lab) == {"h1": "inactive", "h2": "inactive"}, line
+        assert vllm_states(lab) == {"h1": "stopped", "h2": "stopped"}, line
         released = lab_support.provision("lab", "occupy", "h2", "--release",
                                          state_home=state_home)
         assert released.returncode == 0, released.stderr
@@ -96,7 +100,7 @@ def test_shared_pool_mp_waits_for_the_holder_then_starts_both(
             up.kill()
     assert up.returncode == 0, stdout + log.read_text()
     assert "started h2 vllm.service, h1 vllm.service after" in stdout
-    assert vllm_states(lab) == {"h1": "active", "h2": "active"}
+    assert vllm_states(lab) == {"h1": "running", "h2": "running"}
     down = lab_support.provision("down", "-i", str(lab.inventory_path("mp")),
                                  state_home=state_home)
     assert down.returncode == 0, down.stdout + down.stderr
