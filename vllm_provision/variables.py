@@ -261,6 +261,15 @@ _TABLE: tuple[Variable, ...] = (
              "vllm.service", check=check_unit_name),
     Variable("vllm_ready_timeout_s", int, 1800, "Seconds to wait for the replica to serve.",
              "1800", minimum=1),
+    Variable("vllm_gpu_pool", str, "dedicated", "Whether other jobs share the nodes' GPUs. "
+             "`dedicated`: a process outside this replica's units on a used GPU is a preflight "
+             "error. `shared`: it is a warning, and `up` waits (up to `vllm_gpu_wait_timeout_s`) "
+             "until every node's GPUs are free at once before starting any node (mp), re-checking "
+             "before each node (docs/preflight.md, \"Shared GPU pool\").", "shared",
+             choices=("dedicated", "shared")),
+    Variable("vllm_gpu_wait_timeout_s", int, 600, "Seconds `up` waits for GPUs held by other "
+             "jobs: a shared pool's gang start (mp), or a Ray placement group pending for want "
+             "of free resources (NO_RESOURCES).", "600", minimum=0),
     # Ray.
     Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", minimum=1, maximum=65535),
     Variable("ray_num_gpus", int, None, "GPUs this node declares to Ray (default: GPUs found "

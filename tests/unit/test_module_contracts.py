@@ -33,6 +33,7 @@ DECLARED = {
     "ray_wait_cluster": ("timeout_s", "poll_s", "gpus_per_node"),
     "systemd": ("name", "state", "enabled", "daemon_reload", "if_running"),
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
+    "vllm_gang_start": ("timeout_s", "poll_s"),
     "vllm_preflight": ("skip_checks",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),
     "vllm_wait_ready": ("timeout_s", "poll_s"),

@@ -108,16 +108,49 @@ class RayBackend(Backend):
                            "mutual": False}]}
 
     def ready_check(self, ctx: Any, replica: Replica) -> Callable[[], Problem | None] | None:
-        """A placement group vLLM cannot place ends the wait (modules/ray_wait_cluster.py)."""
+        """A placement group vLLM cannot place ends the wait (modules/ray_wait_cluster.py).
+
+        One pending for want of free resources (NO_RESOURCES: held by other jobs) is waited on
+        up to ``vllm_gpu_wait_timeout_s`` from the first time it is seen, printing on stderr,
+        at each check (every 5 s), what it needs and each node's free resources; then it ends
+        the wait with that explanation. INFEASIBLE ends it at once.
+        """
+        import sys
+        import time
+
+        from vllm_provision.errors import Problem
         from vllm_provision.modules.ray_wait_cluster import (
             pending_placement_problem,
+            pending_resources,
             read_snapshot,
         )
 
+        bound_s = float(ctx.vars.get("vllm_gpu_wait_timeout_s", 600))
+        pending_since: list[float] = []
+
         def ray_check() -> Problem | None:
             snapshot, _ = read_snapshot(ctx, replica)
-            return pending_placement_problem(snapshot, f"{replica.name}: placement") \
-                if snapshot is not None else None
+            if snapshot is None:
+                return None
+            where = f"{replica.name}: placement"
+            problem = pending_placement_problem(snapshot, where)
+            waiting = pending_resources(snapshot) if problem is None else None
+            if waiting is None:
+                pending_since.clear()
+                return problem
+            pending_since[:] = pending_since or [time.monotonic()]
+            waited = time.monotonic() - pending_since[0]
+            if waited >= bound_s:
+                return Problem(where, f"vLLM's placement group stayed pending for want of free "
+                               f"resources for {waited:.0f} s (vllm_gpu_wait_timeout_s "
+                               f"{bound_s:g})", expected="every bundle placed",
+                               actual=waiting,
+                               fix="free the GPUs the other jobs hold (the holders are named "
+                                   "above), or raise vllm_gpu_wait_timeout_s")
+            sys.stderr.write(f"{replica.name}: waiting for Ray resources ({waited:.0f} s of "
+                             f"{bound_s:g} s): {waiting}\n")
+            sys.stderr.flush()
+            return None
 
         return ray_check
 
@@ -169,5 +202,16 @@ class RayBackend(Backend):
         except UnreachableError as exc:  # lost after its units were read: say so, keep them
             lost[replica.master.name] = error = one_line(exc)
             snapshot = None
-        return {"ray": ({"nodes": snapshot.alive_ips, "gpus": snapshot.total.get("GPU", 0)}
-                        if snapshot else {"error": error or "no answer"})}
+        if not snapshot:
+            return {"ray": {"error": error or "no answer"}}
+        from vllm_provision.modules.ray_wait_cluster import (
+            pending_placement_problem,
+            pending_resources,
+        )
+
+        view: dict[str, Any] = {"nodes": snapshot.alive_ips, "gpus": snapshot.total.get("GPU", 0)}
+        problem = pending_placement_problem(snapshot, "placement")
+        pending = problem.message if problem is not None else pending_resources(snapshot)
+        if pending:  # a replica whose vLLM waits for its placement group: say for what
+            view["pending"] = pending
+        return {"ray": view}

@@ -44,12 +44,17 @@ def check_cpu_device(node: Node, facts: HostFacts) -> list[Finding]:
                     actual=f"{facts.cpu_count} logical CPUs")]
 
 
-def check_foreign_gpu_processes(node: Node, facts: HostFacts,
-                                own_units: Sequence[str]) -> list[Finding]:
+def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequence[str],
+                                shared_pool_wait_s: float | None = None) -> list[Finding]:
     """No process outside our own units holds a GPU of the node.
 
     The shared-pool failure (docs/preflight.md): one node sits on its GPUs waiting for the other
     node while another job holds the GPUs there; vLLM then fails on memory or waits forever.
+
+    Args:
+        shared_pool_wait_s: ``vllm_gpu_pool: shared``: the holder is a warning, since ``up``
+            waits up to this many seconds for every node's GPUs at once (gpu_pool.py); None
+            (``dedicated``): an error.
     """
     uuids = {gpu.uuid: gpu.index for gpu in facts.gpus}
     foreign = [p for p in facts.gpu_processes if not (p.unit and p.unit in own_units)]
@@ -59,7 +64,14 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts,
     described = "; ".join(
         f"pid {p.pid} {p.process_name} on GPU {uuids.get(p.gpu_uuid, p.gpu_uuid)}"
         + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib is not None else "")
-        + (f" [{p.unit}]" if p.unit else "") for p in foreign[:4])
+        + (f" in unit {p.unit}" if p.unit else "") for p in foreign[:4])
+    if shared_pool_wait_s is not None:
+        return [Finding("host.gpu_processes", Severity.WARNING, node.name, "GPU processes",
+                        expected=f"no process outside {' / '.join(own_units)} on the GPUs",
+                        actual=described + (" ..." if len(foreign) > 4 else ""),
+                        fix=f"vllm_gpu_pool: shared: up waits up to {shared_pool_wait_s:g} s "
+                            "until every node's GPUs are free at once before it starts a node",
+                        source="docs/preflight.md: Shared GPU pool")]
     return [Finding("host.gpu_processes", Severity.ERROR, node.name, "GPU processes",
                     expected=f"no process outside {' / '.join(own_units)} on the GPUs",
                     actual=described + (" ..." if len(foreign) > 4 else ""),

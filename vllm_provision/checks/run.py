@@ -134,6 +134,14 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
     )
 
 
+def shared_pool_wait(replica: Replica) -> float | None:
+    """``vllm_gpu_wait_timeout_s`` when the replica's ``vllm_gpu_pool`` is ``shared``, else None
+    (docs/preflight.md, "Shared GPU pool")."""
+    if str(replica.vars.get("vllm_gpu_pool") or "dedicated") != "shared":
+        return None
+    return float(replica.vars.get("vllm_gpu_wait_timeout_s", 600))
+
+
 def is_skipped(check: str, skip: Iterable[str]) -> bool:
     """True when ``check`` equals a skip name or starts with ``<name>.`` (``parity`` skips all)."""
     return any(check == name or check.startswith(name + ".") for name in skip)
@@ -202,7 +210,8 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
             findings += host_checks.check_cpu_device(node, f)
         else:
             findings += host_checks.check_gpus_visible(node, f)
-            findings += host_checks.check_foreign_gpu_processes(node, f, settings.own_units)
+            findings += host_checks.check_foreign_gpu_processes(
+                node, f, settings.own_units, shared_pool_wait(replica))
             used = topology.local_world_size(replica)
             findings += gpu_health.check_gpu_errors(node, f, used)
             findings += gpu_health.check_mig(node, f, used)

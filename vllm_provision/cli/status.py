@@ -192,7 +192,11 @@ def command(history: bool, **kwargs: Any) -> None:
                 click.echo(f"  {host:<12} {'unreachable':<20} {reason}")
             click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}")
             if "ray" in info:
-                click.echo(f"  ray: {info['ray']}")
+                ray = dict(info["ray"])
+                pending = ray.pop("pending", None)
+                click.echo(f"  ray: {ray}")
+                if pending:
+                    click.echo(f"  pending: {pending}")
             whole = {True: "yes", False: "no",
                      None: "unknown (no running watchdog)"}[info["whole"]]
             click.echo(f"  whole: {whole}  (watchdogs: " + ", ".join(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_provision import backends
@@ -46,16 +46,31 @@ import ray
 from ray.util import placement_group_table
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False,
          include_dashboard=False)
+nodes = ray.nodes()
+ips = {n.get("NodeID"): n.get("NodeManagerAddress") for n in nodes}
 out = {"nodes": [{"ip": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
-                  "resources": n.get("Resources") or {}} for n in ray.nodes()],
+                  "resources": n.get("Resources") or {}} for n in nodes],
        "total": ray.cluster_resources(), "available": ray.available_resources(),
-       "placement_groups": []}
+       "placement_groups": [], "free": {}, "holders": []}
 for pg_id, pg in placement_group_table().items():
+    on = pg.get("bundles_to_node_id") or {}
     out["placement_groups"].append({
         "id": pg_id, "name": pg.get("name", ""), "state": pg.get("state"),
         "strategy": pg.get("strategy"),
         "bundles": [dict(b) for b in (pg.get("bundles") or {}).values()],
-        "scheduling_state": (pg.get("stats") or {}).get("scheduling_state")})
+        "scheduling_state": (pg.get("stats") or {}).get("scheduling_state"),
+        "nodes": [ips.get(on[k], "") for k in sorted(on)]})
+try:  # DeveloperAPI (ray._private.state): each live node's free resources, by node id
+    from ray._private import state
+    for node_id, free in state.available_resources_per_node().items():
+        out["free"][ips.get(node_id, node_id)] = free
+    for actor in state.actors(actor_state_name="ALIVE").values():
+        out["holders"].append({
+            "kind": "actor", "name": actor.get("Name") or actor.get("ActorClassName") or "",
+            "job": actor.get("JobID", ""), "pid": actor.get("Pid"),
+            "ip": (actor.get("Address") or {}).get("IPAddress", "")})
+except Exception:  # an older or newer Ray without it: the cluster-wide figures stay
+    pass
 print("RAY-SNAPSHOT " + json.dumps(out))
 """
 
@@ -68,13 +83,20 @@ class RaySnapshot:
         nodes: ``{"ip", "alive", "resources"}`` per node (``resources["GPU"]`` = logical GPUs).
         total: ``ray.cluster_resources()`` of alive nodes.
         available: ``ray.available_resources()``.
-        placement_groups: ``{"id","name","state","strategy","bundles","scheduling_state"}``.
+        placement_groups: ``{"id","name","state","strategy","bundles","scheduling_state",
+            "nodes"}`` (``nodes``: the IP each bundle was placed on, once placed).
+        free: node IP -> its free resources now (Ray's DeveloperAPI
+            ``ray._private.state.available_resources_per_node``); empty when this Ray lacks it.
+        holders: alive actors ``{"kind", "name", "job", "pid", "ip"}``: who may hold resources
+            (Ray's actor table; an actor's own demand is not in it).
     """
 
     nodes: list[dict[str, Any]]
     total: dict[str, float]
     available: dict[str, float]
     placement_groups: list[dict[str, Any]]
+    free: dict[str, dict[str, float]] = field(default_factory=dict)
+    holders: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def alive_ips(self) -> list[str]:
@@ -93,7 +115,8 @@ def parse_snapshot(stdout: str) -> RaySnapshot | None:
         if line.startswith("RAY-SNAPSHOT "):
             data = json.loads(line.removeprefix("RAY-SNAPSHOT "))
             return RaySnapshot(data["nodes"], data["total"], data["available"],
-                               data["placement_groups"])
+                               data["placement_groups"], data.get("free") or {},
+                               data.get("holders") or [])
     return None
 
 
@@ -166,13 +189,79 @@ def pending_placement_problem(snapshot: RaySnapshot, where: str) -> Problem | No
                            fix="make VLLM_HOST_IP equal to Ray's --node-ip-address on the head "
                                "(drop the override in vllm_env)")
         if state == "INFEASIBLE":
-            need = [b for b in pg["bundles"]]
+            misfits = [i for i, bundle in enumerate(pg["bundles"])
+                       if not any(fits(bundle, n["resources"]) for n in snapshot.nodes
+                                  if n.get("alive"))]
+            named = ", ".join(f"bundle {i} {format_resources(pg['bundles'][i])}"
+                              for i in misfits) or f"one of its bundles {pg['bundles']}"
             per_node = ", ".join(f"{n['ip']}: {n['resources'].get('GPU', 0):g} GPU"
                                  for n in snapshot.nodes if n.get("alive"))
             return Problem(where, f"placement group {pg['id'][:12]} is INFEASIBLE: no node can "
-                           f"hold one of its bundles {need}",
+                           f"ever hold {named}",
                            expected="every bundle fits on one node", actual=per_node,
                            fix="a bundle must fit on a single node; lower the GPUs per bundle")
+    return None
+
+
+def fits(bundle: Mapping[str, float], resources: Mapping[str, float]) -> bool:
+    """True when ``resources`` (one node's total or free) hold every amount ``bundle`` asks for.
+
+    Ray places a bundle on a single node (docs.ray.io, "Placement Groups": "a bundle must be
+    able to fit on a single node"); ``node:<ip>`` is a resource only that node has."""
+    return all(float(resources.get(key, 0)) >= float(amount) for key, amount in bundle.items())
+
+
+def format_resources(resources: Mapping[str, float]) -> str:
+    """``{GPU: 1, node:10.0.0.11: 0.001}``: Ray's resource names and amounts, Ray's internal
+    ``node:__internal_head__`` marker left out."""
+    return "{" + ", ".join(f"{key}: {float(value):g}" for key, value in sorted(resources.items())
+                           if not key.startswith("node:__internal")) + "}"
+
+
+def pending_resources(snapshot: RaySnapshot) -> str | None:
+    """Explain a placement group pending with NO_RESOURCES (feasible, but held by others).
+
+    Says what each bundle asks for, each alive node's FREE resources of those kinds (Ray's
+    per-node available resources) against its total, and where Ray knows who holds them: the
+    alive actors and the other placement groups placed on a node that has less free than total.
+
+    Returns:
+        One line, or None when no placement group is pending for want of resources.
+    """
+    for pg in snapshot.placement_groups:
+        if pg.get("state") != "PENDING" or pg.get("scheduling_state") != "NO_RESOURCES":
+            continue
+        counts: dict[str, int] = {}
+        for bundle in pg["bundles"]:
+            counts[format_resources(bundle)] = counts.get(format_resources(bundle), 0) + 1
+        demand = " + ".join(f"{n} x {text}" for text, n in counts.items())
+        kinds = sorted({k for b in pg["bundles"] for k in b if not k.startswith("node:")})
+        free_parts, held_parts = [], []
+        for node in snapshot.nodes:
+            if not node.get("alive"):
+                continue
+            ip, total = str(node["ip"]), node["resources"]
+            free = snapshot.free.get(ip)
+            if free is None:
+                continue
+            free_parts.append(f"{ip}: " + ", ".join(
+                f"{float(free.get(k, 0)):g} of {float(total.get(k, 0)):g} {k}" for k in kinds))
+            if any(float(free.get(k, 0)) < float(total.get(k, 0)) for k in kinds):
+                here = [f"actor {h['name']} (pid {h['pid']}, job {h['job']})"
+                        for h in snapshot.holders if h.get("ip") == ip]
+                here += [f"placement group {other['id'][:12]}" for other in
+                         snapshot.placement_groups if other is not pg
+                         and other.get("state") == "CREATED" and ip in other.get("nodes", [])]
+                held_parts.append(f"{ip} by " + (", ".join(here) if here else
+                                                 "something Ray does not name"))
+        free_text = "; ".join(free_parts) if free_parts else "cluster-wide " + ", ".join(
+            f"{float(snapshot.available.get(k, 0)):g} of {float(snapshot.total.get(k, 0)):g} {k}"
+            for k in kinds)
+        text = (f"placement group {pg['id'][:12]} ({pg.get('strategy')}) is pending "
+                f"(NO_RESOURCES): it needs {demand}; free now: {free_text}")
+        if held_parts:
+            text += "; held on " + "; ".join(held_parts)
+        return text
     return None
 
 

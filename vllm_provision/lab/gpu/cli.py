@@ -81,11 +81,17 @@ def effective_spec_with(state_dir: Path, host: str,
 @click.option("--gpus", default="0", show_default=True, help="GPU indexes, comma separated")
 @click.option("--memory-mib", default=120000, show_default=True, type=int,
               help="memory held on each GPU, MiB")
-@click.option("--release", is_flag=True, help="stop the foreign process")
-def occupy(host: str, gpus: str, memory_mib: int, release: bool) -> None:
-    """Start (or --release) a foreign process that nvidia-smi shows on HOST's GPUs."""
+@click.option("--ray", "through_ray", is_flag=True,
+              help="hold as another Ray job: an actor with as many Ray GPUs as --gpus names, "
+                   "on HOST's running Ray node (Ray picks which GPUs)")
+@click.option("--release", is_flag=True, help="stop every foreign process on HOST")
+def occupy(host: str, gpus: str, memory_mib: int, through_ray: bool, release: bool) -> None:
+    """Start (or --release) a foreign process that nvidia-smi shows on HOST's GPUs.
+
+    Each runs in its own transient unit (vllm-lab-occupy-<gpus>, or vllm-lab-occupy-ray), so
+    the product can name it from /proc/PID/cgroup and --release can end it (docs/lab-standin.md).
+    """
     lab = _lab()
-    unit = f"{OCCUPY_UNIT}-{gpus.replace(',', '-')}"
     if release:
         _run(lab, host, "systemctl stop 'vllm-lab-occupy-*' 2>/dev/null; "
                         "systemctl reset-failed 'vllm-lab-occupy-*' 2>/dev/null; true")
@@ -95,9 +101,23 @@ def occupy(host: str, gpus: str, memory_mib: int, release: bool) -> None:
         raise LabError.single("--gpus", "not a list of GPU indexes", expected="e.g. 0,1",
                               actual=gpus)
     site = "$(ls -d /opt/vllm/lib/python3*/site-packages | tail -n1)"
-    _run(lab, host, f"systemd-run -q --unit={shlex.quote(unit)} -E PYTHONPATH={site} "
-                    f"python3 -m vllm_lab_standin.occupy {shlex.quote(gpus)} {memory_mib}")
-    click.echo(f"{host}: GPUs {gpus} occupied ({memory_mib} MiB each) by unit {unit}")
+    if not through_ray:
+        unit = f"{OCCUPY_UNIT}-{gpus.replace(',', '-')}"
+        _run(lab, host, f"systemd-run -q --unit={shlex.quote(unit)} -E PYTHONPATH={site} "
+                        f"python3 -m vllm_lab_standin.occupy {shlex.quote(gpus)} {memory_mib}")
+        click.echo(f"{host}: GPUs {gpus} occupied ({memory_mib} MiB each) by unit {unit}")
+        return
+    unit, count = f"{OCCUPY_UNIT}-ray", len(gpus.split(","))
+    # as the Ray cluster's own user (the lab's vllm_service_user), so its session files stay
+    # that user's; returns once the actor holds its GPUs (nvidia-smi lists it), or fails
+    _run(lab, host, f"systemd-run -q --unit={unit} -p User=vllm -E HOME=/var/lib/vllm "
+                    f"/opt/vllm/bin/python -m vllm_lab_standin.occupy --ray {count} {memory_mib}"
+                    f" && for i in $(seq 240); do nvidia-smi --query-compute-apps=process_name "
+                    f"--format=csv,noheader | grep -q 'ray::GpuHolder' && exit 0; "
+                    f"systemctl -q is-active {unit} || break; sleep 0.5; done; "
+                    f"journalctl -u {unit} -n 20 --no-pager >&2; exit 1")
+    click.echo(f"{host}: {count} Ray GPU(s) held by actor GpuHolder ({memory_mib} MiB each), "
+               f"driver in unit {unit}")
 
 
 @click.command("xid", epilog=examples(
