@@ -265,7 +265,8 @@ def _close(board: _Board, item: Wait) -> None:
     with _lock:
         live = board.live
         last = board.waits == [item]
-        if live is None or not last:
+        closed = live is None or not last
+        if closed:
             board.close(item)
     if live is not None and last:
         live.stop()
@@ -274,7 +275,7 @@ def _close(board: _Board, item: Wait) -> None:
 
         live.console.print(Text("\n".join(item.line(row) for row in item.rows.values())))
     with _lock:
-        if last:
+        if not closed:
             board.close(item)
         if not board.waits and _board is board:
             _board = None

@@ -83,3 +83,23 @@ def screen_text(raw: bytes) -> str:
     import re
 
     return re.sub(ANSI_ESCAPE, "", raw.decode("utf-8", "replace")).replace("\r", "")
+
+
+def shown_phases(text: str) -> list[str]:
+    """The vLLM phase labels (``vllm_provision.phases.PHASES``) that a captured ``up`` or
+    ``restart`` showed on its progress rows, in the order they first appear: the live rows
+    (``  h1  7 s vllm.service active (running) loading weights``) and the plain ones
+    (``[replica lab: waiting until rank 0 serves] h1 7 s ...: loading weights``)."""
+    import re
+
+    from vllm_provision.phases import PHASES
+
+    seen: list[str] = []
+    for line in text.splitlines():
+        if not (re.match(r"^\s+h\d+\s+\d+ s\b", line)
+                or re.match(r"^\[replica \S+: waiting until rank 0 serves\] ", line)):
+            continue
+        for label in PHASES:
+            if label in line and label not in seen:
+                seen.append(label)
+    return seen

@@ -23,8 +23,6 @@ from typing import Any
 import lab_support
 import pytest
 
-from vllm_provision.phases import PHASES
-
 pytestmark = pytest.mark.lab
 
 TITLE = "replica lab: waiting until rank 0 serves"
@@ -46,19 +44,6 @@ class Deployed:
 
     def provision(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return lab_support.provision(*args, state_home=self.state_home, timeout=timeout)
-
-
-def shown_phases(text: str) -> list[str]:
-    """The vLLM phase labels shown on the progress rows (``  h1  7 s vllm.service ...``), in
-    the order they first appear."""
-    seen: list[str] = []
-    for line in text.splitlines():
-        if not re.match(r"^\s+h\d\s+\d+ s\b", line) and not line.startswith(f"[{TITLE}]"):
-            continue
-        for label in PHASES:
-            if label in line and label not in seen:
-                seen.append(label)
-    return seen
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +70,7 @@ def test_up_on_a_terminal_shows_vllm_phases_live(deployed: Deployed) -> None:
     assert deployed.up_rc == 0, text[-3000:]
     assert "\x1b[" in deployed.screen.decode("utf-8", "replace")  # drawn live, in place
     assert TITLE in text
-    phases = shown_phases(text)
+    phases = lab_support.shown_phases(text)
     assert len(phases) >= 2, (phases, text[-3000:])
     assert "completion from" in text  # and then it served
 
@@ -97,7 +82,7 @@ def test_restart_to_a_pipe_prints_plain_progress_without_escape_codes(
     assert "\x1b" not in run.stdout + run.stderr
     rows = [line for line in run.stderr.splitlines() if line.startswith(f"[{TITLE}] ")]
     assert {line[len(TITLE) + 3:].split()[0] for line in rows} >= {"h1", "h2"}, rows
-    assert len(shown_phases("\n".join(rows))) >= 2, rows
+    assert len(lab_support.shown_phases("\n".join(rows))) >= 2, rows
     assert any(line.endswith("(serving)") for line in rows), rows
 
 
