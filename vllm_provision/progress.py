@@ -50,9 +50,11 @@ _board: _Board | None = None
 
 
 def printable(text: str, limit: int = 300) -> str:
-    """``text`` with every control character (C0, DEL, C1; tab and newline included) written as
-    ``\\xNN``, cut to ``limit`` characters: safe to print on a terminal."""
-    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    """``text`` with every control character (C0 but tab, DEL, C1; newline included) and other
+    unprintable one written as ``\\xNN``, cut to ``limit`` characters: safe to print on a
+    terminal."""
+    out = "".join(c if c.isprintable() or c == "\t" else
+                  f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
     return out if len(out) <= limit else out[:limit - 1] + "…"
 
 
