@@ -37,6 +37,20 @@ def _console(stream: TextIO) -> Any:
     return Console(file=stream, highlight=False, soft_wrap=True)
 
 
+_shared: dict[int, tuple[TextIO, Any]] = {}
+
+
+def shared_console(stream: TextIO) -> Any:
+    """The one ``rich`` console of ``stream`` for this process: the human reporter and the live
+    progress display (:mod:`vllm_provision.progress`) print through it, so results printed
+    during a wait appear above the live rows instead of through them."""
+    found = _shared.get(id(stream))
+    if found is None or found[0] is not stream:
+        found = (stream, _console(stream))
+        _shared[id(stream)] = found
+    return found[1]
+
+
 class HumanReporter:
     """Prints results as they arrive.
 
@@ -48,7 +62,7 @@ class HumanReporter:
 
     def __init__(self, stream: TextIO | None = None, *, diff_mode: bool = False,
                  verbosity: int = 0) -> None:
-        self.console = _console(stream or sys.stdout)
+        self.console = shared_console(stream or sys.stdout)
         self.diff_mode = diff_mode
         self.verbosity = verbosity
 

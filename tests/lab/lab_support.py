@@ -38,3 +38,73 @@ def complete(base_url: str, model: str, timeout_s: float = 10) -> bool:
             return bool(response.status == 200 and json.loads(response.read())["choices"])
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return False
+
+
+def run_in_pty(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 600,
+               columns: int = 160) -> tuple[int, bytes]:
+    """Run ``argv`` with stdin, stdout and stderr on a new pseudo-terminal (``columns`` wide),
+    as an operator's terminal; return the exit status and every byte it wrote (escape codes
+    included). Killed (status -9) after ``timeout`` seconds."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+                            close_fds=True, start_new_session=True)
+    os.close(slave)
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal's other end closed it
+                break
+            if not data:
+                break
+            out += data
+        else:
+            proc.kill()
+    finally:
+        os.close(master)
+    return proc.wait(), bytes(out)
+
+
+ANSI_ESCAPE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]"
+
+
+def screen_text(raw: bytes) -> str:
+    """What a terminal capture says with its escape codes (colours, cursor moves) removed."""
+    import re
+
+    return re.sub(ANSI_ESCAPE, "", raw.decode("utf-8", "replace")).replace("\r", "")
+
+
+def shown_phases(text: str) -> list[str]:
+    """The vLLM phase labels (``vllm_provision.phases.PHASES``) that a captured ``up`` or
+    ``restart`` showed on its progress rows, in the order they first appear: the live rows
+    (``  h1  7 s vllm.service active (running) loading weights``) and the plain ones
+    (``[replica lab: waiting until rank 0 serves] h1 7 s ...: loading weights``)."""
+    import re
+
+    from vllm_provision.phases import PHASES
+
+    seen: list[str] = []
+    for line in text.splitlines():
+        if not (re.match(r"^\s+h\d+\s+\d+ s\b", line)
+                or re.match(r"^\[replica \S+: waiting until rank 0 serves\] ", line)):
+            continue
+        for label in PHASES:
+            if label in line and label not in seen:
+                seen.append(label)
+    return seen

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lab_support
 import pytest
 
 pytestmark = pytest.mark.lab
@@ -157,20 +158,30 @@ def _record(replica: Replica, name: str, **values: Any) -> None:
 
 def test_up_serves_a_completion_over_both_nodes_and_is_idempotent(replica: Replica) -> None:
     replica.provision("down")
-    summary = replica.up()
-    assert summary["completion"], summary
-    assert summary["start_to_serving_s"] > 0
-    if replica.kind == "real":
-        assert str(summary["vllm_version"]).startswith("0.32.0")
+    # The first up runs on a terminal, as an operator runs it: before it serves, its live
+    # progress rows show the phases vLLM announces in its own log (read from the journal).
+    code, screen = lab_support.run_in_pty(
+        [lab_support.PROVISION, "up", "-i", str(replica.inventory)], timeout=900)
+    text = lab_support.screen_text(screen)
+    assert code == 0, f"provision up failed:\n{text[-3000:]}"
+    phases = lab_support.shown_phases(text.split("completion from")[0])
+    assert len(phases) >= 2, (phases, text[-3000:])
+    served = re.search(r"start to serving: ([0-9.]+) s", text)
+    assert served is not None and float(served[1]) > 0, text[-2000:]
+    summary = {"start_to_serving_s": float(served[1]), "phases": phases,
+               "completion": text.split("completion from", 1)[1].split("\n", 1)[0]}
     rank0 = replica.ssh("h1", f"systemctl cat {UNIT}")
     follower = replica.ssh("h2", f"systemctl cat {UNIT}")
     assert "--node-rank 0" in rank0 and "--headless" not in rank0
     assert "--node-rank 1" in follower and "--headless" in follower
     assert replica.vllm_processes("h2"), "the headless node runs no vLLM process"
     _record(replica, "up", start_to_serving_s=summary["start_to_serving_s"],
-            ttft_s=summary.get("ttft_s"), completion=repr(summary["completion"]))
+            phases=summary["phases"], completion=summary["completion"])
     again = replica.up()
     assert again["changed"] == 0, again
+    assert again["completion"], again
+    if replica.kind == "real":
+        assert str(again["vllm_version"]).startswith("0.32.0")
 
 
 def test_status_shows_both_units_and_the_replica_serving(replica: Replica) -> None:

@@ -34,6 +34,11 @@ ENTRY_POINT_GROUP = "vllm_provision.backends"
 # runner/playbook.py): install its units, start them in order, stop them (restart), stop and
 # disable them (down).
 PHASES = ("install", "start", "stop", "down")
+# The peer watchdog's unit (role vllm_watchdog, ``vllm_watchdog_unit_name``), on every node of
+# every backend (docs/architecture.md, "Adding a backend": the install play includes the role).
+WATCHDOG_UNIT = "vllm-watchdog.service"
+# The kinds of :meth:`Backend.journal_units`.
+UNIT_KINDS = ("vllm", "ray", "watchdog")
 
 
 def unit_var(vars_: Mapping[str, Any], name: str, default: str) -> str:
@@ -81,6 +86,17 @@ class Backend:
     def replica_units(self, replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[str]]:
         """Host name -> :meth:`node_units`, for every node in rank order."""
         return {node.name: self.node_units(replica, node, vars_) for node in replica.nodes}
+
+    def journal_units(self, replica: Replica, node: Node,
+                      vars_: Mapping[str, Any]) -> dict[str, list[str]]:
+        """The units of ours on ``node`` by kind, for ``provision logs --unit KIND`` and the
+        progress of waits: ``vllm`` (the units whose journal holds vLLM's own lines),
+        ``ray`` (Ray's), ``watchdog`` (the peer watchdog, ``vllm_watchdog_unit_name``). A
+        kind the backend does not run on the node is absent or empty.
+
+        Default: every unit of :meth:`node_units` is ``vllm``, plus the watchdog."""
+        return {"vllm": self.node_units(replica, node, vars_),
+                "watchdog": [unit_var(vars_, "vllm_watchdog_unit_name", WATCHDOG_UNIT)]}
 
     def env_file_variable(self, node: Node) -> str:
         """The variable naming the 0600 environment file that holds ``VLLM_HOST_IP`` on

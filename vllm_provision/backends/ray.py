@@ -39,6 +39,17 @@ class RayBackend(Backend):
             return [unit_var(vars_, *HEAD_UNIT), unit_var(vars_, "vllm_unit_name", "vllm.service")]
         return [unit_var(vars_, *WORKER_UNIT)]
 
+    def journal_units(self, replica: Replica, node: Node,
+                      vars_: Mapping[str, Any]) -> dict[str, list[str]]:
+        """The head: ``ray`` its Ray head unit, ``vllm`` the vLLM unit; a worker: ``ray`` its
+        Ray worker unit and no vLLM unit (vLLM's workers are Ray actors, logging to the head's
+        driver); every node: the watchdog."""
+        units = super().journal_units(replica, node, vars_)
+        if node.rank == 0:
+            return {**units, "ray": [unit_var(vars_, *HEAD_UNIT)],
+                    "vllm": [unit_var(vars_, "vllm_unit_name", "vllm.service")]}
+        return {**units, "ray": [unit_var(vars_, *WORKER_UNIT)], "vllm": []}
+
     def env_file_variable(self, node: Node) -> str:
         """vLLM's env file on the head, Ray's on a worker."""
         return "vllm_env_file" if node.rank == 0 else "ray_env_file"

@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "facts": "facts",
     "inventory": "inventory",
     "drift": "drift",
+    "logs": "logs",
+    "exec": "exec_",
     "play": "play",
     "verify": "verify",
     "init": "init",

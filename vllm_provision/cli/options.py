@@ -141,10 +141,13 @@ class CommonOptions:
         return opts
 
     def apply_globals(self) -> None:
-        """Set logging from ``-v`` (warning / info / debug) and the JSON error mode."""
-        from vllm_provision import report
+        """Set logging from ``-v`` (warning / info / debug), the JSON error mode and where waits
+        show their progress (live on a terminal, else plain lines on stderr:
+        :mod:`vllm_provision.progress`)."""
+        from vllm_provision import progress, report
 
         report.set_json_mode(self.json)
+        progress.configure(progress.choose_mode(json_mode=self.json))
         level = {0: logging.WARNING, 1: logging.INFO}.get(self.verbosity, logging.DEBUG)
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
         if self.verbosity < 3:

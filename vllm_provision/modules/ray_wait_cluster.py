@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_provision import backends
+from vllm_provision import backends, progress
 from vllm_provision.connection import Connection
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Replica
@@ -339,24 +339,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     poll_s = values["poll_s"]
     expected = expected_gpus(ctx, replica, values["gpus_per_node"])
     started = time.monotonic()
-    gaps: list[str] = ["no answer from Ray yet"]
-    while True:
-        snapshot, error = read_snapshot(ctx, replica)
-        if snapshot is None:
-            gaps = [f"Ray's API did not answer on {replica.master.name}: {error}"]
-        else:
-            gaps = cluster_gaps(snapshot, expected)
-            if not gaps:
-                break
-        if time.monotonic() - started >= timeout_s:
-            raise ProvisionError.single(
-                f"{replica.name}: Ray cluster", f"the cluster was not whole after {timeout_s:g} s",
-                expected=f"{len(expected)} nodes alive with " + ", ".join(
-                    f"{ip}: {g:g} GPU" for ip, g in expected.items()),
-                actual="; ".join(gaps),
-                fix="read the Ray units' journals (journalctl -u ray-worker / ray-head); check "
-                    "that workers reach the head on port " + str(ctx.vars.get("ray_port", 6379)))
-        time.sleep(poll_s)
+    with progress.wait(f"replica {replica.name}: waiting for every node in Ray",
+                       [node.name for node in replica.nodes]) as view:
+        snapshot = _poll_cluster(ctx, replica, expected, view, timeout_s, poll_s)
+        view.finish(f"{len(expected)} nodes in Ray")
     driver_ip = str(_driver_ip(ctx, replica))
     problem = placement_problem(snapshot, replica.engine.world_size, driver_ip,
                                 f"{replica.name}: placement")
@@ -368,6 +354,35 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                         data={"ray_nodes": snapshot.alive_ips,
                               "ray_gpus": snapshot.total.get("GPU", 0),
                               "ray_cluster_wait_s": waited})
+
+
+def _poll_cluster(ctx: ModuleContext, replica: Replica, expected: Mapping[str, float],
+                  view: progress.Wait, timeout_s: float, poll_s: float) -> RaySnapshot:
+    """Poll Ray until every expected node is alive with its GPUs; each node's row says whether
+    Ray has it yet. Raises ProvisionError after ``timeout_s``."""
+    started = time.monotonic()
+    ips = {node.host_ip: node.name for node in replica.nodes}
+    while True:
+        snapshot, error = read_snapshot(ctx, replica)
+        if snapshot is None:
+            gaps = [f"Ray's API did not answer on {replica.master.name}: {error}"]
+            view.update(replica.master.name, phase="Ray's API does not answer yet")
+        else:
+            gaps = cluster_gaps(snapshot, expected)
+            for ip, name in ips.items():
+                view.update(name, phase=(f"in Ray with {snapshot.gpus_of(ip):g} GPUs"
+                                         if ip in snapshot.alive_ips else "not in Ray yet"))
+            if not gaps:
+                return snapshot
+        if time.monotonic() - started >= timeout_s:
+            raise ProvisionError.single(
+                f"{replica.name}: Ray cluster", f"the cluster was not whole after {timeout_s:g} s",
+                expected=f"{len(expected)} nodes alive with " + ", ".join(
+                    f"{ip}: {g:g} GPU" for ip, g in expected.items()),
+                actual="; ".join(gaps),
+                fix="read the Ray units' journals (journalctl -u ray-worker / ray-head); check "
+                    "that workers reach the head on port " + str(ctx.vars.get("ray_port", 6379)))
+        time.sleep(poll_s)
 
 
 def _driver_ip(ctx: ModuleContext, replica: Replica) -> str:

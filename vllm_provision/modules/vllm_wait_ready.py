@@ -1,9 +1,11 @@
 """Wait until the replica serves: units active, rank 0's /health 200, /v1/models lists the model.
 
-Run once on the master (``run_once``). A unit that failed or is restarting ends the wait at once
-with its last journal lines; for Ray, a placement group that stays pending is explained with
-Ray's reason (INFEASIBLE / NO_RESOURCES, or a VLLM_HOST_IP that is no Ray node). See
-:mod:`vllm_provision.verify`.
+Run once on the master (``run_once``). While it waits, a line per node shows the seconds
+waited, the unit states and the vLLM phase read from the node's journal
+(:mod:`vllm_provision.progress`, :mod:`vllm_provision.phases`). A unit that failed or is
+restarting ends the wait at once with its last journal lines; for Ray, a placement group that
+stays pending is explained with Ray's reason (INFEASIBLE / NO_RESOURCES, or a VLLM_HOST_IP
+that is no Ray node). See :mod:`vllm_provision.verify`.
 
 Example task::
 
@@ -16,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_provision import progress
 from vllm_provision.models import Replica
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
+from vllm_provision.phases import JournalTail, split_output
 from vllm_provision.results import Status
 from vllm_provision.verify import (
     Endpoint,
@@ -49,16 +53,39 @@ def replica_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[
     return replica.backend_type.replica_units(replica, vars_)
 
 
-def observe_units(ctx: ModuleContext, replica: Replica) -> Observation:
-    """One ``systemctl show`` per node; the master's clock comes with it."""
+def phase_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Host name -> the units whose journal holds vLLM's own lines (the backend's
+    ``journal_units`` of kind ``vllm``; none on a Ray worker)."""
+    return {node.name: replica.backend_type.journal_units(replica, node, vars_).get("vllm", [])
+            for node in replica.nodes}
+
+
+def observe_units(ctx: ModuleContext, replica: Replica, tail: JournalTail | None = None,
+                  view: progress.Wait | None = None) -> Observation:
+    """One ``systemctl show`` per node; the master's clock comes with it.
+
+    With ``tail``, the same command also reads each node's new vLLM journal lines
+    (:class:`~vllm_provision.phases.JournalTail`: no extra round trip); with ``view``, each
+    node's row shows its unit states and phase.
+    """
     states: list[UnitState] = []
     master_now = None
+    journal = phase_units(replica, ctx.vars) if tail is not None else {}
     for host, units in replica_units(replica, ctx.vars).items():
-        result = ctx.connections[host].run(show_command(units), timeout_s=30)
-        host_states, now = parse_show(host, result.stdout)
+        command = show_command(units)
+        if tail is not None and journal.get(host):
+            command += "; " + tail.command(host, journal[host])
+        result = ctx.connections[host].run(command, timeout_s=30)
+        shown, lines = split_output(result.stdout)
+        host_states, now = parse_show(host, shown)
+        if tail is not None and lines:
+            tail.feed(host, lines)
         states.extend(host_states)
         if host == replica.master.name:
             master_now = now
+        if view is not None:
+            view.update(host, state=", ".join(f"{s.unit} {s.describe}" for s in host_states),
+                        phase=tail.phase(host) if tail is not None else None)
     return Observation(states, master_now)
 
 
@@ -95,13 +122,17 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     timeout_s = float(values["timeout_s"] or ctx.vars.get("vllm_ready_timeout_s", 1800))
     model = served_model(replica)
 
-    ready = wait_ready(
-        observe=lambda: observe_units(ctx, replica),
-        journal=lambda state: read_journal(ctx, replica, state),
-        endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
-        vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
-        poll_s=values["poll_s"],
-        extra_check=replica.backend_type.ready_check(ctx, replica))
+    tail = JournalTail()
+    with progress.wait(f"replica {replica.name}: waiting until rank 0 serves",
+                       [node.name for node in replica.nodes]) as view:
+        ready = wait_ready(
+            observe=lambda: observe_units(ctx, replica, tail, view),
+            journal=lambda state: read_journal(ctx, replica, state),
+            endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
+            vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
+            poll_s=values["poll_s"],
+            extra_check=replica.backend_type.ready_check(ctx, replica))
+        view.finish("already serving" if ready.already_serving else "serving")
     if ready.already_serving:
         message = "already serving"
     elif ready.start_to_serving_s is None:

@@ -82,9 +82,10 @@ def serve(config: ServeConfig, spec: dict[str, Any]) -> int:
 
     api = Api(config, spec, step, on_dead)
     server = make_server(api)
-    log("INFO", "core.py:1", f"init engine took {time.monotonic() - start:.2f} seconds")
+    log("INFO", "core.py:1", "init engine (profile, create kv cache, warmup model) took "
+        f"{time.monotonic() - start:.2f} s")
     host = config.host or "0.0.0.0"
-    log("INFO", "api_server.py:1", f"Starting vLLM API server 0 on http://{host}:{config.port}")
+    log("INFO", "entry.py:1", f"Starting vLLM server on http://{host}:{config.port}")
 
     def shutdown(signum: int, frame: Any) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()

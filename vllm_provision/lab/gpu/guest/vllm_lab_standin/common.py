@@ -97,3 +97,45 @@ def versions(spec: dict[str, Any]) -> dict[str, str]:
     """Return what a torch.distributed group must agree on: vLLM, torch build and NCCL."""
     return {"vllm": str(spec["vllm"]), "torch": f"{spec['torch']}+{spec['torch_cuda']}",
             "nccl": str(spec["nccl"])}
+
+
+def startup_phases(spec: dict[str, Any], model: str, max_model_len: int, *,
+                   first_rank: bool) -> None:
+    """Go through vLLM's start-up phases in ``spec["load_s"]`` seconds, printing at each the
+    line vLLM 0.32.0 prints there (sources: vllm_provision/phases.py): weights (half the
+    time; rank 0 draws the safetensors bar, one line per shard), profiling and KV-cache sizing
+    (a fifth), CUDA graph capture (the rest; rank 0 prints the bar, every rank the summary).
+    """
+    load_s = float(spec["load_s"])
+    try:
+        shards = max(1, sum(1 for n in os.listdir(model) if n.endswith(".safetensors")))
+    except OSError:
+        shards = 1
+    log("INFO", "gpu_model_runner.py:1", f"Starting to load model {model}...")
+    weights_s = load_s * 0.5
+    for done in range(shards + 1):
+        if first_rank:  # tqdm with vLLM's _BAR_FORMAT (ends in a line break): a line a step
+            per = weights_s / shards
+            sys.stderr.write(f"Loading safetensors checkpoint shards: {100 * done // shards:3d}% "
+                             f"Completed | {done}/{shards} [00:{int(done * per):02d}<"
+                             f"00:{int((shards - done) * per):02d}, {per:.2f}s/it]\n")
+            sys.stderr.flush()
+        if done < shards:
+            time.sleep(weights_s / shards)
+    log("INFO", "default_loader.py:1", f"Loading weights took {weights_s:.2f} seconds")
+    log("INFO", "gpu_model_runner.py:1",
+        f"Model loading took 0.0003 GiB memory and {weights_s:.6f} seconds")
+    time.sleep(load_s * 0.2)
+    log("INFO", "gpu_worker.py:1", "Available KV cache memory: 100.25 GiB")
+    if first_rank:
+        log("INFO", "kv_cache_utils.py:1", f"GPU KV cache size: 3,284,992 tokens, Maximum "
+            f"concurrency for {max_model_len:,} tokens per request: "
+            f"{3284992 / max(1, max_model_len):.2f}x")
+    graphs_s = load_s - weights_s - load_s * 0.2
+    time.sleep(graphs_s)
+    if first_rank:  # tqdm's own bar (carriage returns): journald keeps only the last state
+        sys.stderr.write("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|"
+                         f"##########| 67/67 [00:{int(graphs_s):02d}<00:00, 30.00it/s]\n")
+        sys.stderr.flush()
+    log("INFO", "gpu_model_runner.py:1",
+        f"Graph capturing finished in {round(graphs_s)} secs, took 0.45 GiB")

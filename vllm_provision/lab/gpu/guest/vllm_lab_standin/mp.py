@@ -34,7 +34,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .args import ServeConfig
-from .common import check_free_memory, log, register_compute_app, versions, visible_gpus
+from .common import (
+    check_free_memory,
+    log,
+    register_compute_app,
+    startup_phases,
+    versions,
+    visible_gpus,
+)
 from .server import EngineDead
 
 
@@ -148,14 +155,14 @@ class Master:
 
 
 def load(spec: dict[str, Any], config: ServeConfig, who: str) -> None:
-    """'Load the weights': check GPU memory, show up in nvidia-smi, wait ``load_s`` seconds."""
+    """'Load the weights': check GPU memory, show up in nvidia-smi, then go through vLLM's
+    start-up phases in ``load_s`` seconds in all, printing vLLM 0.32's lines at each
+    (:func:`.common.startup_phases`)."""
     gpus = visible_gpus(config.local_world_size)
     check_free_memory(spec, gpus, config.gpu_memory_utilization)
     used = int(config.gpu_memory_utilization * int(spec["gpu_memory_mib"]))
     register_compute_app(gpus, used, "VLLM::Worker")
-    log("INFO", "gpu_model_runner.py:1", f"Starting to load model {config.model} ({who})...")
-    time.sleep(float(spec["load_s"]))
-    log("INFO", "gpu_model_runner.py:1", f"Model loading took {float(spec['load_s']):.2f} s")
+    startup_phases(spec, config.model, config.max_model_len, first_rank=who == "rank 0")
 
 
 def run_headless(config: ServeConfig, spec: dict[str, Any]) -> int:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .args import ServeConfig
-from .common import check_free_memory, log, register_compute_app
+from .common import check_free_memory, log, register_compute_app, startup_phases
 from .server import EngineDead
 
 
@@ -123,7 +123,11 @@ class RayEngine:
             raise ValueError(f"Ray does not allocate any GPUs on the driver node {driver_ip}. "
                              "Consider adjusting the Ray placement group or running the driver "
                              "on a GPU node.")
-        ray.get([actor.load.remote() for actor in self.actors])
+        loading = [actor.load.remote() for actor in self.actors]
+        # the driver prints vLLM's start-up lines while the actors 'load' (both take load_s)
+        startup_phases(self.spec, self.config.model, self.config.max_model_len,
+                       first_rank=True)
+        ray.get(loading)
         watch = [actor.wait_until_stopped.remote() for actor in self.actors]
         threading.Thread(target=self._watch, args=(watch,), daemon=True).start()
 
