@@ -94,7 +94,8 @@ def test_the_error_object_of_every_command_validates(path: tuple[str, ...], tmp_
         monkeypatch.setenv("VLLM_PROVISION_LAB_DIR", str(tmp_path / "lab"))
         code, out = run_main(monkeypatch, capsys, *path, "--json")
     else:
-        extra = {("play",): [str(tmp_path / "p.yml")], ("inventory",): ["--list"]}.get(path, [])
+        extra = {("play",): [str(tmp_path / "p.yml")], ("inventory",): ["--list"],
+                 ("exec",): ["--", "true"]}.get(path, [])
         code, out = run_main(monkeypatch, capsys, *path, "-i", missing, "--json", *extra)
     document = json.loads(out)
     assert code == 1 and document["error"] is True
@@ -151,3 +152,19 @@ def test_a_run_summary_with_its_plan_validates_and_a_new_key_needs_the_schema(
     with pytest.raises(jsonschema.ValidationError, match="unexpected_key"):
         json_schemas.validate("up", {**document, "unexpected_key": 1})
     json_schemas.validate("play", {**document, "a_module_key": 1})  # play's modules may add
+
+
+def test_an_exec_summary_validates_and_needs_its_exit_codes() -> None:
+    from vllm_provision import report
+    from vllm_provision.results import Status, TaskResult
+
+    results = [TaskResult("h1", "exec", Status.CHANGED, "up 3 days",
+                          data={"rc": 0, "stdout": "up 3 days", "stderr": ""}),
+               TaskResult("h2", "exec", Status.UNREACHABLE, "h2: connection refused",
+                          data={"rc": None, "stdout": "", "stderr": ""})]
+    summary = report.summarize(results, ["h1", "h2"], check_mode=False, duration_s=0.4,
+                               extra={"command": "uptime", "rc": {"h1": 0, "h2": None}})
+    document = json.loads(json.dumps(summary, default=str))
+    json_schemas.validate("exec", document)
+    with pytest.raises(jsonschema.ValidationError, match="rc"):
+        json_schemas.validate("exec", {k: v for k, v in document.items() if k != "rc"})

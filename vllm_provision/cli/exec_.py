@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 from vllm_provision.errors import ProvisionError
 from vllm_provision.results import Status, TaskResult
@@ -68,7 +69,9 @@ def print_host(result: TaskResult) -> None:
             click.echo(printable(line.replace("\t", "    "), 10_000), err=stream == "stderr")
 
 
-@click.command("exec", context_settings={"ignore_unknown_options": True})
+@click.command("exec", context_settings={"ignore_unknown_options": True}, epilog=examples(
+    "provision exec -i inventory.yml -l vllm_followers -- nvidia-smi -L",
+    "provision exec -i inventory.yml --json -- 'systemctl is-active vllm.service'"))
 @shared_options(HOST_OPTIONS)
 @click.argument("words", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND")
 def command(words: Sequence[str], **kwargs: Any) -> None:
@@ -80,7 +83,6 @@ def command(words: Sequence[str], **kwargs: Any) -> None:
     inventory value: no variable is substituted into it. Put it after ``--`` so its options
     are not read as ours; several words are joined with spaces.
 
-    Example: ``provision exec -i inventory.yml -l vllm_followers -- nvidia-smi -L``
 
     Output: each host's block (``h1 | CHANGED | rc=0 >>`` and its output, stderr on stderr), in
     inventory order once all are done, then a recap with each host's exit code. --timeout (30 s)

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from vllm_provision.backends import UNIT_KINDS
+from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, shared_options
 from vllm_provision.errors import ProvisionError
 
@@ -83,7 +84,9 @@ class _Printer:
         sys.stdout.flush()
 
 
-@click.command("logs")
+@click.command("logs", epilog=examples(
+    "provision logs -i inventory.yml --since 10m",
+    "provision logs -i inventory.yml -l h2 --unit vllm --since 10m -f"))
 @shared_options(LOG_OPTIONS)
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing new lines as they come; Ctrl-C stops (exit 0).")
@@ -103,7 +106,6 @@ def command(follow: bool, since: str | None, lines: int | None, kinds: tuple[str
     clock), the host coloured on a terminal. The unit names come from the inventory (each
     replica's backend): ``--unit vllm`` is ``vllm_unit_name`` on mp nodes and the Ray head.
 
-    Example: ``provision logs -i inventory.yml -l h2 --unit vllm --since 10m -f``
 
     Exit code: 0, also when -f is stopped with Ctrl-C; 1 on an invalid inventory or --since, or
     when a node could not be read (the others are printed).
