@@ -5,7 +5,8 @@ mp's master port; Ray's GCS, every pinned Ray port and the worker range; plus th
 watchdog's port) carry no authentication: vLLM's TCP store, Ray (Ray docs, "Security": Ray
 expects a trusted network; CVE-2023-48022 is unauthenticated job submission) and our watchdog.
 :func:`ruleset` renders one table of ours, ``inet vllm_provision``, that accepts those ports
-only from the replica's own node addresses and the API port only from ``vllm_api_allow_from``,
+only from the replica's own node addresses and the API port only from those and
+``vllm_api_allow_from``,
 and drops the rest of what is sent to them. Nothing else is filtered: the chain's policy is
 accept, so SSH, NCCL's data connections and every other port stay as they were.
 
@@ -97,7 +98,7 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
         replica: the node's replica; its nodes' ``host_ip`` are the only sources the peer-only
             ports accept (:func:`peer_only_ports`).
         allow_from: ``vllm_api_allow_from``: IP addresses or CIDR networks that may reach the
-            API port; empty: any source (no API rule).
+            API port besides the replica's nodes; empty: any source (no API rule).
 
     Returns:
         the text of an ``nft -f`` file: one transaction that replaces ``inet vllm_provision``
@@ -119,7 +120,7 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
         "inventory and run `provision up`.",
         "# Peer-only ports: " + "; ".join(f"{p.text()} ({p.what})" for p in ports) + ".",
         f"# API port {replica.engine.api_port}: "
-        + ("from " + _elements(api) if api else "from any source") + ".",
+        + ("from the peers and " + _elements(api) if api else "from any source") + ".",
         "# One transaction (nft -f): create-if-absent, delete, define: replaces our table only.",
         f"table {FAMILY} {TABLE}",
         f"delete table {FAMILY} {TABLE}",
@@ -146,6 +147,11 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
     lines.append(f"\t\ttcp dport {port_set} drop")
     if api:
         port = replica.engine.api_port
+        # the replica's own nodes too: preflight checks that they reach it (network.peer_reach)
+        if peers4:
+            lines.append(f"\t\ttcp dport {port} ip saddr @peers4 accept")
+        if peers6:
+            lines.append(f"\t\ttcp dport {port} ip6 saddr @peers6 accept")
         if api4:
             lines.append(f"\t\ttcp dport {port} ip saddr @api4 accept")
         if api6:

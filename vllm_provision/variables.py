@@ -310,10 +310,11 @@ _TABLE: tuple[Variable, ...] = (
     # Firewall (docs/security.md, "Network exposure").
     Variable("vllm_firewall", str, "off", "`nftables`: install an nftables table of ours "
              "(`inet vllm_provision`) that accepts the replica's inter-node ports only from its "
-             "own nodes and the API port only from `vllm_api_allow_from`; `off`: none.",
+             "own nodes and the API port only from them and `vllm_api_allow_from`; `off`: none.",
              "nftables", choices=("off", "nftables")),
     Variable("vllm_api_allow_from", list, [], "With `vllm_firewall: nftables`: addresses or "
-             "CIDR networks that may reach the API port; empty: any source.",
+             "CIDR networks that may reach the API port besides the replica's nodes; empty: "
+             "any source.",
              "[10.0.0.0/8, 'fd00::/8']", check=check_cidr_list),
     # Version pins, checked by preflight on every node.
     Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),

@@ -62,7 +62,8 @@ def test_mp_table_accepts_master_and_watchdog_ports_from_the_peers_only(tmp_path
     assert "tcp dport { 29501, 29510 } ip saddr @peers4 accept" in text
     assert "tcp dport { 29501, 29510 } drop" in text
     assert "elements = { 192.168.0.0/16 }" in text and "elements = { fd00::/8 }" in text
-    assert "tcp dport 8000 ip saddr @api4 accept" in text
+    assert "tcp dport 8000 ip saddr @peers4 accept\n\t\ttcp dport 8000 ip saddr @api4 accept" \
+        in text
     assert "tcp dport 8000 ip6 saddr @api6 accept" in text
     assert text.index("accept\n\t\ttcp dport 8000 drop") > 0
     assert "policy accept" in text and "peers6" not in text  # no IPv6 node, no IPv6 set
