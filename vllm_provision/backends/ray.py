@@ -60,11 +60,20 @@ class RayBackend(Backend):
         return int(host_var(replica.master.host, "ray_port")), "Ray GCS port"
 
     def listen_ports(self, replica: Replica, rank: int) -> list[tuple[int, str]]:
-        """The head: API, GCS, dashboard and client server ports (checks/network.py)."""
-        from vllm_provision.checks import network
+        """The head: API, GCS, the client server port and, when on, the dashboard port (their
+        inventory values; checks/network.py)."""
+        if rank != 0:
+            return []
+        from vllm_provision.facts.gather import host_var
 
-        return [*super().listen_ports(replica, rank),
-                *(network.RAY_HEAD_EXTRA_PORTS if rank == 0 else ())]
+        head = replica.master.host
+        client = host_var(head, "ray_client_server_port")
+        ports = [*super().listen_ports(replica, rank),
+                 (int(client) if client is not None else DEFAULT_CLIENT_SERVER_PORT,
+                  "Ray client server")]
+        if host_var(head, "ray_include_dashboard") is True:
+            ports.append((int(host_var(head, "ray_dashboard_port")), "Ray dashboard"))
+        return ports
 
     def other_ports(self, agreed: Mapping[str, Any],
                     host_value: Callable[[str], Any]) -> dict[str, Any]:

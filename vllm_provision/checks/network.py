@@ -13,9 +13,6 @@ from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.facts.model import HostFacts, Interface
 from vllm_provision.models import Node, Replica
 
-RAY_HEAD_EXTRA_PORTS: tuple[tuple[int, str], ...] = ((8265, "Ray dashboard"),
-                                                     (10001, "Ray client server"))
-
 
 def interface_of(facts: HostFacts, address: str) -> Interface | None:
     """Return the interface holding ``address``, or None."""
