@@ -104,7 +104,8 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
         the text of an ``nft -f`` file: one transaction that replaces ``inet vllm_provision``
         and touches no other table.
     """
-    peers = sorted({ipaddress.ip_address(n.host_ip) for n in replica.nodes},
+    # a zone id (fe80::1%eth0) is no part of a packet's source address
+    peers = sorted({ipaddress.ip_address(n.host_ip.split("%", 1)[0]) for n in replica.nodes},
                    key=lambda a: (a.version, int(a)))
     peers4 = [a for a in peers if a.version == 4]
     peers6 = [a for a in peers if a.version == 6]
