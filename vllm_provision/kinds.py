@@ -244,6 +244,14 @@ def check_severities(value: Any) -> str | None:
     return None
 
 
+def check_port(value: Any) -> str | None:
+    """Return why ``value`` is not a TCP port 1-65535, or None (a role default's port, whose
+    type the table does not bound)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        return "a TCP port, an integer 1-65535"
+    return None
+
+
 def check_text(value: str) -> str | None:
     """Plain single-line text (control characters are refused before kinds run)."""
     return None
@@ -256,8 +264,8 @@ def _no_check(value: Any) -> str | None:
 Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
-# ssh_host, ssh_user, ssh_args, port, interface, engine_arg, engine_args, env, secret, version,
-# count, seconds, fraction, flag, choice, text, data.
+# ssh_host, ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret,
+# version, count, seconds, fraction, flag, choice, text, data.
 KINDS: dict[str, Kind] = {
     # connection
     "ansible_host": ("ssh_host", check_ssh_host),
@@ -314,6 +322,17 @@ KINDS: dict[str, Kind] = {
     "vllm_limit_nofile": ("count", _no_check),
     # ray
     "ray_port": ("port", _no_check),
+    "ray_node_manager_port": ("port", _no_check),
+    "ray_object_manager_port": ("port", _no_check),
+    "ray_client_server_port": ("port", _no_check),
+    "ray_min_worker_port": ("port", _no_check),
+    "ray_max_worker_port": ("port", _no_check),
+    "ray_dashboard_agent_listen_port": ("port", _no_check),
+    "ray_dashboard_agent_grpc_port": ("port", _no_check),
+    "ray_runtime_env_agent_port": ("port", _no_check),
+    "ray_metrics_export_port": ("port", _no_check),
+    "ray_include_dashboard": ("flag", _no_check),
+    "ray_dashboard_port": ("port", _no_check),
     "ray_num_gpus": ("count", _no_check),
     "ray_num_cpus": ("count", _no_check),
     "ray_memory_bytes": ("count", _no_check),
@@ -328,6 +347,12 @@ KINDS: dict[str, Kind] = {
     "ray_limit_nofile": ("count", _no_check),
     "ray_gcs_timeout_s": ("seconds", _no_check),
     "ray_cluster_timeout_s": ("seconds", _no_check),
+    # firewall
+    "vllm_firewall": ("choice", _no_check),
+    "vllm_api_allow_from": ("cidr_list", _no_check),  # checked by its table entry
+    "vllm_firewall_file": ("owned_file", check_owned_file),
+    "vllm_firewall_unit_name": ("unit", check_unit),
+    "vllm_firewall_nft": ("path", check_path),
     # versions
     "vllm_version": ("version", check_version),
     "torch_version": ("version", check_version),
@@ -339,7 +364,7 @@ KINDS: dict[str, Kind] = {
     "vllm_watchdog_script": ("owned_file", check_owned_file),
     "vllm_watchdog_config": ("owned_file", check_owned_file),
     "vllm_watchdog_python": ("path", check_path),
-    "vllm_watchdog_port": ("port", _no_check),
+    "vllm_watchdog_port": ("port", check_port),
     "vllm_watchdog_poll_s": ("seconds", _no_check),
     "vllm_watchdog_grace_s": ("seconds", _no_check),
     "vllm_watchdog_slack_s": ("seconds", _no_check),

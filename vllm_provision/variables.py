@@ -40,6 +40,18 @@ def check_ip_address(value: str) -> str | None:
     return None
 
 
+def check_cidr_list(value: list[str]) -> str | None:
+    """Return why an item of ``vllm_api_allow_from`` is not an IP address or CIDR network
+    (``ipaddress.ip_network`` with ``strict=True``: no host bits set), or None."""
+    for item in value:
+        try:
+            ipaddress.ip_network(str(item), strict=True)
+        except ValueError:
+            return ("IP addresses or CIDR networks such as 10.0.0.0/8 or fd00::/8, without host "
+                    f"bits (bad item {item!r})")
+    return None
+
+
 def check_ssh_word(value: str) -> str | None:
     """Return why ``value`` cannot be an ssh host or user name, or None.
 
@@ -272,6 +284,43 @@ _TABLE: tuple[Variable, ...] = (
              "of free resources (NO_RESOURCES).", "600", minimum=0),
     # Ray.
     Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", minimum=1, maximum=65535),
+    # Every other port Ray listens on, pinned so a firewall can name it (`ray start` options,
+    # ray python/ray/scripts/scripts.py; docs/security.md, "Network exposure").
+    Variable("ray_node_manager_port", int, 6380, "Raylet port on every node "
+             "(`--node-manager-port`; Ray's default 0 picks a random one).", "6380",
+             minimum=1, maximum=65535),
+    Variable("ray_object_manager_port", int, 6381, "Object manager port on every node "
+             "(`--object-manager-port`; Ray's default picks a random one).", "6381",
+             minimum=1, maximum=65535),
+    Variable("ray_client_server_port", int, None, "Ray client server port on the head "
+             "(`--ray-client-server-port`, which Ray accepts only with `ray[client]` "
+             "installed). Unset: Ray's own choice, 10001 when `ray[client]` is installed, else "
+             "no client server; the firewall and the port checks count 10001.", "10001",
+             minimum=1, maximum=65535),
+    Variable("ray_min_worker_port", int, 10002, "Lowest port a Ray worker process binds "
+             "(`--min-worker-port`); with `ray_max_worker_port` a range of its own (Ray: "
+             "1024-65535, min < max).", "10002", minimum=1024, maximum=65535),
+    Variable("ray_max_worker_port", int, 10999, "Highest port a Ray worker process binds "
+             "(`--max-worker-port`; Ray's default is 19999).", "10999", minimum=1024,
+             maximum=65535),
+    Variable("ray_dashboard_agent_listen_port", int, 52365, "HTTP port of the dashboard agent "
+             "on every node (`--dashboard-agent-listen-port`).", "52365", minimum=1,
+             maximum=65535),
+    Variable("ray_dashboard_agent_grpc_port", int, 52366, "gRPC port of the dashboard agent "
+             "on every node (`--dashboard-agent-grpc-port`; Ray's default is random).", "52366",
+             minimum=1, maximum=65535),
+    Variable("ray_runtime_env_agent_port", int, 52367, "Port of the runtime-env agent on every "
+             "node (`--runtime-env-agent-port`; Ray's default is random).", "52367", minimum=1,
+             maximum=65535),
+    Variable("ray_metrics_export_port", int, 52368, "Prometheus metrics port on every node "
+             "(`--metrics-export-port`; Ray's default is random).", "52368", minimum=1,
+             maximum=65535),
+    Variable("ray_include_dashboard", bool, False, "Start Ray's dashboard and its job API on "
+             "the head (`--include-dashboard`), bound to the head's `vllm_host_ip`; off: no "
+             "dashboard, no job submission (docs/security.md).", "true"),
+    Variable("ray_dashboard_port", int, 8265, "Dashboard and job API port on the head "
+             "(`--dashboard-port`), when `ray_include_dashboard` is true.", "8265", minimum=1,
+             maximum=65535),
     Variable("ray_num_gpus", int, None, "GPUs this node declares to Ray (default: GPUs found "
              "by facts).", "4", scope="host", minimum=0),
     Variable("ray_num_cpus", int, None, "CPUs this node declares to Ray.", "32", scope="host",
@@ -280,6 +329,15 @@ _TABLE: tuple[Variable, ...] = (
              scope="host", minimum=1),
     Variable("ray_object_store_memory_bytes", int, None, "Ray `--object-store-memory`, in "
              "bytes.", "17179869184", scope="host", minimum=1),
+    # Firewall (docs/security.md, "Network exposure").
+    Variable("vllm_firewall", str, "off", "`nftables`: install an nftables table of ours "
+             "(`inet vllm_provision`) that accepts the replica's inter-node ports only from its "
+             "own nodes and the API port only from them and `vllm_api_allow_from`; `off`: none.",
+             "nftables", choices=("off", "nftables")),
+    Variable("vllm_api_allow_from", list, [], "With `vllm_firewall: nftables`: addresses or "
+             "CIDR networks that may reach the API port besides the replica's nodes; empty: "
+             "any source.",
+             "[10.0.0.0/8, 'fd00::/8']", check=check_cidr_list),
     # Version pins, checked by preflight on every node.
     Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
     Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",

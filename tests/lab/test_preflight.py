@@ -219,9 +219,16 @@ def test_firewall_on_h1_dropping_its_peer_is_caught_before_anything_starts(lab):
     """h1 drops TCP from h2 to its master port and its watchdog port (iptables in h1's own
     network namespace, as a host firewall would): reachability names each port and both
     nodes; nothing was started."""
+    from vllm_provision.facts.gather import peer_ports
+    from vllm_provision.inventory import load_inventory
+
+    [replica] = load_inventory(lab.inventory_path("mp")).replicas
+    master_port = replica.engine.master_port
+    watchdog_port = next(port for port, what in peer_ports(replica)["h1"]
+                         if what == "watchdog port")
     h2_ip = next(h.address for h in lab.hosts if h.name == "h2")
     rules = [["INPUT", "-s", h2_ip, "-p", "tcp", "--dport", str(port), "-j", "DROP"]
-             for port in (29501, 29510)]
+             for port in (master_port, watchdog_port)]
     netns = ["ip", "netns", "exec", lab.config.netns("h1"), "iptables"]
     for rule in rules:
         subprocess.run([*netns, "-I", *rule], check=True)
@@ -232,9 +239,9 @@ def test_firewall_on_h1_dropping_its_peer_is_caught_before_anything_starts(lab):
             subprocess.run([*netns, "-D", *rule], check=False)
     assert code == 1
     [rendezvous] = [f for f in errors(findings) if f["check"] == "network.reach"]
-    assert rendezvous["host"] == "h2" and ":29501" in rendezvous["item"]
-    assert "29501" in rendezvous["fix"] and "from h2 to h1" in rendezvous["fix"]
+    assert rendezvous["host"] == "h2" and f":{master_port}" in rendezvous["item"]
+    assert str(master_port) in rendezvous["fix"] and "from h2 to h1" in rendezvous["fix"]
     [watchdog] = [f for f in errors(findings) if f["check"] == "network.peer_reach"]
     assert watchdog["host"] == "h2" and watchdog["item"].startswith("TCP to h1's watchdog port")
-    assert "29510 from h2 to h1" in watchdog["fix"]
+    assert f"{watchdog_port} from h2 to h1" in watchdog["fix"]
     assert lab.ssh("h1", "systemctl is-active vllm.service").stdout.strip() != "active"

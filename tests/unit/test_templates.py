@@ -12,6 +12,7 @@ import jinja2
 import pytest
 import yaml
 
+from vllm_provision import variables
 from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
@@ -37,7 +38,8 @@ def _replica(backend: str = "mp", **engine: Any) -> Replica:
 
 
 def _defaults(*roles: str) -> dict[str, Any]:
-    values: dict[str, Any] = {}
+    # the table's defaults under the roles', as the engine layers them (runner/engine.py)
+    values: dict[str, Any] = variables.defaults()
     for role in ("vllm_common", *roles):
         values.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
     # Defaults may refer to other variables (the engine renders them lazily, as Ansible does).

@@ -130,6 +130,20 @@ class Backend:
         """
         return {}
 
+    def port_ranges(self, agreed: Mapping[str, Any],
+                    host_value: Callable[[str], Any]) -> dict[tuple[str, str], tuple[Any, Any]]:
+        """Port ranges a node listens in: ``{(low variable, high variable): (low, high)}``;
+        no other port may fall inside one, and low <= high (checked at inventory load).
+        Arguments as :meth:`other_ports`."""
+        return {}
+
+    def peer_ports(self, replica: Replica) -> list[tuple[str, int, int]]:
+        """``(what, low, high)`` of every port or range a node of ``replica`` listens on for its
+        peers only, besides the watchdog port (``vllm_firewall: nftables`` accepts them from
+        the replica's nodes only; docs/security.md). Default: the :meth:`rendezvous` port."""
+        meeting = self.rendezvous(replica)
+        return [(meeting[1], meeting[0], meeting[0])] if meeting else []
+
     def extra_args_note(self) -> str:
         """A sentence added when ``vllm_extra_args`` holds an option we render (why it matters
         for this backend), or ``""``."""

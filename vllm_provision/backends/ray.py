@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from vllm_provision.models import Node, Replica
 
 HEAD_UNIT = ("ray_head_unit_name", "ray-head.service")
+# The ports `ray start` is told to listen on besides the GCS (roles/ray/templates/ray-unit.j2;
+# ray python/ray/scripts/scripts.py options of the same names). The client server runs on the
+# head only; the rest on every node.
+PINNED_PORTS = ("ray_node_manager_port", "ray_object_manager_port", "ray_client_server_port",
+                "ray_dashboard_agent_listen_port", "ray_dashboard_agent_grpc_port",
+                "ray_runtime_env_agent_port", "ray_metrics_export_port")
+WORKER_RANGE = ("ray_min_worker_port", "ray_max_worker_port")
+# ray python/ray/scripts/scripts.py, --ray-client-server-port: "default to 10001, or None if
+# ray[client] is not installed" (what listens when ray_client_server_port is unset).
+DEFAULT_CLIENT_SERVER_PORT = 10001
 WORKER_UNIT = ("ray_worker_unit_name", "ray-worker.service")
 
 
@@ -61,16 +71,56 @@ class RayBackend(Backend):
         return int(host_var(replica.master.host, "ray_port")), "Ray GCS port"
 
     def listen_ports(self, replica: Replica, rank: int) -> list[tuple[int, str]]:
-        """The head: API, GCS, dashboard and client server ports (checks/network.py)."""
-        from vllm_provision.checks import network
+        """The head: API, GCS, the client server port and, when on, the dashboard port (their
+        inventory values; checks/network.py)."""
+        if rank != 0:
+            return []
+        from vllm_provision.facts.gather import host_var
 
-        return [*super().listen_ports(replica, rank),
-                *(network.RAY_HEAD_EXTRA_PORTS if rank == 0 else ())]
+        head = replica.master.host
+        client = host_var(head, "ray_client_server_port")
+        ports = [*super().listen_ports(replica, rank),
+                 (int(client) if client is not None else DEFAULT_CLIENT_SERVER_PORT,
+                  "Ray client server")]
+        if host_var(head, "ray_include_dashboard") is True:
+            ports.append((int(host_var(head, "ray_dashboard_port")), "Ray dashboard"))
+        return ports
 
     def other_ports(self, agreed: Mapping[str, Any],
                     host_value: Callable[[str], Any]) -> dict[str, Any]:
-        """The GCS port."""
-        return {"ray_port": host_value("ray_port")}
+        """The GCS port and every other port ``ray start`` is told to listen on
+        (:data:`PINNED_PORTS`; the dashboard's only when ``ray_include_dashboard``)."""
+        ports = {name: host_value(name) for name in ("ray_port", *PINNED_PORTS)}
+        if ports["ray_client_server_port"] is None:
+            ports["ray_client_server_port"] = DEFAULT_CLIENT_SERVER_PORT
+        if host_value("ray_include_dashboard") is True:
+            ports["ray_dashboard_port"] = host_value("ray_dashboard_port")
+        return ports
+
+    def port_ranges(self, agreed: Mapping[str, Any],
+                    host_value: Callable[[str], Any]) -> dict[tuple[str, str], tuple[Any, Any]]:
+        """The worker processes' range (``--min-worker-port`` .. ``--max-worker-port``)."""
+        return {WORKER_RANGE: (host_value(WORKER_RANGE[0]), host_value(WORKER_RANGE[1]))}
+
+    def peer_ports(self, replica: Replica) -> list[tuple[str, int, int]]:
+        """The GCS, every pinned port, the worker range and (when on) the dashboard: Ray has
+        no authentication, so only the replica's nodes may reach any of them (Ray docs,
+        "Security": a Ray cluster must not be reachable from untrusted networks)."""
+        from vllm_provision.facts.gather import host_var
+
+        head = replica.master.host
+        found = [("Ray GCS port", int(host_var(head, "ray_port")),
+                  int(host_var(head, "ray_port")))]
+        for name in PINNED_PORTS:
+            value = host_var(head, name)
+            port = int(value) if value is not None else DEFAULT_CLIENT_SERVER_PORT
+            found.append((name, port, port))
+        low, high = (int(host_var(head, n)) for n in WORKER_RANGE)
+        found.append(("Ray worker ports", low, high))
+        if host_var(head, "ray_include_dashboard") is True:
+            port = int(host_var(head, "ray_dashboard_port"))
+            found.append(("Ray dashboard and job API", port, port))
+        return found
 
     def extra_args_note(self) -> str:
         """vLLM rejects --nnodes > 1 with Ray."""

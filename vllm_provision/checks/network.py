@@ -13,9 +13,6 @@ from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.facts.model import HostFacts, Interface
 from vllm_provision.models import Node, Replica
 
-RAY_HEAD_EXTRA_PORTS: tuple[tuple[int, str], ...] = ((8265, "Ray dashboard"),
-                                                     (10001, "Ray client server"))
-
 
 def interface_of(facts: HostFacts, address: str) -> Interface | None:
     """Return the interface holding ``address``, or None."""
@@ -240,3 +237,46 @@ def check_watchdog_port(node: Node, facts: HostFacts, port: int,
         alternative="set vllm_watchdog_port to a free port in the replica's group vars (the "
                     "same on every node: each watchdog polls its peers on its own port)",
         source="docs/recovery.md §2 (the peer watchdog serves its state on this port)")
+
+
+def check_exposure(node: Node, facts: HostFacts, replica: Replica,
+                   interface_name: str | None) -> list[Finding]:
+    """Warn when the cluster interface holds a public address and ``vllm_firewall`` is off.
+
+    The inter-node ports (vLLM's TCP store, Ray's GCS and the other Ray ports, the peer
+    watchdog) have no authentication: Ray's security docs say a Ray cluster must not be
+    reachable from untrusted networks (unauthenticated job submission, CVE-2023-48022). Public
+    means ``ipaddress``'s ``is_global`` (:func:`vllm_provision.firewall.is_public`): not RFC
+    1918, ULA, loopback, link-local, CGNAT or documentation space.
+
+    Args:
+        node: the node; facts: its facts.
+        replica: its replica (the ports come from its backend, the option from its vars).
+        interface_name: ``vllm_cluster_interface``, or None: the interface holding the node's
+            ``vllm_host_ip``.
+
+    Returns:
+        one ``network.exposure`` warning naming the public addresses and every exposed port, or
+        nothing (firewall on, interface unknown, no public address).
+    """
+    from vllm_provision import firewall
+
+    if replica.vars.get("vllm_firewall", "off") == "nftables":
+        return []
+    interface = (facts.interfaces.get(interface_name) if interface_name
+                 else interface_of(facts, node.host_ip))
+    if interface is None:
+        return []
+    public = firewall.public_addresses({interface.name: list(interface.addresses)})
+    if not public:
+        return []
+    ports = [f"{p.text()} ({p.what})" for p in firewall.peer_only_ports(replica)]
+    if node.rank == 0:
+        ports.insert(0, f"{replica.engine.api_port} (API port)")
+    return [Finding(
+        "network.exposure", Severity.WARNING, node.name, f"interface {interface.name}",
+        expected="private addresses only (RFC 1918, ULA), or vllm_firewall: nftables",
+        actual=f"public {', '.join(public[interface.name])}: exposes TCP " + ", ".join(ports),
+        fix="set vllm_firewall: nftables (and vllm_api_allow_from) in the replica's group vars, "
+            "or put the cluster network on private addresses (docs/security.md)",
+        source="Ray docs, Security (CVE-2023-48022); vllm --master-port has no authentication")]

@@ -201,6 +201,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
             continue
         node_interface = node.host.vars.get("vllm_cluster_interface", interface)
         findings += network.check_interface(node, f, node_interface)
+        findings += network.check_exposure(node, f, replica, node_interface)
         findings += network.check_hostname(node, f)
         findings += network.check_ports(node, f, _ports(replica, node.rank), settings.own_units)
         findings += network.check_watchdog_port(

@@ -172,6 +172,40 @@ def _value(settings: Mapping[str, Setting], name: str) -> Any:
     return variables.defaults().get(name, variables.role_defaults().get(name))
 
 
+def _is_port(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _port_clashes(ports: Mapping[str, Any], ranges: Mapping[tuple[str, str], tuple[Any, Any]],
+                  ) -> list[tuple[str, str, str, str]]:
+    """``(first variable, second variable, what is wrong, expected)`` for every two ports that
+    are equal, every port inside a range, and every range whose low end is above its high end
+    (values that are not integers were refused already and are skipped)."""
+    clashes: list[tuple[str, str, str, str]] = []
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if not _is_port(port):
+            continue
+        if port in seen:
+            clashes.append((seen[port], name, f"are both {port}: two servers cannot listen on "
+                            "one port", f"a port other than {port}"))
+        else:
+            seen[port] = name
+    for (low_name, high_name), (low, high) in ranges.items():
+        if not (_is_port(low) and _is_port(high)):
+            continue
+        if low >= high:  # Ray: "max_worker_port must be higher than min_worker_port"
+            clashes.append((low_name, high_name, f"give no range ({low} is not below {high})",
+                            f"{low_name} < {high_name}"))
+            continue
+        for name, port in ports.items():
+            if _is_port(port) and low <= port <= high:
+                clashes.append((name, f"{low_name}-{high_name}",
+                                f"overlap: {port} is inside the range {low}-{high}",
+                                f"a port outside {low}-{high}"))
+    return clashes
+
+
 def _check_conflicts(replica: str, members: list[str],
                      settings: Mapping[str, Mapping[str, Setting]], agreed: Mapping[str, Any],
                      problems: Problems, where: str) -> bool:
@@ -180,24 +214,27 @@ def _check_conflicts(replica: str, members: list[str],
     NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set from ``vllm_cluster_interface``. Returns False
     when a problem was recorded."""
     ok = True
-    api_port = agreed.get("vllm_api_port")
     backend = agreed.get("vllm_backend")
+    reported: set[tuple[str, str]] = set()
     for host in members:
         values = settings[host]
-        others = {"vllm_watchdog_port": _value(values, "vllm_watchdog_port")}
         # unset: vLLM's default rule gives mp (checks.topology.backend_choice)
         chosen = backends.find(backend) or backends.get("mp")
-        others.update(chosen.other_ports(agreed, functools.partial(_value, values)))
-        for other, port in others.items():
-            if isinstance(api_port, int) and port == api_port:
-                setting = values.get(other) or values.get("vllm_api_port")
-                problems.add(setting.origin.where if setting else where,
-                             f"vllm_api_port and {other} of replica {replica!r} are both "
-                             f"{port}: two servers cannot listen on one port",
-                             expected=f"a port other than {port}", actual=str(port),
-                             fix=f"give vllm_api_port and {other} different ports")
-                ok = False
-                break
+        host_value = functools.partial(_value, values)
+        ports = {"vllm_api_port": agreed.get("vllm_api_port"),
+                 "vllm_watchdog_port": _value(values, "vllm_watchdog_port"),
+                 **chosen.other_ports(agreed, host_value)}
+        for first, second, message, expected in _port_clashes(
+                ports, chosen.port_ranges(agreed, host_value)):
+            if (first, second) in reported:
+                continue
+            reported.add((first, second))
+            setting = values.get(second) or values.get(first)
+            problems.add(setting.origin.where if setting else where,
+                         f"{first} and {second} of replica {replica!r} {message}",
+                         expected=expected,
+                         fix=f"give {first} and {second} values that do not overlap")
+            ok = False
         interface = _value(values, "vllm_cluster_interface")
         if not interface or interface is INVALID:
             continue

@@ -60,10 +60,12 @@ SUITE = DEFAULT_SUITE
 MIRROR = "http://deb.debian.org/debian"
 # libpam-systemd gives ssh logins a logind session (a Recommends only, so minbase lacks it:
 # `systemctl --user` then fails with "No medium found"); python3-venv for /opt/vllm; libnuma1
-# for vllm._C (docs/measured.md, "Real vLLM on CPU in the lab"); curl for checks
+# for vllm._C (docs/measured.md, "Real vLLM on CPU in the lab"); curl for checks; nftables for
+# `vllm_firewall: nftables` (docs/security.md, "Network exposure")
 PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "libpam-systemd", "dbus", "openssh-server", "python3", "iproute2",
     "procps", "sudo", "ca-certificates", "iputils-ping", "less", "python3-venv", "libnuma1", "curl",
+    "nftables",
 )
 # bump when customise() changes, so cached bases are rebuilt
 CUSTOMISATION_VERSION = 3

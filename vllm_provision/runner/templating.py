@@ -32,7 +32,8 @@ _MARKERS = ("{{", "{%")
 def make_environment(search_path: list[Path] | None = None) -> jinja2.Environment:
     """Return the engine's Jinja2 environment: an ImmutableSandboxedEnvironment with
     StrictUndefined, trailing newline kept, and the filters ``bool``, ``quote``, ``combine``
-    (Ansible's, a new mapping), ``systemd_exec_quote`` and ``env_file_line``.
+    (Ansible's, a new mapping), ``systemd_exec_quote``, ``env_file_line`` and
+    ``nftables_ruleset`` (:func:`vllm_provision.firewall.ruleset`).
 
     Args:
         search_path: folders for ``{% include %}`` / ``{% import %}`` (role templates first).
@@ -47,7 +48,15 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
     # Unit and env-file templates quote through these (roles vllm_mp, ray, vllm_ray).
     env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
     env.filters["env_file_line"] = quoting.env_file_line
+    # The firewall template renders the replica's table through it (role vllm_firewall).
+    env.filters["nftables_ruleset"] = _nftables_ruleset
     return env
+
+
+def _nftables_ruleset(replica: Any, allow_from: Any = ()) -> str:
+    from vllm_provision import firewall
+
+    return firewall.ruleset(replica, allow_from or ())
 
 
 def _to_bool(value: Any) -> bool:
