@@ -34,6 +34,7 @@ DECLARED = {
     "systemd": ("name", "state", "enabled", "daemon_reload", "if_running"),
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
     "vllm_preflight": ("skip_checks",),
+    "vllm_prune": ("purge",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),
     "vllm_wait_ready": ("timeout_s", "poll_s"),
     "wait_for": ("port", "host", "state", "timeout", "delay", "connect_timeout", "from"),
