@@ -264,18 +264,22 @@ def removal_script(units: Sequence[str], files: Sequence[str]) -> str:
     return " && ".join(steps) or "true"
 
 
-def lines(removal: Removal, *, check_mode: bool) -> list[str]:
-    """Human lines: the stop order, then each unit and file removed."""
+def lines(removal: Removal, *, check_mode: bool, host: str | None = None,
+          purge: bool = False) -> list[str]:
+    """Human lines: the backend change, the stop order, then each unit and file removed (on
+    ``host`` only, when given; ``purge``: everything goes, not only what left the plan)."""
     verb = "would " if check_mode else ""
+    why = "" if purge else " (not in the plan)"
     out = []
     if removal.replaced:
         out.append(f"backend {removal.replaced}: the old backend's units are replaced")
     if removal.waves:
         out.append(f"{verb}stop " + ", then ".join(
-            " and ".join(f"{unit} on {host}" for host, unit in wave) for wave in removal.waves))
-    for host, item in removal.hosts.items():
-        out += [f"{verb}remove unit {u} on {host} (not in the plan)" for u in item.units]
-        out += [f"{verb}remove {p} on {host}" for p in item.files]
+            " and ".join(f"{unit} on {name}" for name, unit in wave) for wave in removal.waves))
+    for name, item in removal.hosts.items():
+        if host is None or name == host:
+            out += [f"{verb}remove unit {u} on {name}{why}" for u in item.units]
+            out += [f"{verb}remove {p} on {name}" for p in item.files]
     return out
 
 

@@ -37,6 +37,7 @@ from vllm_provision.models import Node, Replica
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.systemd import STOPPED_IN_CHECK
 from vllm_provision.results import Status
 
 RUNS_ON = "controller"
@@ -172,6 +173,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         waves = tuple(tuple(t for t in wave if t[0] in now and t[1] in now[t[0]].stop)
                       for wave in removal.waves)
         removal = prune.Removal(now, tuple(w for w in waves if w), removal.replaced)
+        if ctx.check_mode:
+            for host, item in removal.hosts.items():
+                ctx.run_state.setdefault(host, {}).setdefault(STOPPED_IN_CHECK, set()).update(
+                    item.stop)
         errors = {} if ctx.check_mode else _apply(ctx, replica, removal, purge, with_record)
         failed = failed or bool(errors)
         summary = {"replica": replica.name, "replaced": removal.replaced,
@@ -180,14 +185,14 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                    "files": {h: list(i.files) for h, i in removal.hosts.items()}}
         if removal:
             summaries.append(summary)
-        text = prune.lines(removal, check_mode=ctx.check_mode)
         for node in nodes:
             mine_item = removal.hosts.get(node.name)
             if node.name in errors:
                 host_results[node.name] = ModuleResult(Status.FAILED, errors[node.name],
                                                        data={"removal": summary})
             elif mine_item:
-                mine = [line for line in text if f" on {node.name}" in line]
+                mine = prune.lines(removal, check_mode=ctx.check_mode, host=node.name,
+                                   purge=purge)
                 host_results[node.name] = ModuleResult(
                     Status.CHANGED, "; ".join(mine), diff=prune.removal_diff(mine_item)
                     if ctx.diff_mode else "",
