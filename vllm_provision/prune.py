@@ -21,8 +21,9 @@ without a record falls back to the unit names every registered backend would ins
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_provision.quoting import quote
@@ -198,6 +199,32 @@ def from_record(host: str, entry: Mapping[str, Any] | None, backend: str,
         units = tuple(u for u in known_units if u in present)
     rank = entry.get("rank")
     return Installed(host, int(rank) if isinstance(rank, int) else 0, backend, units, files)
+
+
+# systemd.unit(5): unit names are [A-Za-z0-9:_.\-@] plus a type suffix.
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(service|socket|target|timer|mount|path|slice)$")
+
+
+def trusted(installed: Installed, folders: Iterable[str]) -> tuple[Installed, tuple[str, ...]]:
+    """``installed`` without what no ``up`` of ours could have installed (pure): a record is
+    read from the host, so a path is removed only when it is absolute and normal (no ``..``, no
+    ``//``) and lies directly in one of ``folders`` (the unit folder, the env-file and watchdog
+    folders, the folders of the plan's files), and a unit only when its name is a unit name.
+
+    Returns:
+        ``(what may be removed, the refused paths and names)``.
+    """
+    where = {f.rstrip("/") for f in folders if f.startswith("/") and f.rstrip("/")}
+    keep: list[str] = []
+    refused: list[str] = []
+    for path in installed.files:
+        ok = (path.startswith("/") and posixpath.normpath(path) == path
+              and posixpath.dirname(path) in where)
+        (keep if ok else refused).append(path)
+    units: list[str] = []
+    for unit in installed.units:
+        (units if _UNIT_RE.match(unit) else refused).append(unit)
+    return replace(installed, units=tuple(units), files=tuple(keep)), tuple(refused)
 
 
 # -- on a host ---------------------------------------------------------------------------------

@@ -200,3 +200,14 @@ def test_the_record_lists_each_host_s_units_and_parse_owner_reads_them_back(
     owner = parse_owner("h2", {"record": {**record, "host": "h2"}}, [])
     assert owner is not None
     assert (owner.backend, owner.rank, owner.units) == ("mp", 1, ("llm.service",))
+
+
+def test_a_record_naming_paths_outside_our_folders_or_odd_units_removes_none_of_them() -> None:
+    hostile = prune.Installed("h1", 0, "mp", ("vllm.service", "x;rm -rf /.service"),
+                              (f"{U}vllm.service", "/etc/passwd", f"{U}../../etc/shadow",
+                               "relative.service", "/etc/vllm-provision/vllm.env"))
+    kept, refused = prune.trusted(hostile, [U, "/etc/vllm-provision"])
+    assert kept.units == ("vllm.service",)
+    assert kept.files == (f"{U}vllm.service", "/etc/vllm-provision/vllm.env")
+    assert set(refused) == {"x;rm -rf /.service", "/etc/passwd", f"{U}../../etc/shadow",
+                            "relative.service"}

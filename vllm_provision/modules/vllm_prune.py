@@ -110,6 +110,17 @@ def planned(ctx: ModuleContext, replicas: list[Replica]) -> dict[str, prune.Inst
         for replica in replicas for node in replica.nodes}
 
 
+def _folders(node: Node, new: Mapping[str, prune.Installed]) -> list[str]:
+    """The folders a recorded file of ours may lie in: the unit, env-file and watchdog
+    folders, and those of the files this plan installs on ``node``."""
+    import posixpath
+
+    mine = new.get(node.name)
+    return [role_value(node, "vllm_unit_dir"), role_value(node, "vllm_config_dir"),
+            role_value(node, "vllm_watchdog_dir"),
+            *(posixpath.dirname(p) for p in (mine.files if mine else ()))]
+
+
 def _folders_script(node: Node, with_record: bool) -> str:
     folders = [role_value(node, "vllm_config_dir"), role_value(node, "vllm_watchdog_dir")]
     words = " ".join(quote(f) for f in folders if f.startswith("/") and f.rstrip("/"))
@@ -138,6 +149,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     if not replicas:
         return ModuleResult(Status.SKIPPED, "no replica among the play's hosts")
     new = {} if purge else planned(ctx, replicas)
+    refused: dict[str, tuple[str, ...]] = {}
     host_results: dict[str, ModuleResult] = {}
     summaries: list[dict[str, Any]] = []
     failed = False
@@ -148,6 +160,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         for node in nodes:
             found = recorded(replica, node, owner_of(ctx, node))
             if found is not None:
+                found, refused[node.name] = prune.trusted(found, _folders(node, new))
                 old[node.name] = found
                 with_record.add(node.name)
             elif purge:
@@ -193,6 +206,9 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             elif mine_item:
                 mine = prune.lines(removal, check_mode=ctx.check_mode, host=node.name,
                                    purge=purge)
+                if refused.get(node.name):
+                    mine.append("left alone (the record names them, but no up of ours "
+                                "installs there): " + ", ".join(refused[node.name]))
                 host_results[node.name] = ModuleResult(
                     Status.CHANGED, "; ".join(mine), diff=prune.removal_diff(mine_item)
                     if ctx.diff_mode else "",
