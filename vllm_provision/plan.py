@@ -90,9 +90,10 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
 
     Returns:
         ``{"changes": int, "restarts": int, "steps": [{"handler", "scope", "action", "hosts",
-        "units", "replicas", "line"}], "replicas": [{"replica", "unavailable", "stopped",
-        "last_start_s"}], "summary": str}``; ``steps`` in the order they would run (``handler``
-        is the step's name, a task's too).
+        "units", "replicas", "line"}], "removals": [{"host", "path", "unit"}], "replicas":
+        [{"replica", "unavailable", "stopped", "last_start_s"}], "summary": str}``; ``steps``
+        in the order they would run (``handler`` is the step's name, a task's too); removals:
+        what an earlier ``up`` installed that this plan removes (``vllm_provision.prune``).
     """
     handler_of = {id(h.result): h for h in outcome.handler_results}
     changes = sum(1 for r in outcome.results
@@ -100,9 +101,13 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
     steps: dict[tuple[bool, str], Step] = {}
     previous: str | None = None  # the task of the last result: a new occurrence is a new wave
     batches = set(getattr(outcome, "batch_starts", ()))
+    removals: list[dict[str, Any]] = []
+    removing: set[str] = set()
     for index, result in enumerate(outcome.results):
         if index in batches:
             previous = None  # a new play or serial batch runs after the last one
+        if _removal(result, steps, removals, removing):
+            continue
         item = handler_of.get(id(result))
         handler = item is not None
         action = _action(result, handler=handler)
@@ -127,10 +132,13 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
     for step in steps.values():
         for wave in step.waves:  # together: listed in inventory order
             wave.sort(key=lambda target: order.get(target[0], len(order)))
+    removing_steps = {s.name for s in steps.values() if not s.handler and s.replicas
+                      and set(s.replicas) <= removing and s.action == "stop"}
     restarted = {n for s in steps.values() if s.action == "restart" for n in s.replicas}
     stopped = {n for s in steps.values() if s.action == "stop" for n in s.replicas}
     replicas = [{"replica": r.name,
-                 "unavailable": r.name in restarted or (starts_again and r.name in stopped),
+                 "unavailable": r.name in restarted or r.name in removing
+                 or (starts_again and r.name in stopped),
                  "stopped": r.name in stopped and not starts_again,
                  "last_start_s": last_start_s.get(r.name)} for r in inventory.replicas]
     restarts = sum(len(s.targets) for s in steps.values() if s.action == "restart")
@@ -139,11 +147,44 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
         "restarts": restarts,
         "steps": [{"handler": s.name, "scope": s.scope, "action": s.action,
                    "hosts": [h for h, _ in s.targets], "units": [u for _, u in s.targets],
-                   "replicas": s.replicas, "line": step_line(s, last_start_s, starts_again)}
+                   "replicas": s.replicas,
+                   "line": step_line(s, last_start_s, starts_again or s.name in removing_steps)}
                   for s in steps.values()],
+        "removals": removals,
         "replicas": replicas,
-        "summary": summary_line(changes, restarts, replicas),
+        "summary": summary_line(changes, restarts, replicas, len(removals)),
     }
+
+
+def _removal(result: Any, steps: dict[tuple[bool, str], Step],
+             removals: list[dict[str, Any]], removing: set[str]) -> bool:
+    """Read what ``vllm_prune`` reported (a result's ``removal`` data, one per replica); True
+    when ``result`` is such a result.
+
+    The stop waves become a step (the old plan's units go down before the new ones start, so
+    the replica is unavailable until it serves again: its name joins ``removing``), each
+    removed file an entry of ``removals`` (``host``, ``path``, ``unit``: the unit whose file it
+    is, or None).
+    """
+    item = result.data.get("removal") if isinstance(result.data, Mapping) else None
+    if not isinstance(item, Mapping):
+        return False
+    name = str(item.get("replica"))
+    if name in removing or any(r["replica"] == name for r in removals):
+        return True
+    waves: list[list[tuple[str, str | None]]] = [
+        [(str(h), str(u)) for h, u in wave] for wave in item.get("waves") or []]
+    if waves:  # one step per replica (keyed apart from the task's other steps)
+        steps[(False, f"{result.task}\0{name}")] = Step(result.task, "task", "stop", waves, [name],
+                                           handler=False)
+        removing.add(name)
+    for host, paths in (item.get("files") or {}).items():
+        units = set((item.get("units") or {}).get(host) or ())
+        for path in paths:
+            base = str(path).rsplit("/", 1)[-1]
+            removals.append({"host": str(host), "path": str(path), "replica": name,
+                             "unit": base if base in units else None})
+    return True
 
 
 def step_line(step: Step, last_start_s: Mapping[str, float | None],
@@ -183,10 +224,13 @@ def _outage(replica: str, seconds: float | None, action: str) -> str:
     return f"the replica '{replica}' stops serving during {during} ({estimate})"
 
 
-def summary_line(changes: int, restarts: int, replicas: Sequence[Mapping[str, Any]]) -> str:
+def summary_line(changes: int, restarts: int, replicas: Sequence[Mapping[str, Any]],
+                 removes: int = 0) -> str:
     """``N to change, M restarts, replica 'llm' would be unavailable (last start 7.1 s)``; a
-    replica that ``down`` would stop: ``replica 'llm' would stop serving``."""
-    parts = [f"{changes} to change", f"{restarts} restart{'' if restarts == 1 else 's'}"]
+    replica that ``down`` would stop: ``replica 'llm' would stop serving``; with files an
+    earlier plan installed that this one removes: ``N to change, K to remove, ...``."""
+    parts = [f"{changes} to change", *([f"{removes} to remove"] if removes else []),
+             f"{restarts} restart{'' if restarts == 1 else 's'}"]
     for item in replicas:
         if item["unavailable"]:
             last = item["last_start_s"]
@@ -203,5 +247,8 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     """The human lines: ``Plan:``, one line per step, then the summary line."""
     lines = ["Plan:"]
     lines += [f"  {step['line']}" for step in plan["steps"]] or ["  nothing would restart or stop"]
+    for item in plan.get("removals") or ():
+        what = f"unit {item['unit']}, not in the plan" if item["unit"] else "not in the plan"
+        lines.append(f"  would remove {item['path']} on {item['host']} ({what})")
     lines.append(plan["summary"])
     return lines

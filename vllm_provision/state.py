@@ -27,13 +27,18 @@ Record shape (``schema`` 1)::
                                        "api_key_set": false},
                             "start_to_serving_s": 7.1,
                             "deployed_at": "2025-01-01T11:58:40Z"}},
-     "hosts": {"h1": {"replica": "llama", "rank": 0,
+     "hosts": {"h1": {"replica": "llama", "rank": 0, "units": ["vllm.service"],
                       "facts": {"python": "3.11.2", "vllm": "0.11.0", "NCCL": "2.28.9", ...},
                       "files": {"/etc/systemd/system/vllm.service": "<sha256>", ...},
                       "started_from": {"vllm.service": {"invocation": "<InvocationID>",
                                                         "files": {"<path>": "<sha256>"}}}}},
      "host": "h1"}
 
+``units`` are the host's units of the replica's backend in start order
+(``Backend.node_units``) and ``files`` every file the install plays put there (unit files
+included): together, what ``provision up`` stops and removes when a later plan no longer has
+them, and what ``provision down --purge`` removes (``vllm_provision.prune``; a record without
+``units`` gives them from the unit files among ``files``).
 ``host`` (only in a host's own copy) names that host's entry, so a second inventory that calls
 the same machine by another name still finds who owns it. ``inventory`` is the inventory's
 identity (:func:`inventory_identity`). ``started_from`` keeps, per unit, the InvocationID
@@ -158,6 +163,7 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                 "replica": replica.name,
                 "rank": node.rank,
                 "facts": parity_facts(host_facts) if host_facts else {},
+                "units": replica.backend_type.node_units(replica, node, node.host.vars),
                 "files": dict(sorted(files.get(node.name, {}).items())),
                 "started_from": dict((started or {}).get(node.name, {})),
             }

@@ -35,6 +35,7 @@ DECLARED = {
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
     "vllm_gang_start": ("timeout_s", "poll_s"),
     "vllm_preflight": ("skip_checks",),
+    "vllm_prune": ("purge",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),
     "vllm_wait_ready": ("timeout_s", "poll_s"),
     "wait_for": ("port", "host", "state", "timeout", "delay", "connect_timeout", "from"),

@@ -45,8 +45,11 @@ def check_cpu_device(node: Node, facts: HostFacts) -> list[Finding]:
 
 
 def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequence[str],
-                                shared_pool_wait_s: float | None = None) -> list[Finding]:
-    """No process outside our own units holds a GPU of the node.
+                                shared_pool_wait_s: float | None = None, *,
+                                leaving: Sequence[str] = ()) -> list[Finding]:
+    """No process outside our own units holds a GPU of the node. ``leaving``: units of an
+    earlier plan that ``provision up`` stops before the start (``vllm_provision.prune``); their
+    processes pass, and the finding says they go first.
 
     The shared-pool failure (docs/preflight.md): one node sits on its GPUs waiting for the other
     node while another job holds the GPUs there; vLLM then fails on memory or waits forever.
@@ -57,10 +60,15 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequenc
             (``dedicated``): an error.
     """
     uuids = {gpu.uuid: gpu.index for gpu in facts.gpus}
-    foreign = [p for p in facts.gpu_processes if not (p.unit and p.unit in own_units)]
+    foreign = [p for p in facts.gpu_processes
+               if not (p.unit and p.unit in (*own_units, *leaving))]
     if not foreign:
+        going = sorted({p.unit for p in facts.gpu_processes if p.unit in leaving})
+        note = (f" ({', '.join(going)}: an earlier plan's, stopped before the start)"
+                if going else "")
         return [Finding("host.gpu_processes", Severity.OK, node.name, "GPU processes",
-                        expected="none but ours", actual=f"{len(facts.gpu_processes)} ours")]
+                        expected="none but ours",
+                        actual=f"{len(facts.gpu_processes)} ours{note}")]
     described = "; ".join(
         f"pid {p.pid} {p.process_name} on GPU {uuids.get(p.gpu_uuid, p.gpu_uuid)}"
         + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib is not None else "")

@@ -181,8 +181,10 @@ def _owned(unit: str, own_units: Sequence[str]) -> bool:
 
 def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
                 own_units: Sequence[str], *, alternative: str = "choose another port",
-                source: str = "vllm #15987, #39015 (EADDRINUSE)") -> list[Finding]:
-    """Ports we will bind are free, or held by our own unit.
+                source: str = "vllm #15987, #39015 (EADDRINUSE)",
+                leaving: Sequence[str] = ()) -> list[Finding]:
+    """Ports we will bind are free, held by our own unit, or held by a unit of an earlier plan
+    that ``provision up`` stops before the start (``leaving``).
 
     Source: vllm #15987 and #39015 (EADDRINUSE on start: a stale process or a second
     instance on master_port / 8000 / 6379).
@@ -192,13 +194,16 @@ def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
         facts: its facts.
         ports: ``(port, what)`` pairs to check on this node.
         own_units: unit names that may hold them (``vllm.service``, ``ray-head.service``).
+        leaving: units the host's state record lists that this plan no longer has: stopped
+            and removed before anything starts (``vllm_provision.prune``), so they may hold
+            them now.
         alternative: the fix besides stopping the holder (``"set vllm_watchdog_port ..."``).
         source: the source cited by an error finding.
     """
     findings = []
     for port, what in ports:
         holders = [s for s in facts.listening if s.port == port]
-        foreign = [s for s in holders if not _owned(s.unit, own_units)]
+        foreign = [s for s in holders if not _owned(s.unit, (*own_units, *leaving))]
         if foreign:
             holder = foreign[0]
             who = (f"{holder.process or 'a process'}"
@@ -212,6 +217,8 @@ def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
                 source=source))
         else:
             state = f"held by {holders[0].unit}" if holders else "free"
+            if holders and holders[0].unit in leaving:
+                state += " (an earlier plan's unit: stopped and removed before the start)"
             findings.append(Finding("network.ports", Severity.OK, node.name, f"{what} {port}",
                                     expected="free or ours", actual=state))
     return findings

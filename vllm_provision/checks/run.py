@@ -29,7 +29,7 @@ from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.errors import ProvisionError
 from vllm_provision.facts.gather import ProbeOptions, host_var
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Inventory, Replica
+from vllm_provision.models import Inventory, Node, Replica
 
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
@@ -73,7 +73,6 @@ class PreflightSettings:
         skip_checks: check names (or prefixes such as ``parity``) to skip.
         placement_bundles: custom Ray bundles to check, or None.
         placement_strategy: their strategy.
-        own_units: units that may hold our ports and GPUs.
         watchdog_unit: the peer watchdog's unit, the only one that may hold its port.
         watchdog_port: the replica's watchdog port (group vars, else the role default); a
             node's own vars win (:func:`check_replica`).
@@ -88,7 +87,6 @@ class PreflightSettings:
     skip_checks: tuple[str, ...] = ()
     placement_bundles: Any = None
     placement_strategy: str = "PACK"
-    own_units: tuple[str, ...] = ("vllm.service", "ray-head.service", "ray-worker.service")
     watchdog_unit: str = "vllm-watchdog.service"
     watchdog_port: int = 29510
     gpu_overhead_mib: int = memory.DEFAULT_OVERHEAD_MIB
@@ -114,8 +112,6 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
     override = inventory_vars.get("preflight_parity")
     if isinstance(override, Mapping):  # a partial mapping adds to the default pins
         values["preflight_parity"] = {**dict(own.get("preflight_parity") or {}), **override}
-    units = (str(values["vllm_unit_name"]), str(values["ray_head_unit_name"]),
-             str(values["ray_worker_unit_name"]))
     return PreflightSettings(
         parity={str(k): str(v) for k, v in dict(values.get("preflight_parity") or {}).items()},
         min_shm_mib=int(values.get("preflight_min_shm_mib", 1024)),
@@ -125,7 +121,6 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
         skip_checks=tuple(str(s) for s in values.get("preflight_skip_checks") or ()),
         placement_bundles=values.get("preflight_placement_bundles"),
         placement_strategy=str(values.get("preflight_placement_strategy") or "PACK"),
-        own_units=units,
         watchdog_unit=str(values["vllm_watchdog_unit_name"]),
         # Not the master's host vars: a node without its own value binds the group's.
         watchdog_port=int((settings.replica_settings(replica) if replica is not None
@@ -149,6 +144,28 @@ def is_skipped(check: str, skip: Iterable[str]) -> bool:
 
 def _ports(replica: Replica, rank: int) -> list[tuple[int, str]]:
     return replica.backend_type.listen_ports(replica, rank)
+
+
+def own_units(replica: Replica, node: Node, facts: HostFacts,
+              watchdog_unit: str) -> tuple[list[str], list[str]]:
+    """``(planned, leaving)``: the units of this plan on ``node`` (its backend's
+    ``node_units``), and the units the host's state record lists that this plan does not have
+    (pure).
+
+    Only these may hold the node's ports and GPUs. A unit that is leaving counts only because
+    ``provision up`` stops it before anything starts (``vllm_provision.prune``, the play before
+    the install plays), not because it is ours: a unit of the same name that no record of ours
+    lists is another job's.
+    """
+    from vllm_provision.prune import unit_names
+
+    planned = list(replica.backend_type.node_units(replica, node, node.host.vars))
+    owner = facts.owner
+    if owner is None:
+        return planned, []
+    recorded = owner.units if owner.units is not None else tuple(
+        u for u in unit_names(owner.files) if u != watchdog_unit)
+    return planned, [u for u in recorded if u not in planned]
 
 
 def device_counts(facts: Mapping[str, HostFacts], device: str) -> dict[str, int]:
@@ -203,7 +220,9 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += network.check_interface(node, f, node_interface)
         findings += network.check_exposure(node, f, replica, node_interface)
         findings += network.check_hostname(node, f)
-        findings += network.check_ports(node, f, _ports(replica, node.rank), settings.own_units)
+        planned, leaving = own_units(replica, node, f, settings.watchdog_unit)
+        findings += network.check_ports(node, f, _ports(replica, node.rank), planned,
+                                        leaving=leaving)
         findings += network.check_watchdog_port(
             node, f, int(node.host.vars.get("vllm_watchdog_port", settings.watchdog_port)),
             settings.watchdog_unit)
@@ -212,7 +231,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         else:
             findings += host_checks.check_gpus_visible(node, f)
             findings += host_checks.check_foreign_gpu_processes(
-                node, f, settings.own_units, shared_pool_wait(replica))
+                node, f, planned, shared_pool_wait(replica), leaving=leaving)
             used = topology.local_world_size(replica)
             findings += gpu_health.check_gpu_errors(node, f, used)
             findings += gpu_health.check_mig(node, f, used)

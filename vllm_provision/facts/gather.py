@@ -378,10 +378,17 @@ def parse_owner(host: str, raw: Mapping[str, Any], problems: list[str]) -> HostO
             files={str(k): str(v) for k, v in (snap.get("files") or {}).items()},
             active_now=str(now.get("active") or ""),
             invocation_now=str(now.get("invocation") or ""))
+    replica = str(entry.get("replica") or "")
+    about = (record.get("replicas") or {}).get(replica)
+    units = entry.get("units")
+    rank = entry.get("rank")
     return HostOwner(inventory=str(record.get("inventory") or ""),
-                     replica=str(entry.get("replica") or ""), host=me,
+                     replica=replica, host=me,
                      files={str(k): str(v) for k, v in (entry.get("files") or {}).items()},
-                     started=started)
+                     started=started,
+                     backend=str(about.get("backend") or "") if isinstance(about, dict) else "",
+                     rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                     units=tuple(str(u) for u in units) if isinstance(units, list) else None)
 
 
 def probe_host(host: Host, conn: Connection, replica: Replica | None,

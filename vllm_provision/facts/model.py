@@ -341,6 +341,10 @@ class HostOwner:
         host: the host's name in that inventory.
         files: installed file path -> sha256 hex, as recorded.
         started: unit name -> :class:`UnitStart`.
+        backend: the backend of the host's replica in the record (``""``: not recorded).
+        rank: the host's node rank in the record (None: not recorded).
+        units: the backend's units the record lists on the host, in start order; None for a
+            record written before it held them (``vllm_provision.prune.from_record``).
     """
 
     inventory: str
@@ -348,6 +352,9 @@ class HostOwner:
     host: str
     files: Mapping[str, str] = field(default_factory=dict)
     started: Mapping[str, UnitStart] = field(default_factory=dict)
+    backend: str = ""
+    rank: int | None = None
+    units: tuple[str, ...] | None = None
 
     @property
     def running(self) -> bool:

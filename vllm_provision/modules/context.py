@@ -25,6 +25,7 @@ class ModuleContext(Protocol):
         vars: the host's merged variables (docs/runner-contract.md for the precedence).
         check_mode / diff_mode: ``--check`` / ``--diff`` as they apply to this task.
         host_state: per-host scratch shared by the modules of one run (written).
+        run_state: every host's ``host_state`` by host name (controller modules; written).
         facts: gathered facts by host name, shared by the run (written by preflight).
         task_name: the task's name, for messages.
     """
@@ -49,6 +50,8 @@ class ModuleContext(Protocol):
     def diff_mode(self) -> bool: ...
     @property
     def host_state(self) -> dict[str, Any]: ...
+    @property
+    def run_state(self) -> dict[str, dict[str, Any]]: ...
     @property
     def facts(self) -> dict[str, Any]: ...
     @property

@@ -54,6 +54,9 @@ PROPERTIES = ("LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaem
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(service|socket|target|timer|mount|path|slice)$")
 _RUNNING = ("active", "activating", "reloading")
 _JOURNAL_LINES = 30
+# host_state key: units an earlier task of a dry run would stop (vllm_prune); later tasks of the
+# dry run read them as stopped, so the plan shows what the real run would do.
+STOPPED_IN_CHECK = "units_stopped_in_check"
 
 
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
@@ -103,6 +106,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             actions.append("disable")
             commands.append(f"systemctl disable -- {quote(name or '')}")
     active = props.get("ActiveState", "")
+    if ctx.check_mode and name in ctx.host_state.get(STOPPED_IN_CHECK, ()):
+        active = "inactive"  # an earlier task of this dry run would have stopped it
     if state == "started" and active not in _RUNNING:
         actions.append("start")
         commands.append(f"systemctl start -- {quote(name or '')}")

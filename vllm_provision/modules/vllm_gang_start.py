@@ -30,7 +30,6 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_provision import gpu_pool
-from vllm_provision.checks.run import settings_for
 from vllm_provision.checks.topology import local_world_size
 from vllm_provision.errors import ProvisionError
 from vllm_provision.models import Node, Replica
@@ -92,7 +91,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         return ModuleResult(Status.SKIPPED, "not the master of a replica")
     timeout_s = float(values["timeout_s"] if values["timeout_s"] is not None
                       else ctx.vars.get("vllm_gpu_wait_timeout_s", 600))
-    own_units = settings_for(replica).own_units
+    # this replica's units on any of its nodes (the backend's, from the inventory): never foreign
+    own_units = sorted({unit for node in replica.nodes
+                        for unit in replica.backend_type.node_units(replica, node,
+                                                                    node.host.vars)})
     used = local_world_size(replica)
     units = replica.backend_type.replica_units(replica, ctx.vars)
     nodes = start_order(replica)

@@ -31,6 +31,8 @@ class TaskContext:
         template_dirs: folders searched for a relative template ``src``, in order.
         host_state: per-host, per-run scratch space shared by modules (e.g. the systemd module
             learns that a unit file would change in check mode).
+        run_state: every host's ``host_state`` by host name (a controller module writes what
+            it would do on each host, e.g. vllm_prune's units stopped in check mode).
         notify_script: shell commands persisting this task's notifications (``""`` if none or in
             check mode); a module appends it to its change command via :meth:`on_change_script`.
         task_name: the task's name, for messages.
@@ -51,6 +53,7 @@ class TaskContext:
     role_path: Path | None = None
     template_dirs: tuple[Path, ...] = ()
     host_state: dict[str, Any] = field(default_factory=dict)
+    run_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     notify_script: str = ""
     task_name: str = ""
     no_log: bool = False

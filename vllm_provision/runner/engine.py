@@ -551,6 +551,7 @@ class Runner:
             check_mode=check, diff_mode=self.options.diff_mode, templar=templar,
             role_path=task.role_path, template_dirs=play.template_dirs,
             host_state=self.host_state.setdefault(host.name, {}),
+            run_state=self.host_state,
             notify_script="" if check or not task.notify else self._notify_script(task),
             task_name=task.name, no_log=task.no_log, facts=self.facts,
         )
