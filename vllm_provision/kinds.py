@@ -253,6 +253,15 @@ def _no_check(value: Any) -> str | None:
     return None
 
 
+def check_whole_seconds(value: Any) -> str | None:
+    """Return why ``value`` is not a whole number of seconds >= 1, or None: Ray reads its
+    compiled-graph timeouts with ``int()`` (ray/dag/context.py), so ``2.5`` would stop Ray."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 or \
+            int(value) != value:
+        return "a whole number of seconds >= 1 (Ray reads it with int())"
+    return None
+
+
 Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
@@ -325,6 +334,9 @@ KINDS: dict[str, Kind] = {
     "ray_limit_nofile": ("count", _no_check),
     "ray_gcs_timeout_s": ("seconds", _no_check),
     "ray_cluster_timeout_s": ("seconds", _no_check),
+    "ray_cgraph_get_timeout_s": ("seconds", check_whole_seconds),
+    "ray_cgraph_submit_timeout_s": ("seconds", check_whole_seconds),
+    "ray_env": ("env", check_env_mapping),
     # versions
     "vllm_version": ("version", check_version),
     "torch_version": ("version", check_version),

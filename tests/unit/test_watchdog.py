@@ -548,9 +548,16 @@ def test_ray_config_makes_vllm_and_workers_depend_on_the_head_one_way() -> None:
     worker = json.loads(render("watchdog.json.j2", replica, 1))
     assert head["rules"] == [{"unit": "vllm.service", "peer": "h1",
                               "peer_unit": "ray-head.service", "mutual": False}]
+    # A worker tolerates a silent head as long as Ray does: the GCS health-check bound with
+    # Ray's defaults, 5 x (10 s + 3 s) (src/ray/common/ray_config_def.h).
     assert worker["rules"] == [{"unit": "ray-worker.service", "peer": "h1",
-                                "peer_unit": "ray-head.service", "mutual": False}]
+                                "peer_unit": "ray-head.service", "mutual": False,
+                                "grace_s": 65.0}]
     assert head["units"] == ["ray-head.service", "vllm.service"]
+    gcs = f"{replica.master.host_ip}:6379"
+    assert head["ray"] == {"gcs": gcs, "observe": True, "poll_s": 2.0}
+    assert worker["ray"] == {"gcs": gcs, "observe": False, "head": "h1",
+                             "unit": "ray-worker.service", "unreachable_s": 65.0}
 
 
 def test_watchdog_unit_is_enabled_ordered_after_its_units_and_never_gives_up() -> None:
