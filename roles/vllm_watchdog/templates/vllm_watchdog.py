@@ -494,7 +494,7 @@ class RayNodes:
             latest, at = self.latest, self.latest_at
         if latest is None or at is None:
             return {"ok": False, "nodes": None, "error": "not read yet", "age_s": None}
-        return {**latest, "age_s": round(mono - at, 1)}
+        return {**latest, "age_s": round(max(0.0, mono - at), 1)}
 
 
 def ray_nodes_main(address: str, poll_s: float) -> int:
