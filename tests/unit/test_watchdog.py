@@ -436,6 +436,14 @@ class ScriptedApi(http.server.BaseHTTPRequestHandler):
         if behaviour == "reset":
             self.connection.shutdown(socket.SHUT_RDWR)
             return
+        if behaviour == "500-dies":  # the 500's body is cut short: the engine process died
+            self.send_response(500)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"error": "EngineCore')
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         status, body = {"ok": (200, {"choices": [{"text": " the"}]}),
                         "500": (500, {"error": "EngineCore encountered an issue"}),
                         "401": (401, {"error": "Unauthorized"})}[behaviour]
@@ -453,6 +461,7 @@ class ScriptedApi(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize(("behaviour", "outcome", "detail"), [
     ("ok", "ok", "HTTP 200"), ("500", "failure", "HTTP 500"), ("401", "ignored", "HTTP 401"),
+    ("500-dies", "failure", "HTTP 500"),
     ("hang", "failure", "no answer within 0.3 s"), ("reset", "failure", "connection failed"),
     ("refused", "failure", "connection failed")])
 def test_probe_completion_over_real_sockets(behaviour: str, outcome: str, detail: str) -> None:

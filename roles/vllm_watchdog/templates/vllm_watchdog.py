@@ -607,7 +607,10 @@ def probe_completion(url: str, model: str, api_key: str | None, timeout_s: float
                 return classify(None, f"HTTP {response.status} without choices")
             return classify(int(response.status))
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", "replace") if exc.fp else ""
+        try:  # the server may die while its error body is read (a Ray engine that just died)
+            text = exc.read().decode("utf-8", "replace") if exc.fp else ""
+        except (OSError, http.client.HTTPException, ValueError):
+            text = ""
         return classify(int(exc.code), " ".join(text.split())[:200])
     except (socket.timeout, TimeoutError):  # noqa: UP041 (distinct before Python 3.10)
         return classify(None, f"no answer within {timeout_s:g} s")
