@@ -261,6 +261,15 @@ def _no_check(value: Any) -> str | None:
     return None
 
 
+def check_whole_seconds(value: Any) -> str | None:
+    """Return why ``value`` is not a whole number of seconds >= 1, or None: Ray reads its
+    compiled-graph timeouts with ``int()`` (ray/dag/context.py), so ``2.5`` would stop Ray."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 or \
+            int(value) != value:
+        return "a whole number of seconds >= 1 (Ray reads it with int())"
+    return None
+
+
 Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
@@ -353,6 +362,9 @@ KINDS: dict[str, Kind] = {
     "vllm_firewall_file": ("owned_file", check_owned_file),
     "vllm_firewall_unit_name": ("unit", check_unit),
     "vllm_firewall_nft": ("path", check_path),
+    "ray_cgraph_get_timeout_s": ("seconds", check_whole_seconds),
+    "ray_cgraph_submit_timeout_s": ("seconds", check_whole_seconds),
+    "ray_env": ("env", check_env_mapping),
     # versions
     "vllm_version": ("version", check_version),
     "torch_version": ("version", check_version),

@@ -321,6 +321,11 @@ _TABLE: tuple[Variable, ...] = (
     Variable("ray_dashboard_port", int, 8265, "Dashboard and job API port on the head "
              "(`--dashboard-port`), when `ray_include_dashboard` is true.", "8265", minimum=1,
              maximum=65535),
+    Variable("ray_env", dict, {}, "More environment for the Ray units only (the Ray env file "
+             "on every node, after `vllm_env`), such as the GCS's `RAY_health_check_*` settings, "
+             "which also set how long a worker's watchdog waits for an unreachable GCS "
+             "(docs/recovery.md).", "{RAY_health_check_period_ms: '3000'}",
+             check=check_env_mapping_names),
     Variable("ray_num_gpus", int, None, "GPUs this node declares to Ray (default: GPUs found "
              "by facts).", "4", scope="host", minimum=0),
     Variable("ray_num_cpus", int, None, "CPUs this node declares to Ray.", "32", scope="host",

@@ -436,6 +436,14 @@ class ScriptedApi(http.server.BaseHTTPRequestHandler):
         if behaviour == "reset":
             self.connection.shutdown(socket.SHUT_RDWR)
             return
+        if behaviour == "500-dies":  # the 500's body is cut short: the engine process died
+            self.send_response(500)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"error": "EngineCore')
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         status, body = {"ok": (200, {"choices": [{"text": " the"}]}),
                         "500": (500, {"error": "EngineCore encountered an issue"}),
                         "401": (401, {"error": "Unauthorized"})}[behaviour]
@@ -453,6 +461,7 @@ class ScriptedApi(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize(("behaviour", "outcome", "detail"), [
     ("ok", "ok", "HTTP 200"), ("500", "failure", "HTTP 500"), ("401", "ignored", "HTTP 401"),
+    ("500-dies", "failure", "HTTP 500"),
     ("hang", "failure", "no answer within 0.3 s"), ("reset", "failure", "connection failed"),
     ("refused", "failure", "connection failed")])
 def test_probe_completion_over_real_sockets(behaviour: str, outcome: str, detail: str) -> None:
@@ -548,9 +557,16 @@ def test_ray_config_makes_vllm_and_workers_depend_on_the_head_one_way() -> None:
     worker = json.loads(render("watchdog.json.j2", replica, 1))
     assert head["rules"] == [{"unit": "vllm.service", "peer": "h1",
                               "peer_unit": "ray-head.service", "mutual": False}]
+    # A worker tolerates a silent head as long as Ray does: the GCS health-check bound with
+    # Ray's defaults, 5 x (10 s + 3 s) (src/ray/common/ray_config_def.h).
     assert worker["rules"] == [{"unit": "ray-worker.service", "peer": "h1",
-                                "peer_unit": "ray-head.service", "mutual": False}]
+                                "peer_unit": "ray-head.service", "mutual": False,
+                                "grace_s": 65.0}]
     assert head["units"] == ["ray-head.service", "vllm.service"]
+    gcs = f"{replica.master.host_ip}:6379"
+    assert head["ray"] == {"gcs": gcs, "observe": True, "poll_s": 2.0}
+    assert worker["ray"] == {"gcs": gcs, "observe": False, "head": "h1",
+                             "unit": "ray-worker.service", "unreachable_s": 65.0}
 
 
 def test_watchdog_unit_is_enabled_ordered_after_its_units_and_never_gives_up() -> None:

@@ -33,6 +33,53 @@ WORKER_RANGE = ("ray_min_worker_port", "ray_max_worker_port")
 DEFAULT_CLIENT_SERVER_PORT = 10001
 WORKER_UNIT = ("ray_worker_unit_name", "ray-worker.service")
 
+# Ray's GCS health check of every raylet (src/ray/common/ray_config_def.h, read from the GCS's
+# environment as RAY_<name>; src/ray/gcs/gcs_health_check_manager.cc): one check every period,
+# each failing after the timeout, the node DEAD after the threshold of consecutive failures.
+HEALTH_CHECK_DEFAULTS = {"RAY_health_check_period_ms": 3000,
+                         "RAY_health_check_timeout_ms": 10000,
+                         "RAY_health_check_failure_threshold": 5}
+# Seconds between two reads of the GCS node table by the head's watchdog.
+NODE_TABLE_POLL_S = 2.0
+
+
+def health_check_bound_s(env: Mapping[str, Any]) -> float:
+    """Seconds within which Ray's GCS declares a silent raylet (frozen, or cut off) DEAD: each of
+    ``failure_threshold`` consecutive checks waits up to its timeout, then one period
+    (gcs_health_check_manager.cc), so ``threshold x (timeout + period)``: 65 s with Ray's
+    defaults (measured on the lab: a frozen worker was DEAD after about 60 s).
+
+    Args:
+        env: the head's Ray environment (``RAY_health_check_*`` values as strings or numbers;
+            absent or non-numeric ones take Ray's defaults, :data:`HEALTH_CHECK_DEFAULTS`).
+    """
+    values = {}
+    for name, default in HEALTH_CHECK_DEFAULTS.items():
+        try:
+            values[name] = max(0, int(str(env.get(name, default)).strip()))
+        except ValueError:
+            values[name] = default
+    return values["RAY_health_check_failure_threshold"] * (
+        values["RAY_health_check_timeout_ms"] + values["RAY_health_check_period_ms"]) / 1000
+
+
+def gcs_address(replica: Replica) -> str:
+    """``<head cluster IP>:<ray_port>``: where every node reaches the head's GCS."""
+    from vllm_provision.facts.gather import host_var
+
+    return f"{replica.master.host_ip}:{host_var(replica.master.host, 'ray_port')}"
+
+
+def ray_environment(vars_: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's Ray environment from its variables, in the order ray.env.j2 merges them:
+    ``vllm_env``, then ``ray_env``, then ``vllm_node_env`` (last wins)."""
+    merged: dict[str, Any] = {}
+    for name in ("vllm_env", "ray_env", "vllm_node_env"):
+        value = vars_.get(name)
+        if isinstance(value, Mapping):
+            merged.update(value)
+    return merged
+
 
 class RayBackend(Backend):
     """A Ray cluster with vLLM on the head (roles ray and vllm_ray)."""
@@ -155,18 +202,35 @@ class RayBackend(Backend):
                 "--distributed-executor-backend", "ray"]
 
     def plan(self, replica: Replica, node: Node) -> dict[str, Any]:
-        """vLLM on the head and every worker depend on the head's ``ray start``, one way."""
+        """vLLM on the head and every worker depend on the head's ``ray start``, one way; the
+        head reads the GCS node table (``ray.observe``); a worker restarts its Ray unit when
+        the GCS reports its raylet dead or stays unreachable for :func:`health_check_bound_s`
+        (``ray.unreachable_s``, also the grace of its rule for the head: Ray tolerates a
+        shorter silence). docs/recovery.md, "Ray: what the GCS knows"."""
         vars_ = node.host.vars
         head = unit_var(vars_, *HEAD_UNIT)
         vllm = unit_var(vars_, "vllm_unit_name", "vllm.service")
+        gcs = gcs_address(replica)
         if node.rank == 0:
             return {"units": [head, vllm], "probe": True, "restarts": "vLLM",
                     "rules": [{"unit": vllm, "peer": node.name, "peer_unit": head,
-                               "mutual": False}]}
+                               "mutual": False}],
+                    "ray": {"gcs": gcs, "observe": True, "poll_s": NODE_TABLE_POLL_S}}
         worker = unit_var(vars_, *WORKER_UNIT)
+        bound = health_check_bound_s(ray_environment(replica.master.host.vars))
         return {"units": [worker], "probe": False, "restarts": "Ray worker",
                 "rules": [{"unit": worker, "peer": replica.master.name, "peer_unit": head,
-                           "mutual": False}]}
+                           "mutual": False, "grace_s": bound}],
+                "ray": {"gcs": gcs, "observe": False, "head": replica.master.name,
+                        "unit": worker, "unreachable_s": bound}}
+
+    def start_gate_argv(self, replica: Replica, timeout_s: Any) -> list[str]:
+        """The words after the watchdog script in vLLM's ``ExecStartPre`` on the head: wait up
+        to ``timeout_s`` seconds (``ray_cluster_timeout_s``) until every node of the replica is
+        alive in Ray and they hold the world size in GPUs (``--wait-ray-cluster GCS TIMEOUT_S
+        GPUS IP...``, roles/vllm_watchdog); systemd's ``Restart=`` retries after a timeout."""
+        return ["--wait-ray-cluster", gcs_address(replica), str(int(float(timeout_s))),
+                str(replica.engine.world_size), *(n.host_ip for n in replica.nodes)]
 
     def ready_check(self, ctx: Any, replica: Replica) -> Callable[[], Problem | None] | None:
         """A placement group vLLM cannot place ends the wait (modules/ray_wait_cluster.py).

@@ -238,7 +238,7 @@ def _check_conflicts(replica: str, members: list[str],
         interface = _value(values, "vllm_cluster_interface")
         if not interface or interface is INVALID:
             continue
-        for env_name in ("vllm_env", "vllm_node_env"):
+        for env_name in ("vllm_env", "ray_env", "vllm_node_env"):
             setting = values.get(env_name)
             if setting is None or not isinstance(setting.value, Mapping):
                 continue

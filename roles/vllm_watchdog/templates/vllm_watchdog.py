@@ -102,6 +102,9 @@ class Rule:
     ``mutual``: the dependency goes both ways (mp replicas); otherwise one-way (Ray).
     ``master_addr``/``master_port``: set on a headless node's rule for rank 0 (mp): the
     rendezvous its workers connect to; "" / 0 otherwise.
+    ``grace_s``: seconds the peer's watchdog may stay silent before the local unit restarts;
+    0 takes ``Settings.grace_s``. A Ray worker's rule uses the GCS health-check bound (Ray
+    survives a shorter silence: see :func:`decide_ray_worker`).
     """
 
     unit: str
@@ -110,6 +113,7 @@ class Rule:
     mutual: bool = True
     master_addr: str = ""
     master_port: int = 0
+    grace_s: float = 0.0
 
     @property
     def key(self) -> str:
@@ -179,9 +183,10 @@ def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound
         bound = None  # the local unit restarted: its old group is gone
     if bound is not None:
         if peer is None:
-            if missing_for_s >= settings.grace_s:
+            grace = rule.grace_s or settings.grace_s
+            if missing_for_s >= grace:
                 return Decision("restart", f"{rule.peer} has not answered for "
-                                f"{missing_for_s:.0f} s (grace {settings.grace_s:g} s)")
+                                f"{missing_for_s:.0f} s (grace {grace:g} s)")
             return Decision("keep", binding=bound)
         if peer.invocation != bound.peer_invocation:
             return Decision("restart", f"{rule.peer}:{rule.peer_unit} restarted "
@@ -247,16 +252,8 @@ def cgroup_socket_inodes(cgroup: str, proc: str = "/proc") -> set[str]:
     with ``:<cgroup>`` (cgroup v2 ``0::``, v1 ``name=systemd:``). Processes that exit while
     being read are skipped."""
     inodes: set[str] = set()
-    if not cgroup:
-        return inodes
-    for pid in os.listdir(proc):
-        if not pid.isdigit():
-            continue
+    for pid in cgroup_pids(cgroup, proc):
         try:
-            with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as handle:
-                member = any(line.rstrip("\n").split(":", 2)[-1] == cgroup for line in handle)
-            if not member:
-                continue
             for fd in os.listdir(f"{proc}/{pid}/fd"):
                 link = os.readlink(f"{proc}/{pid}/fd/{fd}")
                 if link.startswith("socket:["):
@@ -264,6 +261,25 @@ def cgroup_socket_inodes(cgroup: str, proc: str = "/proc") -> set[str]:
         except OSError:
             continue
     return inodes
+
+
+def cgroup_pids(cgroup: str, proc: str = "/proc") -> list[str]:
+    """PIDs (as strings) of the processes of the cgroup ``cgroup``: a line of
+    ``/proc/PID/cgroup`` ends with ``:<cgroup>`` (cgroup v2 ``0::``, v1 ``name=systemd:``).
+    A process that exits while being read is skipped; an empty ``cgroup`` has none."""
+    pids: list[str] = []
+    if not cgroup:
+        return pids
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as handle:
+                if any(line.rstrip("\n").split(":", 2)[-1] == cgroup for line in handle):
+                    pids.append(pid)
+        except OSError:
+            continue
+    return pids
 
 
 def connected_to(cgroup: str, host: str, port: int, proc: str = "/proc") -> bool:
@@ -310,6 +326,221 @@ def held_until(path: str, now_s: float) -> float | None:
     except (OSError, ValueError):
         return None
     return deadline if deadline > now_s else None
+
+
+# --- Ray: what the GCS knows ---------------------------------------------------------------------
+#
+# Ray's GCS marks a node DEAD once its raylet missed ``health_check_failure_threshold``
+# consecutive health checks, one every ``health_check_period_ms``, each failing after
+# ``health_check_timeout_ms`` (src/ray/common/ray_config_def.h: 3, 5 and 10 s by default; env
+# ``RAY_health_check_*`` of the head's GCS; src/ray/gcs/gcs_health_check_manager.cc). A DEAD node
+# id never comes back: a frozen or cut-off raylet must be restarted, and a new raylet registers a
+# new node id. The head's watchdog reads the node table with Ray's own GCS client in a child
+# process (``--ray-nodes``, the venv's ray) and publishes it; each worker's watchdog restarts its
+# Ray unit when the table says one of its raylets is DEAD, or when it cannot reach the GCS port for
+# longer than the bound the GCS itself needs to declare it dead. vLLM's unit waits in
+# ``ExecStartPre`` (``--wait-ray-cluster``) until every node of the replica is alive with enough
+# GPUs, so vLLM (re)starts only after the workers rejoined, whoever restarted it.
+
+RAY_ALIVE = 0  # GcsNodeInfo.GcsNodeState (src/ray/protobuf/gcs.proto): ALIVE 0, DEAD 1
+
+
+def node_table(infos: Any) -> list[dict[str, Any]]:
+    """Ray's ``GcsClient.get_all_node_info()`` result (node id -> ``GcsNodeInfo``) as JSON-ready
+    rows: ``id`` (hex), ``ip`` (``node_manager_address``: the raylet's ``--node-ip-address``),
+    ``alive`` (state ALIVE), ``gpus`` (``resources_total["GPU"]``), ``reason`` (why it died)."""
+    rows = []
+    for info in infos.values():
+        death = getattr(info, "death_info", None)
+        rows.append({"id": bytes(info.node_id).hex(), "ip": str(info.node_manager_address),
+                     "alive": int(info.state) == RAY_ALIVE,
+                     "gpus": float(dict(info.resources_total).get("GPU", 0)),
+                     "reason": str(getattr(death, "reason_message", "") or "")})
+    return rows
+
+
+def read_ray_nodes(address: str, timeout_s: float) -> list[dict[str, Any]]:
+    """The GCS node table of ``address`` (``host:port``) through the venv's Ray (the client
+    ``ray status`` and ``ray start`` use; no driver is started).
+
+    Raises:
+        ImportError: no ray in this interpreter. Exception: any GCS client error (unreachable,
+            timeout).
+    """
+    from ray._raylet import GcsClient  # noqa: PLC0415 (only on Ray nodes)
+
+    return node_table(GcsClient(address=address).get_all_node_info(timeout=timeout_s))
+
+
+def cluster_gaps(nodes: list[dict[str, Any]], expected_ips: list[str],
+                 gpus_needed: float) -> list[str]:
+    """What keeps vLLM from placing its workers, in words; empty when every expected node is
+    alive and the alive expected nodes hold at least ``gpus_needed`` GPUs (pure).
+
+    Args:
+        nodes: :func:`node_table` rows. expected_ips: every node of the replica (its
+            ``--node-ip-address``). gpus_needed: tensor x pipeline parallel size.
+    """
+    alive = {n["ip"]: n for n in nodes if n["alive"]}
+    gaps = [f"node {ip} is not alive in Ray" for ip in expected_ips if ip not in alive]
+    gpus = sum(float(alive[ip]["gpus"]) for ip in expected_ips if ip in alive)
+    if gpus < gpus_needed:
+        gaps.append(f"{gpus:g} GPUs alive in Ray, vLLM needs {gpus_needed:g}")
+    return gaps
+
+
+def raylet_node_ids(cmdlines: list[list[str]]) -> set[str]:
+    """Node ids (hex) of the raylets among ``cmdlines`` (argv lists): ``ray start`` passes each
+    raylet ``--node_id=<hex>`` (ray/_private/services.py ``start_raylet``)."""
+    ids = set()
+    for argv in cmdlines:
+        if argv and os.path.basename(argv[0]) == "raylet":
+            ids.update(word.split("=", 1)[1] for word in argv[1:]
+                       if word.startswith("--node_id=") and len(word) > len("--node_id="))
+    return ids
+
+
+def unit_raylet_node_ids(cgroup: str, proc: str = "/proc") -> set[str]:
+    """:func:`raylet_node_ids` of the processes of ``cgroup`` (read from ``/proc/PID/cmdline``,
+    which a stopped process still shows)."""
+    cmdlines = []
+    for pid in cgroup_pids(cgroup, proc):
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as handle:
+                cmdlines.append(handle.read().decode("utf-8", "replace").split("\0"))
+        except OSError:
+            continue
+    return raylet_node_ids(cmdlines)
+
+
+def decide_ray_worker(local: UnitView | None, node_ids: set[str],
+                      head_nodes: list[dict[str, Any]] | None, gcs_unreachable_s: float,
+                      bound_s: float) -> Decision:
+    """Decide whether a Ray worker's unit must restart (pure).
+
+    Args:
+        local: the worker unit now. node_ids: its raylets' node ids (:func:`raylet_node_ids`).
+        head_nodes: the GCS node table the head's watchdog published, None when unknown.
+        gcs_unreachable_s: seconds the GCS port has refused or timed out (0 when it answers).
+        bound_s: the GCS's own time to declare a silent node dead (health-check bound).
+
+    Returns:
+        ``restart`` when the GCS reports one of this unit's raylets DEAD (a DEAD id never comes
+        back, so how old the table is does not matter) or the GCS has not been reachable for
+        ``bound_s``; ``wait`` when the unit is not running; ``keep`` otherwise.
+    """
+    if local is None or not local.running:
+        return Decision("wait", f"{local.unit if local else 'the Ray unit'} is not running")
+    for row in head_nodes or []:
+        if row.get("id") in node_ids and not row.get("alive"):
+            why = f": {row['reason']}" if row.get("reason") else ""
+            return Decision("restart", f"Ray's GCS reports this node's raylet "
+                            f"{str(row['id'])[:8]} ({row.get('ip')}) dead{why}")
+    if gcs_unreachable_s >= bound_s:
+        return Decision("restart", f"the GCS has not been reachable for {gcs_unreachable_s:.0f} s"
+                        f" (the GCS declares a silent node dead within {bound_s:g} s)")
+    return Decision("keep")
+
+
+def tcp_reachable(address: str, timeout_s: float) -> bool:
+    """True when a TCP connection to ``host:port`` opens within ``timeout_s`` seconds."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class RayNodes:
+    """The head's view of the GCS node table: a ``--ray-nodes`` child process of this script
+    (the venv's interpreter, so Ray's own GCS client) prints one JSON line per ``poll_s``; a
+    thread keeps the last one. A child that exits is started again on the next :meth:`tick`.
+    """
+
+    address: str
+    poll_s: float = 2.0
+    latest: dict[str, Any] | None = None
+    latest_at: float | None = None
+    child: subprocess.Popen[str] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tick(self) -> None:
+        """Start the child when none runs."""
+        if self.child is not None and self.child.poll() is None:
+            return
+        if self.child is not None:
+            log(f"ray: the node-table reader exited ({self.child.returncode}); starting it again")
+        self.child = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--ray-nodes", self.address,
+             str(self.poll_s)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, args=(self.child,), daemon=True).start()
+
+    def _read(self, child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                self.latest, self.latest_at = data, time.monotonic()
+
+    def state(self, mono: float) -> dict[str, Any]:
+        """What ``/state`` publishes under ``ray``: ``ok``, ``nodes``, ``error``, ``age_s``
+        (seconds since the table was read, on this host)."""
+        with self.lock:
+            latest, at = self.latest, self.latest_at
+        if latest is None or at is None:
+            return {"ok": False, "nodes": None, "error": "not read yet", "age_s": None}
+        return {**latest, "age_s": round(max(0.0, mono - at), 1)}
+
+
+def ray_nodes_main(address: str, poll_s: float) -> int:
+    """``--ray-nodes ADDRESS POLL_S``: print the GCS node table as one JSON line every
+    ``POLL_S`` seconds (``{"ok": true, "nodes": [...]}`` or ``{"ok": false, "error": ...}``)."""
+    while True:
+        started = time.monotonic()
+        try:
+            line = {"ok": True, "nodes": read_ray_nodes(address, max(1.0, poll_s)), "error": ""}
+        except ImportError as exc:
+            print(json.dumps({"ok": False, "nodes": None, "error": f"no ray: {exc}"}), flush=True)
+            return 2
+        except Exception as exc:  # noqa: BLE001 - any GCS error is "not answered"
+            line = {"ok": False, "nodes": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        print(json.dumps(line), flush=True)
+        time.sleep(max(0.2, poll_s - (time.monotonic() - started)))
+
+
+def wait_ray_cluster_main(address: str, timeout_s: float, gpus_needed: float,
+                          expected_ips: list[str]) -> int:
+    """``--wait-ray-cluster ADDRESS TIMEOUT_S GPUS IP...`` (vLLM's ``ExecStartPre`` on the
+    head): poll the GCS every second until :func:`cluster_gaps` is empty (exit 0) or
+    ``TIMEOUT_S`` passed (exit 1; systemd's Restart= tries again). Logs what it waits for."""
+    started = time.monotonic()
+    last_said = ""
+    while True:
+        try:
+            gaps = cluster_gaps(read_ray_nodes(address, 5.0), expected_ips, gpus_needed)
+        except ImportError as exc:
+            log(f"ray: no ray in {sys.executable}: {exc}")
+            return 1
+        except Exception as exc:  # noqa: BLE001 - the GCS may be starting
+            gaps = [f"the GCS at {address} does not answer ({type(exc).__name__})"]
+        waited = time.monotonic() - started
+        if not gaps:
+            log(f"ray: every node ({', '.join(expected_ips)}) and {gpus_needed:g} GPUs are alive"
+                f" in Ray after {waited:.1f} s: starting vLLM")
+            return 0
+        said = "; ".join(gaps)
+        if said != last_said:
+            log(f"ray: waiting before starting vLLM: {said}")
+            last_said = said
+        if waited >= timeout_s:
+            log(f"ray: gave up after {waited:.0f} s: {said}")
+            return 1
+        time.sleep(1.0)
 
 
 # --- completion probe ---------------------------------------------------------------------------
@@ -376,7 +607,10 @@ def probe_completion(url: str, model: str, api_key: str | None, timeout_s: float
                 return classify(None, f"HTTP {response.status} without choices")
             return classify(int(response.status))
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", "replace") if exc.fp else ""
+        try:  # the server may die while its error body is read (a Ray engine that just died)
+            text = exc.read().decode("utf-8", "replace") if exc.fp else ""
+        except (OSError, http.client.HTTPException, ValueError):
+            text = ""
         return classify(int(exc.code), " ".join(text.split())[:200])
     except (socket.timeout, TimeoutError):  # noqa: UP041 (distinct before Python 3.10)
         return classify(None, f"no answer within {timeout_s:g} s")
@@ -596,6 +830,8 @@ class Watchdog:
     published: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     prober: Prober | None = None
+    ray_nodes: RayNodes | None = None
+    gcs_unreachable_since: float | None = None
 
     @property
     def rules(self) -> list[Rule]:
@@ -649,6 +885,7 @@ class Watchdog:
                 decisions[rule.key] = self.apply(rule, local, states, mono)
         if self.prober is not None:
             self.probe(local, hold is not None, mono)
+        ray = self.ray(local, states, hold is not None, mono) if self.config.get("ray") else None
         with self.lock:
             self.published = {
                 "node": node, "time": now, "held_until": hold,
@@ -657,7 +894,8 @@ class Watchdog:
                 "rules": {key: {"action": d.action, "reason": d.reason}
                           for key, d in decisions.items()},
                 "whole": hold is None and len(self.bindings) == len(self.rules),
-                "probe": self.prober.state(mono) if self.prober is not None else None}
+                "probe": self.prober.state(mono) if self.prober is not None else None,
+                "ray": ray}
             text = json.dumps(self.published)
         _write_atomic(self.config["state_file"], text)
 
@@ -698,6 +936,40 @@ class Watchdog:
         if decision.action == "restart" and mine is not None:
             self.restart(rule.key, rule.unit, mine, decision.reason, mono)
         return decision
+
+    def ray(self, local: dict[str, UnitView], states: dict[str, dict[str, Any] | None],
+            held: bool, mono: float) -> dict[str, Any]:
+        """The Ray part of a poll (config ``ray``). The head (``observe``): keep the GCS node
+        table reader running and return the table. A worker: restart its Ray unit when
+        :func:`decide_ray_worker` says so (never while held or while a restart it asked for is
+        awaited); return what it saw."""
+        conf = self.config["ray"]
+        if conf.get("observe"):
+            if self.ray_nodes is None:
+                self.ray_nodes = RayNodes(str(conf["gcs"]), float(conf.get("poll_s", 2.0)))
+            self.ray_nodes.tick()
+            return self.ray_nodes.state(mono)
+        unit = str(conf["unit"])
+        if tcp_reachable(str(conf["gcs"]), min(1.0, self.settings.poll_s)):
+            self.gcs_unreachable_since = None
+        elif self.gcs_unreachable_since is None:
+            self.gcs_unreachable_since = mono
+        unreachable = 0.0 if self.gcs_unreachable_since is None else \
+            mono - self.gcs_unreachable_since
+        mine = local.get(unit)
+        node_ids = unit_raylet_node_ids(self.control_group(unit)) \
+            if mine is not None and mine.running else set()
+        head = states.get(str(conf["head"])) or {}
+        decision = decide_ray_worker(mine, node_ids, (head.get("ray") or {}).get("nodes"),
+                                     unreachable, float(conf["unreachable_s"]))
+        pending = self.restarting.get(unit)
+        awaited = bool(pending and mine and mine.invocation == pending[0]
+                       and mono - pending[1] < self.settings.restart_wait_s)
+        if decision.action == "restart" and mine is not None and not held and not awaited:
+            self.restart("ray", unit, mine, decision.reason, mono)
+        return {"node_ids": sorted(node_ids), "gcs_unreachable_s": round(unreachable, 1),
+                "action": "wait" if held or awaited else decision.action,
+                "reason": decision.reason}
 
     def probe(self, local: dict[str, UnitView], held: bool, mono: float) -> None:
         """Run the completion probe's poll; restart its unit when it says so."""
@@ -792,7 +1064,17 @@ def serve(watchdog: Watchdog) -> ThreadingHTTPServer:
 
 
 def main(argv: list[str]) -> int:
-    """``vllm_watchdog.py CONFIG.json``: run until killed; exit 2 on a bad config."""
+    """``vllm_watchdog.py CONFIG.json``: run until killed; exit 2 on a bad config. Ray helpers
+    (the venv's interpreter): ``--ray-nodes ADDRESS POLL_S`` (:func:`ray_nodes_main`) and
+    ``--wait-ray-cluster ADDRESS TIMEOUT_S GPUS IP...`` (:func:`wait_ray_cluster_main`)."""
+    try:
+        if len(argv) == 4 and argv[1] == "--ray-nodes":
+            return ray_nodes_main(argv[2], float(argv[3]))
+        if len(argv) >= 6 and argv[1] == "--wait-ray-cluster":
+            return wait_ray_cluster_main(argv[2], float(argv[3]), float(argv[4]), argv[5:])
+    except ValueError as exc:
+        print(f"vllm-watchdog: bad arguments {argv[1:]}: {exc}", file=sys.stderr)
+        return 2
     if len(argv) != 2:
         print("usage: vllm_watchdog.py /etc/vllm-provision/watchdog.json", file=sys.stderr)
         return 2

@@ -78,6 +78,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
         "stand-in vLLM: torch.distributed/NCCL init timeout, seconds (PyTorch default 600)"),
     Key("pg_timeout_s", float, 1800.0,
         "stand-in vLLM: placement group wait, seconds (vLLM PG_WAIT_TIMEOUT 1800)"),
+    Key("stage_s", float, 0.0,
+        "stand-in vLLM (ray): seconds one step takes on each Ray worker (a pipeline stage's "
+        "forward); longer than RAY_CGRAPH_get_timeout fails as Ray's compiled graph does"),
 ]}
 
 

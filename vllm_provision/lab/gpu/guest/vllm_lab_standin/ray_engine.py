@@ -6,6 +6,12 @@ Follows vLLM's ``vllm/v1/executor/ray_utils.py`` (``initialize_ray_cluster``,
 strategy PACK; wait up to 1800 s (spec ``pg_timeout_s``, or ``VLLM_LAB_PG_TIMEOUT_S``) logging
 vLLM's message with back-off; one real actor per bundle (``num_gpus=1``); no actor restarts, so a
 dead worker ends the engine (exit 1).
+
+Each request runs one step on every worker, each taking ``stage_s`` (spec, or
+``VLLM_LAB_STAGE_S``); the driver waits ``RAY_CGRAPH_get_timeout`` seconds for it as vLLM's
+compiled graph does (vLLM's default 300, vllm #15301; Ray reads it with ``int()``,
+ray/dag/context.py) and then fails with Ray's ``RayChannelTimeoutError`` and its message
+(ray/dag/compiled_dag_node.py): the engine is dead.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ class StandinWorker:
         time.sleep(float(self.spec["load_s"]))
         return True
 
-    def step(self, number: int) -> int:
-        """One engine step."""
+    def step(self, number: int, stage_s: float = 0.0) -> int:
+        """One engine step: ``stage_s`` seconds of this stage's forward."""
+        if stage_s > 0:
+            time.sleep(stage_s)
         return number
 
     def wait_until_stopped(self) -> None:
@@ -59,6 +67,21 @@ class StandinWorker:
 def pg_timeout_s(spec: dict[str, Any]) -> float:
     """Return the placement-group wait, seconds (vLLM: PG_WAIT_TIMEOUT = 1800)."""
     return float(os.environ.get("VLLM_LAB_PG_TIMEOUT_S") or spec.get("pg_timeout_s") or 1800)
+
+
+def stage_s(spec: dict[str, Any]) -> float:
+    """Return the seconds one step takes on each worker (spec ``stage_s``, env wins)."""
+    return float(os.environ.get("VLLM_LAB_STAGE_S") or spec.get("stage_s") or 0.0)
+
+
+def cgraph_get_timeout_s() -> int:
+    """Return the compiled graph's get timeout, seconds: ``RAY_CGRAPH_get_timeout``, else 300
+    (vLLM sets that default before importing ray.dag: vllm #15301, #19725).
+
+    Raises:
+        ValueError: not an integer (Ray's ``int()`` fails the same way).
+    """
+    return int(os.environ.get("RAY_CGRAPH_get_timeout") or 300)
 
 
 class RayEngine:
@@ -82,6 +105,8 @@ class RayEngine:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        log("INFO", "ray_distributed_executor.py:1",
+            f"RAY_CGRAPH_get_timeout is set to {cgraph_get_timeout_s()}")
         ray.init(address="auto", logging_level="WARNING")
         driver_ip = os.environ.get("VLLM_HOST_IP") or ray.util.get_node_ip_address()
         specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(self.config.world_size)]
@@ -145,7 +170,19 @@ class RayEngine:
 
         with self.lock:
             self.steps += 1
+            timeout = cgraph_get_timeout_s()
+            refs = [a.step.remote(self.steps, stage_s(self.spec)) for a in self.actors]
             try:
-                ray.get([a.step.remote(self.steps) for a in self.actors], timeout=30)
+                ray.get(refs, timeout=timeout)
+            except ray.exceptions.GetTimeoutError as exc:
+                message = ("If the execution is expected to take a long time, increase "
+                           f"RAY_CGRAPH_get_timeout which is currently {timeout} seconds. "
+                           "Otherwise, this may indicate that the execution is hanging.")
+                log("ERROR", "core.py:1", "EngineCore encountered a fatal error.")
+                log("ERROR", "core.py:1", "ray.exceptions.RayChannelTimeoutError: System error: "
+                    "Timed out waiting for object available to read. ObjectID: "
+                    f"{refs[-1].hex()}")
+                log("ERROR", "core.py:1", f"ray.exceptions.RayChannelTimeoutError: {message}")
+                raise EngineDead(f"RayChannelTimeoutError: {message}") from exc
             except Exception as exc:  # noqa: BLE001 - any Ray failure means the engine is dead
                 raise EngineDead(f"{type(exc).__name__}: {exc}") from exc
