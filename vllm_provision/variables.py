@@ -239,6 +239,11 @@ _TABLE: tuple[Variable, ...] = (
              "GPUs, checked with nvidia-smi) or `cpu` (vLLM's CPU build: preflight counts CPU "
              "cores as the node's devices and does not ask for GPUs).", "cpu",
              choices=("cuda", "cpu")),
+    Variable("vllm_gpu_pool", str, "dedicated", "Who else may take these GPUs: `dedicated` (the "
+             "platform gives the replica whole machines; our units reserve nothing else) or "
+             "`shared` (other jobs draw from the same pool, so a gang scheduler must reserve "
+             "every GPU before any worker starts). `provision record` reads it "
+             "(docs/evidence.md).", "shared", choices=("dedicated", "shared")),
     # Service settings.
     Variable("vllm_venv", str, "/opt/vllm", "Python virtual environment holding vLLM.",
              "/opt/vllm", check=check_absolute_path),

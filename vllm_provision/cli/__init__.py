@@ -28,6 +28,9 @@ COMMANDS: dict[str, str] = {
     "play": "play",
     "verify": "verify",
     "lab": "lab",
+    "bench": "bench",
+    "fault": "fault",
+    "record": "record",
 }
 
 
