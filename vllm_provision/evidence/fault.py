@@ -105,7 +105,8 @@ def parse_journal(host: str, stdout: str, fault_epoch: float
     for line in stdout.splitlines():
         if line.startswith("@@result "):
             parts = line.split()
-            if len(parts) >= 3 and parts[2] == "start-limit-hit":
+            if len(parts) >= 3 and parts[2] == "start-limit-hit" \
+                    and f"{host}:{parts[1]}" not in limited:
                 limited.append(f"{host}:{parts[1]}")
             continue
         stamp, _, rest = line.partition(" ")

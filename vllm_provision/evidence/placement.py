@@ -48,6 +48,7 @@ def parse_node(stdout: str) -> tuple[list[dict[str, Any]], dict[int, list[int]]]
     procs: list[dict[str, Any]] = []
     uuids: dict[str, int] = {}
     apps: list[tuple[int, str]] = []
+    pid_text: str
     for line in stdout.splitlines():
         word, _, rest = line.partition(" ")
         if word == "@@proc":
@@ -60,9 +61,9 @@ def parse_node(stdout: str) -> tuple[list[dict[str, Any]], dict[int, list[int]]]
             if index.isdigit():
                 uuids[uuid] = int(index)
         elif word == "@@app":
-            pid, _, uuid = (x.strip() for x in rest.partition(","))
-            if pid.isdigit():
-                apps.append((int(pid), uuid))
+            pid_text, _, uuid = (x.strip() for x in rest.partition(","))
+            if pid_text.isdigit():
+                apps.append((int(pid_text), uuid))
     gpus: dict[int, list[int]] = {}
     for pid, uuid in apps:
         if uuid in uuids:
@@ -171,9 +172,9 @@ def bundles_of(table: Mapping[str, Any], gpus_by_ip: Mapping[str, Mapping[int, l
         index = int(key)
         node_id = group.get("bundles_to_node_id", {}).get(key, "")
         ip = (nodes.get(node_id) or {}).get("ip", "")
-        pid, gpus, note = assigned.get(index, (None, None, "bundle not placed"))
+        actor_pid, gpus, note = assigned.get(index, (None, None, "bundle not placed"))
         out.append({"bundle": index, "node_id": node_id, "host": host_by_ip.get(ip, ip),
-                    "address": ip, "resources": group["bundles"][key], "pid": pid,
+                    "address": ip, "resources": group["bundles"][key], "pid": actor_pid,
                     "gpus": gpus, "note": note})
     return out
 
