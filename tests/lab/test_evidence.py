@@ -23,7 +23,7 @@ pytestmark = pytest.mark.lab
 REQUESTS, MAX_TOKENS, STREAM_TOKENS = 12, 16, 300
 # The stated tolerance (docs/evidence.md): the client adds the network, HTTP and, on the lab's
 # shared 2 cores, scheduling; Ray adds one actor call per request before the first token.
-TTFT_SLACK_S, ITL_SLACK_S = 0.08, 0.015
+TTFT_SLACK_S, ITL_SLACK_S = 0.12, 0.015
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +48,9 @@ def mp(lab: Any, folder: Path) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def ray(lab: Any, folder: Path, mp_done: None) -> Iterator[Path]:
+def ray(lab: Any, folder: Path, mp: Path) -> Iterator[Path]:
+    """After the mp deployment (same hosts): its `down`, then Ray's `up`."""
     yield from deploy(lab, "ray", "mp", folder / "state")
-
-
-@pytest.fixture(scope="module")
-def mp_done() -> None:
-    """Orders the Ray fixture after the mp tests (they share the hosts)."""
 
 
 def spec(lab_host: Any) -> dict[str, Any]:
@@ -162,7 +158,7 @@ def test_mp_bench_placement_and_faults(mp: Path, folder: Path, lab_host: Any,
         assert complete(f"http://{lab.config.address('h1')}:8000", model)
 
 
-def test_ray_bench_placement_faults_and_record(ray: Path, mp: Path, folder: Path,
+def test_ray_bench_placement_faults_and_record(mp: Path, ray: Path, folder: Path,
                                                lab_host: Any, lab: Any) -> None:
     result = bench(ray, folder, "ray")
     check_bench(result, spec(lab_host), folder / "ray.png")

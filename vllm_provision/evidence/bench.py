@@ -18,8 +18,10 @@ from vllm_provision.errors import ProvisionError
 
 # Agreement of the client's numbers with /metrics (docs/evidence.md, "Tolerance"): the client
 # measures from sending the request, vLLM from its arrival at the engine; the difference is the
-# network, HTTP parsing, the API server and, under a shared CPU, scheduling delays.
-TOLERANCE_S = 0.03
+# network, a new connection per request, HTTP parsing, the API server and, under a shared CPU,
+# scheduling delays (measured on the lab's 2 shared cores: 9 ms on mp, up to 51 ms on Ray while
+# other labs deployed beside it).
+TOLERANCE_S = 0.06
 TOLERANCE_RELATIVE = 0.25
 
 
