@@ -276,6 +276,7 @@ KINDS: dict[str, Kind] = {
     "vllm_host_ip": ("address", check_address),
     "vllm_cluster_interface": ("interface", check_interface),
     "vllm_device": ("choice", _no_check),
+    "vllm_gpu_pool": ("choice", _no_check),
     # engine arguments
     "vllm_model": ("engine_arg", check_engine_word),
     "vllm_served_model_name": ("engine_arg", check_engine_word),

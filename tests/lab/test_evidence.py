@@ -88,6 +88,10 @@ def check_bench(result: dict[str, Any], standin: dict[str, Any], plot: Path) -> 
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with Image.open(plot) as image:
         assert image.format == "PNG" and image.size[0] > 600
+        labels = image.text["Description"]  # the axes' labels as drawn (bench.plot)
+    for label in ("x TTFT (ms), y fraction of requests", "x ITL (ms), y fraction of gaps",
+                  "x end-to-end latency (ms), y fraction of requests"):
+        assert label in labels, labels
 
 
 def check_fault(run: Any, result: dict[str, Any], api_unit_went: float) -> None:

@@ -294,7 +294,7 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
     if replica.kind != "real":
         pytest.skip("the stand-in's bench and fault run in tests/lab/test_evidence.py")
     if replica.complete() != 200:
-        replica.restore()
+        replica.up()
     out = tmp_path / "bench.json"
     proc = replica.provision("bench", "--requests", "8", "--concurrency", "2", "--max-tokens",
                              "16", "--prompt-tokens", "8", "--out", str(out))
