@@ -315,8 +315,9 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
     assert went, fault["events"]
     for stream in fault["streams"]:
         assert stream["tokens_before_fault"] >= 1
-        if stream["fate"] == "completed":
-            assert stream["tokens"] == 96 and stream["end_s"] <= min(went) + 1.0
+        if stream["fate"] == "completed":  # real vLLM caps max_tokens at the model length
+            assert stream["finish_reason"] == "length" and 1 <= stream["tokens"] <= 96
+            assert stream["end_s"] <= min(went) + 1.0, (stream, went)
         else:
             assert stream["tokens"] < 96 and stream["end_s"] >= min(went) - 0.5, stream
     _record(replica, "fault h2", recovered_s=fault["recovery"]["recovered_s"],

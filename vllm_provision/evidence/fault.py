@@ -55,7 +55,8 @@ def fate(stream: Any, fault_offset: float, max_tokens: int) -> dict[str, Any]:
     sending to the fault).
 
     Keys: ``fate`` (``completed``, ``error`` or ``hung``: no byte until the client's read
-    timeout), ``tokens`` (received), ``tokens_before_fault``, ``max_tokens``, ``error`` (kind),
+    timeout), ``tokens`` (received), ``finish_reason`` (the server's; a completed stream may
+    have fewer than ``max_tokens`` when vLLM capped them at the model length), ``tokens_before_fault``, ``max_tokens``, ``error`` (kind),
     ``detail``, ``end_s`` (seconds after the fault when it ended; negative: before it),
     ``last_token_s`` (seconds after the fault of its last token, None without tokens).
     """
@@ -67,6 +68,7 @@ def fate(stream: Any, fault_offset: float, max_tokens: int) -> dict[str, Any]:
         word = "error"
     last = stream.token_times[-1] - fault_offset if stream.token_times else None
     return {"fate": word, "tokens": stream.tokens, "max_tokens": max_tokens,
+            "finish_reason": stream.finish_reason,
             "tokens_before_fault": sum(1 for t in stream.token_times if t <= fault_offset),
             "error": stream.error, "detail": stream.detail,
             "end_s": round(stream.end - fault_offset, 3),
