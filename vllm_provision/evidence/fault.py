@@ -56,7 +56,8 @@ def fate(stream: Any, fault_offset: float, max_tokens: int) -> dict[str, Any]:
 
     Keys: ``fate`` (``completed``, ``error`` or ``hung``: no byte until the client's read
     timeout), ``tokens`` (received), ``finish_reason`` (the server's; a completed stream may
-    have fewer than ``max_tokens`` when vLLM capped them at the model length), ``tokens_before_fault``, ``max_tokens``, ``error`` (kind),
+    have fewer than ``max_tokens`` when vLLM capped them at the model length),
+    ``tokens_before_fault``, ``max_tokens``, ``error`` (kind),
     ``detail``, ``end_s`` (seconds after the fault when it ended; negative: before it),
     ``last_token_s`` (seconds after the fault of its last token, None without tokens).
     """
