@@ -277,7 +277,8 @@ _TABLE: tuple[Variable, ...] = (
              "`dedicated`: a process outside this replica's units on a used GPU is a preflight "
              "error. `shared`: it is a warning, and `up` waits (up to `vllm_gpu_wait_timeout_s`) "
              "until every node's GPUs are free at once before starting any node (mp), re-checking "
-             "before each node (docs/preflight.md, \"Shared GPU pool\").", "shared",
+             "before each node (docs/preflight.md, \"Shared GPU pool\"). `provision record` "
+             "reads it too (docs/evidence.md).", "shared",
              choices=("dedicated", "shared")),
     Variable("vllm_gpu_wait_timeout_s", int, 600, "Seconds `up` waits for GPUs held by other "
              "jobs: a shared pool's gang start (mp), or a Ray placement group pending for want "

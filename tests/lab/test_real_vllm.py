@@ -294,3 +294,46 @@ def test_rank0_alone_ignores_sigterm_and_down_leaves_no_process(replica: Replica
     assert show["Result"] == "timeout", "SIGTERM was enough: rank 0 did not wait for its peers"
     for host in ("h1", "h2"):
         assert replica.vllm_processes(host) == [], host
+
+
+def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) -> None:
+    """``provision bench`` and ``provision fault --kill h2`` (docs/evidence.md) against the
+    replica: every request completes with TTFT and ITL measured and /metrics counting the same
+    requests; after the headless node's main process is killed the replica serves again, and
+    each of the 3 in-flight streams has a fate consistent with when rank 0's API went away
+    (journal). The record is printed (docs/real-vllm-record.md is one, committed)."""
+    if replica.kind != "real":
+        pytest.skip("the stand-in's bench and fault run in tests/lab/test_evidence.py")
+    if replica.complete() != 200:
+        replica.up()
+    out = tmp_path / "bench.json"
+    proc = replica.provision("bench", "--requests", "8", "--concurrency", "2", "--max-tokens",
+                             "16", "--prompt-tokens", "8", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    client = result["client"]
+    assert client["completed"] == 8 and client["ttft_s"]["p50"] > 0
+    assert client["itl_s"]["n"] > 0 and result["server"]["e2e_s"]["count"] == 8
+    _record(replica, "bench", ttft_p50=client["ttft_s"]["p50"], itl_p50=client["itl_s"]["p50"],
+            tokens_per_s=client["output_tokens_per_s"])
+    proc = replica.provision("fault", "--kill", "h2", "--streams", "3", "--max-tokens", "96",
+                             "--bound", "300", "--json", timeout_s=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fault = json.loads(proc.stdout)
+    went = [e["t_s"] for e in fault["events"] if e["host"] == "h1"
+            and (e["message"].startswith("Stopping vllm.service")
+                 or e["message"].startswith("vllm.service: Main process exited"))]
+    assert went, fault["events"]
+    for stream in fault["streams"]:
+        assert stream["tokens_before_fault"] >= 1
+        if stream["fate"] == "completed":  # real vLLM caps max_tokens at the model length
+            assert stream["finish_reason"] == "length" and 1 <= stream["tokens"] <= 96
+            assert stream["end_s"] <= min(went) + 1.0, (stream, went)
+        else:
+            assert stream["tokens"] < 96 and stream["end_s"] >= min(went) - 0.5, stream
+    _record(replica, "fault h2", recovered_s=fault["recovery"]["recovered_s"],
+            fates=[s["fate"] for s in fault["streams"]])
+    assert replica.complete() == 200
+    record = replica.provision("record")
+    assert record.returncode == 0, record.stderr
+    print(record.stdout)

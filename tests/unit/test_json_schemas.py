@@ -95,7 +95,7 @@ def test_the_error_object_of_every_command_validates(path: tuple[str, ...], tmp_
         code, out = run_main(monkeypatch, capsys, *path, "--json")
     else:
         extra = {("play",): [str(tmp_path / "p.yml")], ("inventory",): ["--list"],
-                 ("exec",): ["--", "true"]}.get(path, [])
+                 ("exec",): ["--", "true"], ("fault",): ["--kill", "h2"]}.get(path, [])
         code, out = run_main(monkeypatch, capsys, *path, "-i", missing, "--json", *extra)
     document = json.loads(out)
     assert code == 1 and document["error"] is True

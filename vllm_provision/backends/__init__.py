@@ -207,6 +207,20 @@ class Backend:
         nodes found unreachable to ``lost``."""
         return {}
 
+    def placement(self, replica: Replica, connections: Mapping[str, Any],
+                  vars_: Mapping[str, Any]) -> dict[str, Any]:
+        """Where the replica runs, for ``provision bench`` (docs/evidence.md): ``{"kind":
+        "ranks", "ranks": [...]}`` by default, one entry per node with its units' processes,
+        their ``CUDA_VISIBLE_DEVICES`` and nvidia-smi's GPU indexes
+        (:func:`vllm_provision.evidence.placement.unit_placement`).
+
+        Raises:
+            UnreachableError: a node's connection failed.
+        """
+        from vllm_provision.evidence.placement import unit_placement
+
+        return {"kind": "ranks", "ranks": unit_placement(replica, connections, vars_)}
+
     # --- playbooks --------------------------------------------------------------------------
 
     def plays_file(self, phase: str, role_dir: Path) -> Path | None:

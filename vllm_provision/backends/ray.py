@@ -340,3 +340,17 @@ class RayBackend(Backend):
         if pending:  # a replica whose vLLM waits for its placement group: say for what
             view["pending"] = pending
         return {"ray": view}
+
+    def placement(self, replica: Replica, connections: Mapping[str, Any],
+                  vars_: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"kind": "bundles", "bundles": [...]}``: each bundle index of vLLM's placement
+        group with its node and GPU ids (:func:`vllm_provision.evidence.placement.
+        ray_placement`: Ray's placement-group and actor tables, read on the head).
+
+        Raises:
+            ProvisionError: Ray's tables could not be read. UnreachableError: a connection
+                failed.
+        """
+        from vllm_provision.evidence.placement import ray_placement
+
+        return {"kind": "bundles", "bundles": ray_placement(replica, connections, vars_)}

@@ -33,6 +33,9 @@ COMMANDS: dict[str, str] = {
     "completion": "completion",
     "schema": "schema",
     "lab": "lab",
+    "bench": "bench",
+    "fault": "fault",
+    "record": "record",
 }
 
 

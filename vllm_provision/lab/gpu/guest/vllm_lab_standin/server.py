@@ -140,6 +140,7 @@ class Handler(BaseHTTPRequestHandler):
                         "Please reduce the length of the messages or completion.",
                         "BadRequestError")
             return
+        arrived = time.monotonic()  # vLLM times TTFT and e2e from the request's arrival
         if self.api.dead:
             self._error(500, "EngineCore encountered an issue. See stack trace (above) for the "
                         "root cause.", "InternalServerError")
@@ -153,15 +154,23 @@ class Handler(BaseHTTPRequestHandler):
             self.api.mark_dead()
             return
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        tokens = self._tokens(float(spec["ttft_s"]), float(spec["token_s"]), max_tokens)
+        tokens = self._tokens(float(spec["ttft_s"]), float(spec["token_s"]), max_tokens,
+                              arrived)
         if body.get("stream"):
             self._stream(request_id, model, tokens, chat, prompt_tokens, max_tokens)
         else:
             self._whole(request_id, model, tokens, chat, prompt_tokens, max_tokens)
 
-    def _tokens(self, ttft_s: float, token_s: float, count: int) -> Iterator[str]:
-        """Yield ``count`` tokens at the spec's pace and record the request's metrics."""
-        start = last = time.monotonic()
+    def _tokens(self, ttft_s: float, token_s: float, count: int,
+                arrived: float) -> Iterator[str]:
+        """Yield ``count`` tokens at the spec's pace and record the request's metrics.
+
+        TTFT and end-to-end latency count from ``arrived`` (monotonic seconds, before the
+        engine's step: a Ray actor call or the mp exchange), as vLLM's count from the
+        request's arrival (vllm/v1/metrics/stats.py, ``arrival_time``); the first token comes
+        ``ttft_s`` after generation starts."""
+        start = arrived
+        last = time.monotonic()
         first = 0.0
         itls: list[float] = []
         self.api.metrics.running += 1
