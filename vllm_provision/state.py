@@ -54,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -280,26 +279,10 @@ def write_controller_record(inventory_path: Path, record: Mapping[str, Any]) -> 
     Raises:
         ProvisionError: the folder or file cannot be written.
     """
-    path = controller_state_path(inventory_path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, temp = tempfile.mkstemp(prefix=".state-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                json.dump(record, stream, indent=2, sort_keys=True)
-                stream.write("\n")
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.chmod(temp, 0o600)
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise ProvisionError.single(str(path), f"cannot write the state record: {exc.strerror}",
-                                    fix="make the folder writable or set XDG_STATE_HOME") \
-            from None
-    return path
+    from vllm_provision.files import write_private_json
+
+    return write_private_json(controller_state_path(inventory_path), record,
+                              what="the state record")
 
 
 def read_controller_record(inventory_path: Path) -> dict[str, Any] | None:

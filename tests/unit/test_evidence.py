@@ -75,3 +75,17 @@ def test_record_refuses_to_credit_the_backend_when_placement_differs() -> None:
     other["bench"]["conditions"]["model"] = "n"
     assert any("model differs" in line for line in record.refusals(bench_facts("mp", [0]),
                                                                    other))
+
+
+def test_the_evidence_file_is_written_atomically_and_private(tmp_path, monkeypatch):
+    import stat
+
+    from vllm_provision.evidence import store
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("all: {}\n")
+    path = store.update(inventory, bench={"kind": "bench"})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert store.read(inventory)["bench"] == {"kind": "bench"}
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left

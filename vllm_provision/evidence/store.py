@@ -63,26 +63,10 @@ def update(inventory_path: Path, *, bench: dict[str, Any] | None = None,
         data["bench"] = bench
     if fault is not None:
         data["faults"][fault[0]] = fault[1]
-    path = evidence_path(inventory_path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, temp = tempfile.mkstemp(prefix=".evidence-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                json.dump(data, stream, indent=1, sort_keys=True)
-                stream.write("\n")
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.chmod(temp, 0o600)
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise ProvisionError.single(str(path), f"cannot write the evidence: {exc.strerror}",
-                                    fix="make the folder writable or set XDG_STATE_HOME") \
-            from None
-    return path
+    from vllm_provision.files import write_private_json
+
+    return write_private_json(evidence_path(inventory_path), data, what="the evidence",
+                              indent=1)
 
 
 def write_json(path: Path, data: Any) -> None:
