@@ -303,7 +303,7 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
     each of the 3 in-flight streams has a fate consistent with when rank 0's API went away
     (journal). The record is printed (docs/real-vllm-record.md is one, committed)."""
     if replica.kind != "real":
-        pytest.skip("the stand-in's bench and fault run in tests/lab/test_evidence.py")
+        pytest.skip("the stand-in's bench and fault run in tests/lab/test_bench_fault_record.py")
     if replica.complete() != 200:
         replica.up()
     out = tmp_path / "bench.json"

@@ -1,0 +1,18 @@
+"""The test tree itself: pytest imports test modules by basename (rootdir-relative, no
+packages), so two test files with the same name in different folders break collection of the
+whole suite ("import file mismatch")."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_every_test_module_has_a_unique_basename() -> None:
+    seen: dict[str, list[str]] = defaultdict(list)
+    for path in TESTS.rglob("test_*.py"):
+        seen[path.name].append(str(path.relative_to(TESTS)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not clashes, f"rename one of each: {clashes}"
