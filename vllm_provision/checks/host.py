@@ -74,18 +74,17 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequenc
         + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib is not None else "")
         + (f" in unit {p.unit}" if p.unit else "") for p in foreign[:4])
     if shared_pool_wait_s is not None:
-        return [Finding("host.gpu_processes", Severity.WARNING, node.name, "GPU processes",
-                        expected=f"no process outside {' / '.join(own_units)} on the GPUs",
-                        actual=described + (" ..." if len(foreign) > 4 else ""),
-                        fix=f"vllm_gpu_pool: shared: up waits up to {shared_pool_wait_s:g} s "
-                            "until every node's GPUs are free at once before it starts a node",
-                        source="docs/preflight.md: Shared GPU pool")]
-    return [Finding("host.gpu_processes", Severity.ERROR, node.name, "GPU processes",
+        severity, source = Severity.WARNING, "docs/preflight.md: Shared GPU pool"
+        fix = (f"vllm_gpu_pool: shared: up waits up to {shared_pool_wait_s:g} s until every "
+               "node's GPUs are free at once before it starts a node")
+    else:
+        severity, source = Severity.ERROR, "docs/preflight.md: GPUs held by another job"
+        fix = (f"stop the other jobs on {node.name}'s GPUs (or reserve the node for this "
+               "replica) before starting")
+    return [Finding("host.gpu_processes", severity, node.name, "GPU processes",
                     expected=f"no process outside {' / '.join(own_units)} on the GPUs",
                     actual=described + (" ..." if len(foreign) > 4 else ""),
-                    fix=f"stop the other jobs on {node.name}'s GPUs (or reserve the node for "
-                        "this replica) before starting",
-                    source="docs/preflight.md: GPUs held by another job")]
+                    fix=fix, source=source)]
 
 
 def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Finding]:

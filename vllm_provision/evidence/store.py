@@ -9,8 +9,6 @@ result>, "faults": {"<host>:<unit>": <last fault result on that target>}}``.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -79,20 +77,15 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder, rename).
+    """Write ``text`` to ``path`` atomically (:func:`vllm_provision.files.replace_atomically`).
 
     Raises:
         ProvisionError: the folder does not exist or is not writable.
     """
+    from vllm_provision.files import replace_atomically
+
     try:
-        fd, temp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent or Path("."))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                stream.write(text)
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        replace_atomically(path, text)
     except OSError as exc:
         raise ProvisionError.single(str(path), f"cannot write: {exc.strerror}",
                                     fix="name a file in a writable folder") from None
