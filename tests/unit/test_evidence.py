@@ -89,3 +89,23 @@ def test_the_evidence_file_is_written_atomically_and_private(tmp_path, monkeypat
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert store.read(inventory)["bench"] == {"kind": "bench"}
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+def _closing_facts(backend: str, pool: str) -> dict:
+    facts = bench_facts(backend, [0, 1])
+    facts["pool"] = pool
+    facts["faults"] = {}
+    facts["bench"]["client"] = {"completed": 7, "requests": 8}
+    return facts
+
+
+def test_the_closing_sentence_asks_who_reserves_the_gpus_of_the_backend() -> None:
+    # mp leaves reservation to the platform; Ray's placement group reserves the GPUs itself
+    assert record.closing(_closing_facts("mp", "dedicated")).startswith(
+        "Keep mp: the platform reserves the GPUs")
+    assert record.closing(_closing_facts("mp", "shared")).startswith(
+        "Reconsider mp: nothing reserves the GPUs in a shared pool")
+    assert record.closing(_closing_facts("ray", "shared")).startswith(
+        "Keep Ray: Ray's placement group reserves the GPUs")
+    assert record.closing(_closing_facts("ray", "dedicated")).startswith("Reconsider Ray")
+    assert "7 of 8 benchmark requests" in record.closing(_closing_facts("mp", "dedicated"))

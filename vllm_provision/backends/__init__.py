@@ -61,6 +61,10 @@ class Backend:
         ray_cluster: the nodes form a Ray cluster (Ray's pins, placement and cluster wait apply).
         serves_openai: rank 0 serves vLLM's OpenAI API, so ``up`` waits for it and sends one
             completion, and the peer watchdog probes it.
+        title: the name in prose (``provision record``'s decision sentence); default ``name``.
+        gpu_reservation: who reserves the replica's GPUs when the backend does it itself (Ray's
+            placement group), for the decision record; None when the platform must
+            (docs/evidence.md).
     """
 
     name: ClassVar[str] = ""
@@ -69,6 +73,8 @@ class Backend:
     packages: ClassVar[tuple[str, ...]] = ("vllm",)
     ray_cluster: ClassVar[bool] = False
     serves_openai: ClassVar[bool] = True
+    title: ClassVar[str] = ""
+    gpu_reservation: ClassVar[str | None] = None
 
     # --- units ------------------------------------------------------------------------------
 

@@ -88,6 +88,8 @@ class RayBackend(Backend):
     role = "vllm_ray"
     packages = ("vllm", "ray")
     ray_cluster = True
+    title = "Ray"
+    gpu_reservation = "Ray's placement group reserves the GPUs"
 
     def node_units(self, replica: Replica, node: Node, vars_: Mapping[str, Any]) -> list[str]:
         """The head: ``ray_head_unit_name``, ``vllm_unit_name``; a worker:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_provision import backends
 from vllm_provision.errors import ProvisionError
 
 MISSING = "not measured"
@@ -145,13 +146,15 @@ def closing(facts: Mapping[str, Any]) -> str:
     """The one checkable sentence: keep this backend, who reserves the GPUs, who starts the
     nodes, and the measured recovery of a killed node and completion rate (or what was not
     measured)."""
-    ray = facts["backend"] == "ray"
-    verb = "Keep Ray" if ray else "Keep mp"
-    if facts["pool"] == "shared" and not ray:
-        verb = "Reconsider mp"
-    elif facts["pool"] == "dedicated" and ray:
-        verb = "Reconsider Ray"
-    who = ("Ray's placement group reserves the GPUs" if ray
+    backend = backends.find(facts["backend"])
+    title = (backend.title or backend.name) if backend else str(facts["backend"])
+    reserves = backend.gpu_reservation if backend else None
+    verb = f"Keep {title}"
+    if facts["pool"] == "shared" and not reserves:
+        verb = f"Reconsider {title}"
+    elif facts["pool"] == "dedicated" and reserves:
+        verb = f"Reconsider {title}"
+    who = (reserves if reserves
            else "the platform reserves the GPUs (pool: dedicated)" if facts["pool"] ==
            "dedicated" else "nothing reserves the GPUs in a shared pool")
     client = facts["bench"]["client"]
