@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import pytest
 from test_checks_parity_host import clean_facts, make_facts, make_replica
 
 from vllm_provision.checks import fabric, gpu_health, host
@@ -178,6 +179,20 @@ def test_check_names_do_not_break_at_80_columns(capsys, monkeypatch):
     # no word of the other fields is broken either
     for word in ("expectation", "several", "value"):
         assert out.count(word) == {"expectation": 9, "several": 3, "value": 9}[word], word
+
+
+@pytest.mark.parametrize("columns", ["200", "60"])
+def test_bracketed_values_are_printed_as_data_not_markup(capsys, monkeypatch, columns):
+    # gpu_processes_text() names the unit in brackets; rich would read "[vllm.service]" as a tag
+    from vllm_provision.cli.check import render_findings
+
+    monkeypatch.setenv("COLUMNS", columns)
+    render_findings([Finding("gpu.foreign_processes", Severity.ERROR, "h1", "GPU processes",
+                             expected="none [bold]", actual="GPU 1: 4711 x [vllm.service]",
+                             fix="stop [/] it")])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("none [bold]", "[vllm.service]", "stop [/] it"):
+        assert text in out, (text, out)
 
 
 def test_a_dropped_peer_port_is_an_error_naming_the_port_and_both_nodes():

@@ -76,7 +76,7 @@ def _render_narrow(console: Any, group: list[Finding], title: str, style: str) -
             rows.append(("fix", f.fix))
         for label, value in rows:
             if value:
-                grid.add_row(f"  {label}", value)
+                grid.add_row(Text(f"  {label}"), Text(value))
         console.print(grid)
 
 
@@ -85,6 +85,7 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
     replica column names the replica each finding belongs to."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     styles = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.OK: "green"}
@@ -107,7 +108,9 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
             table.add_column("fix", overflow="fold")
         for f in group:
             row = [f.check, f.replica or "-", f.host, f.item, f.expected, f.actual]
-            table.add_row(*(row + [f.fix] if severity is not Severity.OK else row))
+            # Text cells: a value such as "[vllm]" or "--x=[1,2]" is data, not rich markup.
+            table.add_row(*(Text(cell) for cell in
+                            (row + [f.fix] if severity is not Severity.OK else row)))
         console.print(table)
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
     console.print(f"[{styles[Severity.ERROR]}]{counts[Severity.ERROR]} errors[/], "
