@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from render_support import exec_words, rendered_files
 
@@ -197,3 +198,19 @@ def test_inventory_wants_exactly_one_mode(tmp_path: Path) -> None:
     path = _write(tmp_path / "hosts.ini", "[web]\nw1\n")
     code, output = _invoke("-i", str(path), "--list", "--graph")
     assert code == 1 and "exactly one of --list, --graph and --host" in output
+
+
+@pytest.mark.parametrize("option,value", [
+    ("ansible_ssh_private_key_file", "~nosuchuser0/.ssh/id"),
+    ("provision_known_hosts_file", "~0"),
+    ("ansible_ssh_common_args", "-o UserKnownHostsFile=~nosuchuser0/kh"),
+])
+def test_a_tilde_user_the_controller_lacks_is_a_located_inventory_error(
+        tmp_path: Path, option: str, value: str) -> None:
+    # Path.expanduser() raises a bare RuntimeError for ~user without a home folder
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"hosts": {"h1": {option: value}}}}))
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    text = info.value.render()
+    assert option in text and "hosts.yml" in text, text

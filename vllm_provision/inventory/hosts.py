@@ -46,8 +46,17 @@ def plain(settings: Mapping[str, Setting]) -> dict[str, Any]:
 
 
 def resolve_path(text: str, base: Path) -> Path:
-    """Expand ``~`` and make a relative path relative to ``base`` (the inventory's folder)."""
-    path = Path(text).expanduser()
+    """Expand ``~`` and make a relative path relative to ``base`` (the inventory's folder).
+
+    Raises:
+        ValueError: ``~user`` names no user of the controller (``Path.expanduser``'s
+            RuntimeError), or ``~`` is used and the controller's home is unknown.
+    """
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError as exc:
+        raise ValueError(f"{text!r}: {exc} (~ or ~user names no home folder on this "
+                         "controller)") from exc
     return path if path.is_absolute() else (base / path)
 
 
@@ -93,21 +102,42 @@ def build_host(name: str, settings: Mapping[str, Setting], groups: tuple[str, ..
         if option not in values:
             continue
         try:
-            known_hosts.extend(resolve_path(f, base)
-                               for f in known_hosts_from_ssh_args(values[option]))
+            files = known_hosts_from_ssh_args(values[option])
         except ValueError as exc:
             problems.add(settings[option].origin.where, f"{option} cannot be split into words: "
                          f"{exc}", expected="ssh options with balanced quotes",
                          actual=repr(values[option]), fix="close the quote")
+            continue
+        for file in files:
+            try:
+                known_hosts.append(resolve_path(file, base))
+            except ValueError as exc:
+                problems.add(settings[option].origin.where, f"{option}: UserKnownHostsFile "
+                             f"{exc}", expected="a path, absolute, relative to the inventory, "
+                             "or ~/...", actual=repr(values[option]),
+                             fix="write the path without ~user, or create that user")
+
+    def path_of(option: str) -> Path | None:
+        try:
+            return resolve_path(values[option], base)
+        except ValueError as exc:
+            problems.add(settings[option].origin.where, f"{option}: {exc}",
+                         expected="a path, absolute, relative to the inventory, or ~/...",
+                         actual=repr(values[option]),
+                         fix="write the path without ~user, or create that user")
+            return None
+
     if "provision_known_hosts_file" in values:
-        known_hosts.append(resolve_path(values["provision_known_hosts_file"], base))
-    key_file = values.get("ansible_ssh_private_key_file")
+        known = path_of("provision_known_hosts_file")
+        known_hosts.extend([known] if known else [])
+    key_file = path_of("ansible_ssh_private_key_file") if values.get(
+        "ansible_ssh_private_key_file") else None
     return Host(
         name=name,
         address=values.get("ansible_host", name),
         port=values.get("ansible_port", 22),
         user=values.get("ansible_user"),
-        key_file=resolve_path(key_file, base) if key_file else None,
+        key_file=key_file,
         known_hosts_files=tuple(dict.fromkeys(known_hosts)),
         become=values.get("ansible_become", False),
         become_user=values.get("ansible_become_user", "root"),
