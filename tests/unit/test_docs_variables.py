@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ROLES = ROOT / "roles"
 # Python packages (not variables) whose names share the prefixes: this one and the lab's
-# stand-in package installed into the lab hosts (vllm_provision/lab/gpu/guest).
+# stand-in package installed into the lab hosts (lab/vllm_provision_lab/gpu/guest).
 PACKAGES = {"vllm_provision", *(p.name for p in
-                               (ROOT / "vllm_provision/lab/gpu/guest").iterdir() if p.is_dir())}
+                               (ROOT / "lab/vllm_provision_lab/gpu/guest").iterdir() if p.is_dir())}
 NAME = re.compile(r"`((?:vllm|ray|preflight|provision)_[a-z0-9_]*[a-z0-9])([^a-z0-9_])")
 
 
