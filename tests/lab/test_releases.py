@@ -29,7 +29,7 @@ pytestmark = pytest.mark.lab
 
 PROVISION = str(Path(sys.executable).parent / "provision")
 MODEL = "/srv/models/lab-model"
-# suite -> (rank 0, headless), and what the release ships (lab/base.py RELEASES)
+# suite -> (rank 0, headless), and what the release ships (vllm_provision_lab.base.RELEASES)
 HOSTS = {"bullseye": ("h3", "h4"), "trixie": ("h5", "h6")}
 
 

@@ -1,4 +1,4 @@
-"""`provision lab xid`: the kernel line and the journal entry it writes (lab/gpu/xid.py)."""
+"""`provision lab xid`: the kernel line and the journal entry it writes (vllm_provision_lab.gpu)."""
 
 from __future__ import annotations
 
