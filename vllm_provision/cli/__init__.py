@@ -123,7 +123,7 @@ def _load_entry_point(entry: EntryPoint) -> click.Command:
 
 
 def _not_installed(cmd_name: str) -> click.Command:
-    """A stand-in for a command of :data:`SEPARATE` whose distribution is not installed: its
+    """A placeholder for a command of :data:`SEPARATE` whose distribution is not installed: its
     help and every use say which distribution it is and how to install it (exit status 1)."""
     from vllm_provision.cli.help import examples
 
