@@ -69,7 +69,7 @@ class Lab:
     @classmethod
     def from_env(cls) -> Lab:
         """Read VLLM_PROVISION_LAB_DIR and VLLM_PROVISION_LAB_NET (vllm_provision_lab.config's
-        defaults; bench runs with the Python of any tool, so it does not import the lab)."""
+        defaults)."""
         return cls(Path(os.environ.get("VLLM_PROVISION_LAB_DIR", "/var/lib/vllm-provision/lab")),
                    os.environ.get("VLLM_PROVISION_LAB_NET", "10.213.0"))
 
