@@ -68,7 +68,8 @@ class Lab:
 
     @classmethod
     def from_env(cls) -> Lab:
-        """Read VLLM_PROVISION_LAB_DIR and VLLM_PROVISION_LAB_NET (the product's defaults)."""
+        """Read VLLM_PROVISION_LAB_DIR and VLLM_PROVISION_LAB_NET (vllm_provision_lab.config's
+        defaults)."""
         return cls(Path(os.environ.get("VLLM_PROVISION_LAB_DIR", "/var/lib/vllm-provision/lab")),
                    os.environ.get("VLLM_PROVISION_LAB_NET", "10.213.0"))
 

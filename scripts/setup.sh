@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for vllm-provision: the Debian packages the lab needs, and a
-# virtual environment in .venv with the project and its test extra. Safe to run twice.
+# virtual environment in .venv with the project (and its test extra) and the lab (lab/).
+# Safe to run twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,5 +24,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+# both distributions of this repository, editable: the operator's tool (.) and the lab (lab/,
+# which adds `provision lab`; the operator's wheel carries no lab)
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' -e ./lab
 echo "Ready: .venv/bin/provision --help"

@@ -41,10 +41,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[object]:
-    """The session's :class:`vllm_provision.lab.Lab`, up with at least 2 hosts."""
+    """The session's :class:`vllm_provision_lab.Lab`, up with at least 2 hosts."""
     if os.geteuid() != 0:
         pytest.skip(NOT_ROOT_REASON)
-    from vllm_provision.lab import Lab
+    from vllm_provision_lab import Lab
 
     instance = Lab.from_env()
     if instance.is_up():
@@ -69,8 +69,7 @@ def lab_host(lab: object) -> Iterator[Callable[..., object]]:
     import paramiko
     import testinfra.backend
     import testinfra.host
-
-    from vllm_provision.lab import Lab
+    from vllm_provision_lab import Lab
 
     assert isinstance(lab, Lab)
     clients: list[paramiko.SSHClient] = []

@@ -74,6 +74,3 @@ class InventoryError(ProvisionError):
     Raised before any SSH connection is opened.
     """
 
-
-class LabError(ProvisionError):
-    """The local lab could not be brought up, changed or taken down."""

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-
-from vllm_provision.lab import Lab
+from vllm_provision_lab import Lab
 
 pytestmark = pytest.mark.lab
 

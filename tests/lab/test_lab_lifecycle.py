@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from vllm_provision.lab import Lab, LabConfig, cgroups, network
+from vllm_provision_lab import Lab, LabConfig, cgroups, network
 
 pytestmark = pytest.mark.lab
 

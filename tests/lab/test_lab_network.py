@@ -6,8 +6,7 @@ import re
 import time
 
 import pytest
-
-from vllm_provision.lab import Lab
+from vllm_provision_lab import Lab
 
 pytestmark = pytest.mark.lab
 

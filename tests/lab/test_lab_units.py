@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from vllm_provision.lab import Lab
+from vllm_provision_lab import Lab
 
 pytestmark = pytest.mark.lab
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.lab
 
 PROVISION = str(Path(sys.executable).parent / "provision")
 MODEL = "/srv/models/lab-model"
-# suite -> (rank 0, headless), and what the release ships (lab/base.py RELEASES)
+# suite -> (rank 0, headless), and what the release ships (vllm_provision_lab.base.RELEASES)
 HOSTS = {"bullseye": ("h3", "h4"), "trixie": ("h5", "h6")}
 
 
@@ -90,7 +90,7 @@ class Release:
 
 
 def _inventory(lab: Any, nodes: tuple[str, str], backend: str, path: Path) -> Path:
-    from vllm_provision.lab.inventories import inventory_text
+    from vllm_provision_lab.inventories import inventory_text
 
     path.write_text(inventory_text(lab.config, backend, nodes))  # type: ignore[arg-type]
     return path
@@ -113,7 +113,7 @@ class TestOneRelease:
     up and down: on one release."""
 
     def test_hosts_run_the_release(self, release: Release) -> None:
-        from vllm_provision.lab.base import RELEASES
+        from vllm_provision_lab.base import RELEASES
 
         wanted = RELEASES[release.suite]
         for host in release.nodes:

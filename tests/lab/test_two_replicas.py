@@ -26,7 +26,7 @@ import yaml
 pytestmark = pytest.mark.lab
 
 PROVISION = str(Path(sys.executable).parent / "provision")
-GPUS_PER_NODE = 4  # the stand-in's default (vllm_provision/lab/gpu/spec.py)
+GPUS_PER_NODE = 4  # the stand-in's default (lab/vllm_provision_lab/gpu/spec.py)
 
 
 def provision(state: Path, *args: str, timeout_s: float = 400

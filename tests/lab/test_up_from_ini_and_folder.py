@@ -1,6 +1,6 @@
 """`provision up` from an INI inventory and from an inventory directory of the lab's two hosts.
 
-The INI file is the lab's mp inventory (vllm_provision.lab.inventories) written as INI, h2 reached
+The INI file is the lab's mp inventory (vllm_provision_lab.inventories) written as INI, h2 reached
 through the legacy ``ansible_ssh_host``/``ansible_ssh_user`` names; the directory holds the same
 hosts as INI with the connection in ``group_vars/all.yml`` and the engine in a
 ``group_vars/lab/`` folder whose file has no extension. The first ``up`` installs the replica;
@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 from lab_support import complete
-
-from vllm_provision.lab.inventories import (
+from vllm_provision_lab.inventories import (
     LAB_MODEL,
     PIPELINE_PARALLEL_SIZE,
     REPLICA_GROUP,

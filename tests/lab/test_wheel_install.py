@@ -1,12 +1,14 @@
-"""A user's install: the wheel (built from the sdist) in a fresh venv outside the checkout, no
-editable install, no PYTHONPATH, run from a folder outside the repository, drives the lab:
+"""A user's install: the operator's wheel alone (built from the sdist; the lab is a distribution
+of its own, lab/) in a fresh venv outside the checkout, no editable install, no PYTHONPATH, run
+from a folder outside the repository, drives the lab (booted by this session's own install):
 ``--help``, ``--version``, ``check``, ``up`` (the replica serves), a second ``up`` (changed=0)
-and the packaged verify suite."""
+and the packaged verify suite; ``provision lab`` there says the lab is not installed."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,6 +57,14 @@ def test_the_installed_wheel_deploys_and_verifies_the_lab_replica(
     helped = _run(installed, "--help")
     assert helped.returncode == 0, helped.stderr
     assert "verify" in helped.stdout and "up" in helped.stdout
+    assert re.search(r"\n  lab +Not installed", helped.stdout), helped.stdout
+    no_lab = _run(installed, "lab", "up")
+    assert no_lab.returncode == 1 and "Traceback" not in no_lab.stderr, no_lab.stderr
+    assert "is not installed" in no_lab.stderr and "vllm-provision-lab" in no_lab.stderr
+    (packages,) = site.glob("python3*/site-packages")
+    assert (packages / "vllm_provision" / "cli").is_dir()
+    assert not list(packages.glob("vllm_provision_lab*"))
+    assert not (packages / "vllm_provision" / "lab").exists()
 
     version = _run(installed, "--version")
     assert version.returncode == 0, version.stderr

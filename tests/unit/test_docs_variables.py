@@ -28,10 +28,10 @@ from vllm_provision.modules import find_module
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ROLES = ROOT / "roles"
-# Python packages (not variables) whose names share the prefixes: this one and the lab's
-# stand-in package installed into the lab hosts (vllm_provision/lab/gpu/guest).
-PACKAGES = {"vllm_provision", *(p.name for p in
-                               (ROOT / "vllm_provision/lab/gpu/guest").iterdir() if p.is_dir())}
+# Python packages (not variables) whose names share the prefixes: this one, the lab's (lab/) and
+# the lab's stand-in package installed into the lab hosts (lab/vllm_provision_lab/gpu/guest).
+PACKAGES = {"vllm_provision", "vllm_provision_lab", *(p.name for p in
+                               (ROOT / "lab/vllm_provision_lab/gpu/guest").iterdir() if p.is_dir())}
 NAME = re.compile(r"`((?:vllm|ray|preflight|provision)_[a-z0-9_]*[a-z0-9])([^a-z0-9_])")
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from vllm_provision.errors import LabError
-from vllm_provision.lab import system
-from vllm_provision.lab.config import LabConfig, host_index, host_names
+from vllm_provision_lab import system
+from vllm_provision_lab.config import LabConfig, host_index, host_names
+from vllm_provision_lab.errors import LabError
 
 
 def test_defaults_match_architecture_doc() -> None:
@@ -71,7 +70,7 @@ def test_not_root_is_said_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_host_suites_one_for_all_or_one_per_host() -> None:
-    from vllm_provision.lab import _host_suites
+    from vllm_provision_lab import _host_suites
 
     assert _host_suites(["h1", "h2"], None) == {"h1": "bookworm", "h2": "bookworm"}
     assert _host_suites(["h1", "h2"], ["trixie"]) == {"h1": "trixie", "h2": "trixie"}

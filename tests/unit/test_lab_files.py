@@ -7,10 +7,9 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from vllm_provision.errors import LabError
-from vllm_provision.lab import base, delayer, deps
-from vllm_provision.lab.keys import known_hosts_text, ssh_config_text
+from vllm_provision_lab import base, delayer, deps
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.keys import known_hosts_text, ssh_config_text
 
 
 def test_ssh_config_is_strict_and_uses_lab_files() -> None:

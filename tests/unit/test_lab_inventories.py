@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_provision_lab.config import LabConfig
+from vllm_provision_lab.inventories import KINDS, inventory_text
 
 from vllm_provision.inventory import load_inventory
-from vllm_provision.lab.config import LabConfig
-from vllm_provision.lab.inventories import KINDS, inventory_text
 
 REPO = Path(__file__).resolve().parents[2]
 

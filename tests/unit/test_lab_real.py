@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 from test_templates import _replica, env_values, render
+from vllm_provision_lab import base, real
+from vllm_provision_lab.config import LabConfig
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.inventories import real_inventory_text
 
 from vllm_provision.checks import run as checks_run
 from vllm_provision.checks.finding import Severity
-from vllm_provision.errors import LabError
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.inventory import load_inventory
-from vllm_provision.lab import base, real
-from vllm_provision.lab.config import LabConfig
-from vllm_provision.lab.inventories import real_inventory_text
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,13 +1,13 @@
-"""`provision lab xid`: the kernel line and the journal entry it writes (lab/gpu/xid.py)."""
+"""`provision lab xid`: the kernel line and the journal entry it writes (vllm_provision_lab.gpu)."""
 
 from __future__ import annotations
 
 import pytest
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.gpu import xid
 
-from vllm_provision.errors import LabError
 from vllm_provision.facts.model import pci_key
 from vllm_provision.facts.parsers import parse_xid_lines
-from vllm_provision.lab.gpu import xid
 
 MID = "b306b6f4a87c49668a0c61334595a808"
 BOOT = "0089a58a6cf6445b93f5556f50d43643"

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from vllm_provision.lab.gpu.install import GUEST_PACKAGE
-from vllm_provision.lab.gpu.spec import effective_spec
+from vllm_provision_lab.gpu.install import GUEST_PACKAGE
+from vllm_provision_lab.gpu.spec import effective_spec
 
 DATA = Path(__file__).parent.parent / "data" / "nvidia-smi"
 SMI = GUEST_PACKAGE / "nvidia_smi.py"

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from vllm_provision.errors import LabError
-from vllm_provision.lab.gpu import prepare_host
-from vllm_provision.lab.gpu.spec import effective_spec, parse_assignments, write_overrides
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.gpu import prepare_host
+from vllm_provision_lab.gpu.spec import effective_spec, parse_assignments, write_overrides
 
 
 def test_defaults_are_the_reference_scenario(tmp_path: Path) -> None:
@@ -90,7 +89,7 @@ def test_cuda_12_gets_the_cu12_nccl_distribution(tmp_path: Path) -> None:
 def test_ray_override_is_undone_by_the_default(tmp_path: Path) -> None:
     """``lab set h2 ray=2.59.0`` patches the base's real Ray; ``ray=default`` puts it back
     (bullseye's base has 2.51.2, so the default cannot be one fixed number)."""
-    from vllm_provision.lab.gpu.guest.vllm_lab_standin.apply import patch_ray_version
+    from vllm_provision_lab.gpu.guest.vllm_lab_standin.apply import patch_ray_version
 
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "_version.py").write_text('version = "2.51.2"\ncommit = "x"\n')

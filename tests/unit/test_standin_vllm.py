@@ -16,9 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from vllm_provision.lab.gpu.install import GUEST_PACKAGE
-from vllm_provision.lab.gpu.spec import effective_spec, write_overrides
+from vllm_provision_lab.gpu.install import GUEST_PACKAGE
+from vllm_provision_lab.gpu.spec import effective_spec, write_overrides
 
 
 def _free_port() -> int:

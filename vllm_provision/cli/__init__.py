@@ -3,17 +3,27 @@
 Each module in this package defines one ``click`` command (or group) named ``command``; the table
 below maps the command-line name to its module. Keeping imports lazy keeps ``provision --help``
 and every command fast (heavy modules such as paramiko load only when needed).
+
+Other distributions add commands through entry points of the group ``vllm_provision.commands``
+(name: the command, value: ``module:attribute`` of a click command), loaded only when that command
+runs: this repository's lab (lab/pyproject.toml) adds ``provision lab`` so. Without it,
+``provision lab`` says how to install it (:data:`SEPARATE`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 # command name -> module in vllm_provision.cli that defines ``command``
 COMMANDS: dict[str, str] = {
@@ -32,29 +42,110 @@ COMMANDS: dict[str, str] = {
     "init": "init",
     "completion": "completion",
     "schema": "schema",
-    "lab": "lab",
     "bench": "bench",
     "fault": "fault",
     "record": "record",
 }
 
 
+ENTRY_POINT_GROUP = "vllm_provision.commands"
+
+# commands of this repository's other distributions: name -> (distribution, what it is, how to
+# install it); listed in --help also when not installed, so `provision lab` can say what to do
+SEPARATE: dict[str, tuple[str, str, str]] = {
+    "lab": ("vllm-provision-lab", "the local test lab (nspawn hosts, simulated GPUs)",
+            "in a checkout: `bash scripts/setup.sh` (installs both into .venv) or "
+            "`pip install -e ./lab`; elsewhere: `pip wheel --no-deps -w dist ./lab` in a "
+            "checkout, then `pip install dist/vllm_provision_lab-*.whl`"),
+}
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use: the modules of
+    :data:`COMMANDS`, then the entry points of :data:`ENTRY_POINT_GROUP`."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name in COMMANDS if _module_exists(COMMANDS[name]))
+        builtin = {name for name in COMMANDS if _module_exists(COMMANDS[name])}
+        return sorted(builtin | set(_entry_points()) | set(SEPARATE))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module_name = COMMANDS.get(cmd_name)
-        if module_name is None or not _module_exists(module_name):
-            return None
-        module = importlib.import_module(f"vllm_provision.cli.{module_name}")
-        return module.command
+        if module_name is not None and _module_exists(module_name):
+            module = importlib.import_module(f"vllm_provision.cli.{module_name}")
+            return module.command
+        entry = _entry_points().get(cmd_name)
+        if entry is not None:
+            return _load_entry_point(entry)
+        if cmd_name in SEPARATE:
+            return _not_installed(cmd_name)
+        return None
 
 
 def _module_exists(module_name: str) -> bool:
     return importlib.util.find_spec(f"vllm_provision.cli.{module_name}") is not None
+
+
+@functools.cache
+def _entry_points() -> dict[str, EntryPoint]:
+    """The commands other installed distributions add (name -> entry point); a name of
+    :data:`COMMANDS` cannot be taken over. Read once from the installed metadata (about 20 ms),
+    nothing imported."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    return {entry.name: entry for entry in found if entry.name not in COMMANDS}
+
+
+def _load_entry_point(entry: EntryPoint) -> click.Command:
+    """Import the click command an entry point names.
+
+    Raises:
+        ProvisionError: it cannot be imported, or it is no click command; naming the entry point
+            and its distribution (a broken plug-in is an error of its own, not a traceback).
+    """
+    from vllm_provision.errors import ProvisionError
+
+    where = f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP})"
+    owner = entry.dist.name if entry.dist is not None else "the distribution that declares it"
+    try:
+        loaded = entry.load()
+    except Exception as exc:  # a plug-in's import error, reported with its name
+        raise ProvisionError.single(where, f"the command cannot be loaded: "
+                                    f"{type(exc).__name__}: {exc}",
+                                    fix=f"reinstall {owner} with the same version as "
+                                        "vllm-provision, or uninstall it") from None
+    if not isinstance(loaded, click.Command):
+        raise ProvisionError.single(where, "it names no click command",
+                                    expected="a click.Command or click.Group",
+                                    actual=type(loaded).__name__,
+                                    fix=f"reinstall or uninstall {owner}")
+    return loaded
+
+
+def _not_installed(cmd_name: str) -> click.Command:
+    """A placeholder for a command of :data:`SEPARATE` whose distribution is not installed: its
+    help and every use say which distribution it is and how to install it (exit status 1)."""
+    from vllm_provision.cli.help import examples
+
+    distribution, what, how = SEPARATE[cmd_name]
+
+    def refuse(args: tuple[str, ...]) -> None:
+        from vllm_provision.errors import ProvisionError
+
+        raise ProvisionError.single(
+            f"provision {cmd_name}", f"{what} is not installed: it is the separate "
+            f"distribution {distribution}", expected=f"{distribution} installed beside "
+            "vllm-provision (same version)", fix=how)
+
+    return click.Command(
+        cmd_name, callback=refuse,
+        params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        short_help=f"Not installed: {what} ({distribution}).",
+        help=f"Not installed: {what}, the distribution {distribution}.\n\nInstall it "
+             f"{how}.",
+        epilog=examples("bash scripts/setup.sh    # in a checkout: both distributions, into .venv",
+                        f"provision {cmd_name} --help"))
 
 
 def version_text() -> str:

@@ -136,6 +136,20 @@ def parse_journal(host: str, stdout: str, fault_epoch: float
     return events, limited
 
 
+def _is_lab_host(host: Any) -> bool:
+    """True when ``host`` is a host of the lab instance named by the environment (same name and
+    address); False also when the lab (the separate distribution vllm-provision-lab) is not
+    installed."""
+    try:
+        from vllm_provision_lab.config import LabConfig
+    except ImportError:
+        return False
+    try:
+        return bool(LabConfig.from_env().address(host.name) == host.host_ip)
+    except Exception:  # noqa: BLE001 - not a lab host name, or no usable lab settings
+        return False
+
+
 def partition_commands(host: Any, cut: str | None, heal: str | None
                        ) -> tuple[list[str], list[str]]:
     """The controller-side argv that cuts and heals ``host``'s network: the user's commands
@@ -151,13 +165,7 @@ def partition_commands(host: Any, cut: str | None, heal: str | None
 
     if cut and heal:
         return [*shlex.split(cut), host.host_ip], [*shlex.split(heal), host.host_ip]
-    from vllm_provision.lab.config import LabConfig
-
-    try:
-        in_lab = LabConfig.from_env().address(host.name) == host.host_ip
-    except Exception:  # noqa: BLE001 - not a lab host name: not the lab
-        in_lab = False
-    if not in_lab:
+    if not _is_lab_host(host):
         raise ProvisionError.single(host.name, "--partition needs the commands that cut and "
                                     "heal this host's network",
                                     expected="--partition-command CMD and --heal-command CMD "

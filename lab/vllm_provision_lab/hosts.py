@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab import cgroups, network
-from vllm_provision.lab.base import DEPLOY_USER
-from vllm_provision.lab.config import LabConfig
-from vllm_provision.lab.keys import make_host_key
-from vllm_provision.lab.system import run
+from vllm_provision_lab import cgroups, network
+from vllm_provision_lab.base import DEPLOY_USER
+from vllm_provision_lab.config import LabConfig
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.keys import make_host_key
+from vllm_provision_lab.system import run
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _passwd_entry(root: Path, user: str) -> tuple[int, int, str]:
 
 
 def start_boot_loop(config: LabConfig, host: str) -> None:
-    """Start the host's boot loop (:mod:`vllm_provision.lab.bootloop`) in its own session."""
+    """Start the host's boot loop (:mod:`vllm_provision_lab.bootloop`) in its own session."""
     run_dir = host_run_dir(config, host)
     (run_dir / "stop").unlink(missing_ok=True)
     cgroup_dirs = [str(root / config.cgroup_subtree / host) for root in cgroups.hierarchy_roots()]

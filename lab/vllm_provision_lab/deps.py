@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab.system import run
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.system import run
 
 # command the lab runs -> Debian package that ships it
 REQUIRED_COMMANDS: dict[str, str] = {

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_provision.errors import LabError
+from vllm_provision_lab.errors import LabError
 
 # Xid codes the GPU health check cares about and the driver's words for them (NVIDIA "Xid
 # Errors" catalogue); any other code gets a generic text.

@@ -6,7 +6,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from vllm_provision.errors import LabError
+from vllm_provision_lab.errors import LabError
 
 
 def require_root(action: str) -> None:

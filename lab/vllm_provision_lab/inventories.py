@@ -5,20 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from vllm_provision.lab.config import LabConfig
+from vllm_provision_lab.config import LabConfig
 
 InventoryKind = Literal["mp", "ray"]
 KINDS: tuple[InventoryKind, ...] = ("mp", "ray")
 # the real-vLLM (CPU) inventory, for `lab up --vllm real` (docs/real-vllm.md)
 REAL_KIND = "real"
 ALL_KINDS: tuple[str, ...] = (*KINDS, REAL_KIND)
-# the tiny model baked into the real base (vllm_provision.lab.real.MODEL_DIR)
+# the tiny model baked into the real base (vllm_provision_lab.real.MODEL_DIR)
 REAL_MODEL = "/srv/models/tiny"
 # world size 2: one rank per host, each bound to its own core of the 2-core machine
 REAL_TENSOR_PARALLEL_SIZE = 2
 REAL_PIPELINE_PARALLEL_SIZE = 1
 REPLICA_GROUP = "lab"
-# the GPU stand-in's model dir, created on every host by vllm_provision.lab.gpu
+# the GPU stand-in's model dir, created on every host by vllm_provision_lab.gpu
 LAB_MODEL = "/srv/models/lab-model"
 # the reference scenario (docs/measured.md): TP=4 inside each node, PP=2 across two nodes
 TENSOR_PARALLEL_SIZE = 4

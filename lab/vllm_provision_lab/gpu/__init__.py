@@ -1,7 +1,7 @@
 """The lab's simulated GPU stack: stand-in nvidia-smi and vLLM, real Ray, per-host versions.
 
 The lab calls :func:`prepare_host` for each host before booting it; ``provision lab set`` and
-``provision lab occupy`` (:mod:`vllm_provision.lab.gpu.cli`) change a running lab over SSH.
+``provision lab occupy`` (:mod:`vllm_provision_lab.gpu.cli`) change a running lab over SSH.
 See docs/lab-standin.md.
 """
 

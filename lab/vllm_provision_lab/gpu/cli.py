@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.errors import LabError
+from vllm_provision_lab.errors import LabError
 
 from .install import remote_apply_command
 from .spec import (
@@ -25,7 +25,7 @@ OCCUPY_UNIT = "vllm-lab-occupy"
 
 
 def _lab():  # type: ignore[no-untyped-def]
-    from vllm_provision.lab import Lab
+    from vllm_provision_lab import Lab
 
     return Lab.from_env()
 

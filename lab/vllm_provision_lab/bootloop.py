@@ -1,6 +1,6 @@
 """Keep one lab host booted: run systemd-nspawn, boot it again when the guest reboots.
 
-Started by :mod:`vllm_provision.lab.hosts` under ``setsid`` (so it outlives the calling shell,
+Started by :mod:`vllm_provision_lab.hosts` under ``setsid`` (so it outlives the calling shell,
 probe gotcha 14) and run by path with ``python3 -I``: standard library only. It first moves
 itself into the host's own cgroups (probe gotcha 2), then loops:
 

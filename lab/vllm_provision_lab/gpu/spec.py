@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from vllm_provision.errors import LabError, Problem
+from vllm_provision.errors import Problem
+from vllm_provision_lab.errors import LabError
 
 SPEC_FILE = "spec.yml"
 OVERRIDES_FILE = "gpu-overrides.json"

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_provision.errors import LabError
+from vllm_provision_lab.errors import LabError
 
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-provision/lab")
 DEFAULT_NAME = "vp"

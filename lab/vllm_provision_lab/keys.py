@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_provision.lab.system import run
+from vllm_provision_lab.system import run
 
 
 def ensure_key_pair(key_file: Path) -> None:
