@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "fault": "fault",
     "record": "record",
+    "stack": "stack",
 }
 
 
