@@ -17,6 +17,9 @@ import click
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 
+# The host options without --json: these commands print lines for an operator (and exit codes).
+STACK_OPTIONS = tuple(name for name in HOST_OPTIONS if name != "json")
+
 
 @click.group("stack", epilog=examples(
     "provision stack lock -i inventory.yml -r requirements.in",
@@ -77,7 +80,7 @@ def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
 @command.command("lock", epilog=examples(
     "provision stack lock -i inventory.yml                     # requirements.in beside the lock",
     "provision stack lock -i inventory.yml -r requirements.in"))
-@shared_options(HOST_OPTIONS)
+@shared_options(STACK_OPTIONS)
 @click.option("-r", "--requirements", "requirements", type=click.Path(path_type=Path),
               help="The short requirements list (default: requirements.in beside the lock).")
 def lock_command(requirements: Path | None, **kwargs: Any) -> None:
@@ -121,7 +124,7 @@ def lock_command(requirements: Path | None, **kwargs: Any) -> None:
 @command.command("sync", epilog=examples(
     "provision stack sync -i inventory.yml",
     "provision stack sync -i inventory.yml --wheelhouse /srv/wheelhouse"))
-@shared_options(HOST_OPTIONS)
+@shared_options(STACK_OPTIONS)
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False),
               help="A folder of wheels to take (default: download the lock's wheels into the "
                    "controller's cache).")
@@ -185,7 +188,7 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
 
 
 @command.command("rollback", epilog=examples("provision stack rollback -i inventory.yml"))
-@shared_options(HOST_OPTIONS)
+@shared_options(STACK_OPTIONS)
 def rollback_command(**kwargs: Any) -> None:
     """Point every node's venv back at its previous stack (kept by the last sync).
 
@@ -217,7 +220,7 @@ def rollback_command(**kwargs: Any) -> None:
 
 
 @command.command("status", epilog=examples("provision stack status -i inventory.yml"))
-@shared_options(HOST_OPTIONS)
+@shared_options(STACK_OPTIONS)
 def status_command(**kwargs: Any) -> None:
     """Compare each node's active venv with the lock: package, node, expected, actual.
 
