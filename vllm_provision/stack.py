@@ -171,14 +171,13 @@ def parse_lock(text: str, where: str = "lock") -> Lock:
                                     fix=fix))
             continue
         hashes = set()
-        for word in words[1:]:
-            hashed = _HASH_RE.match(word)
-            if not hashed:
-                problems.append(Problem(f"{where}:{number}", f"unexpected {word!r} after "
-                                        f"{words[0]}", expected="--hash=sha256:<64 hex digits> "
-                                        "(no markers, no options)", fix=fix))
-                break
-            hashes.add(hashed.group(1))
+        bad = next((word for word in words[1:] if not _HASH_RE.match(word)), None)
+        if bad is not None:
+            problems.append(Problem(f"{where}:{number}", f"unexpected {bad!r} after {words[0]}",
+                                    expected="--hash=sha256:<64 hex digits> (no markers, no "
+                                             "options)", fix=fix))
+            continue
+        hashes = {word.split(":", 1)[1] for word in words[1:]}
         if not hashes:
             problems.append(Problem(f"{where}:{number}", f"{words[0]} has no hash",
                                     expected="at least one --hash=sha256:...", fix=fix))
