@@ -24,7 +24,8 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-# both distributions of this repository, editable: the operator's tool (.) and the lab (lab/,
-# which adds `provision lab`; the operator's wheel carries no lab)
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' -e ./lab
+# both distributions of this repository, editable: the operator's tool (.) with the stack extra
+# (uv, for provision stack lock) and the lab (lab/, which adds `provision lab`; the operator's
+# wheel carries no lab)
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,stack]' -e ./lab
 echo "Ready: .venv/bin/provision --help"

@@ -93,6 +93,29 @@ def compare_facts(record: Mapping[str, Any], facts: Mapping[str, HostFacts]) -> 
     return changes
 
 
+def compare_lock(locks: Mapping[str, Any], inventory: Inventory,
+                 facts: Mapping[str, HostFacts]) -> list[Change]:
+    """Locked packages a node's venv no longer runs (docs/stack.md: the lock is the expected
+    state), as ``facts`` changes: recorded = the locked version, current = the installed one.
+
+    Args:
+        locks: parsed locks (``vllm_provision.stack.Lock``) by replica name.
+        inventory: the inventory (to find each host's replica).
+        facts: current facts by host name; their ``packages`` hold the lock's packages.
+    """
+    from vllm_provision.stack import compare
+
+    changes: list[Change] = []
+    for name, host_facts in facts.items():
+        replica = inventory.replica_of(name)
+        if replica is None or replica.name not in locks:
+            continue
+        for d in compare(locks[replica.name], name, host_facts.packages):
+            changes.append(Change(name, f"{d.package} (stack lock)", d.expected, d.actual,
+                                  "facts"))
+    return changes
+
+
 def compare_layout(record: Mapping[str, Any], inventory: Inventory,
                    hosts: Iterable[str] | None = None) -> list[Change]:
     """Nodes added, removed or moved, and engine arguments changed, since the record.

@@ -310,6 +310,7 @@ KINDS: dict[str, Kind] = {
     "vllm_node_env": ("env", check_env_mapping),
     # service
     "vllm_venv": ("path", check_path),
+    "vllm_stack_lock": ("controller_path", _no_check),
     "vllm_service_user": ("name", _no_check),
     "vllm_service_group": ("name", _no_check),
     "vllm_unit_name": ("unit", check_unit),

@@ -267,6 +267,10 @@ _TABLE: tuple[Variable, ...] = (
     # Service settings.
     Variable("vllm_venv", str, "/opt/vllm", "Python virtual environment holding vLLM.",
              "/opt/vllm", check=check_absolute_path),
+    Variable("vllm_stack_lock", str, None, "The replica's Python stack lock (`provision stack "
+             "lock` writes it, `provision stack sync` installs it; relative to the inventory "
+             "file's folder). Set: preflight and drift compare every node with it "
+             "(docs/stack.md).", "stack.lock.txt"),
     Variable("vllm_service_user", str, "vllm", "System user the units run as.", "vllm",
              check=check_user_name),
     Variable("vllm_unit_name", str, "vllm.service", "systemd unit of the vLLM process.",

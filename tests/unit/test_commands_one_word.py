@@ -23,7 +23,7 @@ from vllm_provision.runner.templating import Templar, make_environment
 HOSTILE = "v-{name} ;touch vp-marker' \"$(touch vp-marker)\" `touch vp-marker` |&><*?~#!{{x}}"
 NUMBERS = {"vllm_ready_timeout_s": 60}
 TASKS = list(command_tasks())
-PROGRAMS = ("systemctl", "id", "useradd", "mkdir", "rm", "date", "touch")
+PROGRAMS = ("systemctl", "id", "useradd", "mkdir", "rm", "date", "touch", "readlink")
 
 
 def _render(command: str) -> tuple[str, dict[str, str]]:

@@ -296,11 +296,14 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
         replicas: the replicas to check (default: all of the inventory).
         defaults: role defaults (default: read ``roles/preflight/defaults/main.yml``).
     """
+    from vllm_provision.checks import stack as stack_checks
+    from vllm_provision.stack import replica_locks
     from vllm_provision.state import inventory_identity
 
     defaults = load_defaults() if defaults is None else defaults
     findings = unreachable_findings(errors or {})
     identity = inventory_identity(inventory.path)
+    locks = replica_locks(inventory)
     for replica in inventory.replicas if replicas is None else replicas:
         settings = settings_for(replica, defaults)
         skipped = (*skip, *settings.skip_checks)
@@ -308,6 +311,8 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
                   if node.name in facts}
         found = (check_replica(replica, facts, settings)
                  + ownership.check_ownership(replica, owners, identity))
+        if replica.name in locks:
+            found += stack_checks.check_lock(replica, facts, locks[replica.name])
         findings += [replace(f, replica=replica.name) for f in found
                      if not is_skipped(f.check, skipped)]
     findings = [f for f in findings if not is_skipped(f.check, skip)]

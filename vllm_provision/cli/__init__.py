@@ -45,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "fault": "fault",
     "record": "record",
+    "stack": "stack",
 }
 
 

@@ -119,8 +119,11 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
         errors.setdefault(failed.host, f"{failed.task}: {failed.message}")
 
     order = {name: index for index, name in enumerate(["*", *names])}
+    from vllm_provision.stack import replica_locks
+
     changes = sorted(drift.compare_layout(record, inventory, names)
                      + drift.compare_facts(record, facts)
+                     + drift.compare_lock(replica_locks(inventory), inventory, facts)
                      + drift.config_changes(results, record, files, reload_tasks),
                      key=lambda c: (c.kind != "facts", order.get(c.host, len(order))))
     diffs = [{"host": r.host, "task": r.task, "diff": r.diff} for r in results

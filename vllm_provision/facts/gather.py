@@ -74,6 +74,8 @@ class ProbeOptions:
         peers: peer addresses to read routes to, by host name, for hosts outside any replica
             (``provision init``: the other hosts it was given); a replica's nodes use the
             replica's addresses.
+        extra_packages: more distributions whose versions the probe reads (the replica's
+            stack lock, ``vllm_provision.stack.lock_packages``), into ``HostFacts.packages``.
     """
 
     nccl_loaded: bool = False
@@ -84,6 +86,7 @@ class ProbeOptions:
     command_timeout_s: float = 120.0
     venv_search: tuple[str, ...] = ()
     peers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    extra_packages: tuple[str, ...] = ()
 
 
 def probe_source() -> str:
@@ -134,7 +137,7 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
     """
     config: dict[str, Any] = {
         "venv": host_var(host, "vllm_venv"),
-        "packages": list(PACKAGES),
+        "packages": list(dict.fromkeys((*PACKAGES, *options.extra_packages))),
         "service_user": host_var(host, "vllm_service_user"),
         "model_path": host_var(host, "vllm_model") or "",
         "sha256": options.sha256,
@@ -443,9 +446,12 @@ def gather_facts(inventory: Inventory, connections: Mapping[str, Connection],
     errors: dict[str, ProvisionError] = {}
 
     def one(name: str) -> tuple[str, HostFacts | ProvisionError]:
+        from vllm_provision.stack import lock_packages
+
         host = inventory.hosts[name]
+        mine = replace(options, extra_packages=lock_packages(inventory, name))
         try:
-            return name, probe_host(host, connections[name], inventory.replica_of(name), options)
+            return name, probe_host(host, connections[name], inventory.replica_of(name), mine)
         except (UnreachableError, ProvisionError) as exc:
             return name, exc
 

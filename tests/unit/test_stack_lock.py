@@ -1,0 +1,195 @@
+"""The stack lock's pure logic: parsing uv's output, identity, comparison with a node, the
+nodes' one target, disk need, the wheels chosen, and the preflight and drift findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_provision import drift, stack
+from vllm_provision.checks.finding import Severity
+from vllm_provision.checks.stack import check_lock
+from vllm_provision.errors import ProvisionError
+from vllm_provision.facts.model import HostFacts
+from vllm_provision.inventory import load_inventory
+
+SIX_A = "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926"
+SIX_B = "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"
+IDNA = "82fee1fc78add43492d3a1898bfa6d8a904cc97d8427f683ed8e798d07761aa0"
+# What `uv pip compile --generate-hashes --no-header` prints, under the header of ours.
+LOCK = f"""{stack.HEADER}
+# platform: x86_64-manylinux_2_36
+# python: 3.11.2
+idna==3.7 \\
+    --hash=sha256:{IDNA}
+    # via
+    #   -r requirements.in
+    #   other
+Six==1.16.0 \\
+    --hash=sha256:{SIX_A} \\
+    --hash=sha256:{SIX_B}
+typing_extensions==4.12.2 \\
+    --hash=sha256:{"0" * 64}
+    # via idna
+"""
+
+
+def test_parse_reads_pins_hashes_roots_and_the_target() -> None:
+    lock = stack.parse_lock(LOCK)
+    assert list(lock.pins) == ["idna", "six", "typing-extensions"]
+    assert lock.pins["six"].version == "1.16.0"
+    assert lock.pins["six"].hashes == {SIX_A, SIX_B}
+    assert [p.name for p in lock.pins.values() if p.root] == ["idna"]
+    assert (lock.platform, lock.python) == ("x86_64-manylinux_2_36", "3.11.2")
+
+
+def test_identity_ignores_comments_and_order_but_not_versions_or_hashes() -> None:
+    lock = stack.parse_lock(LOCK)
+    lines = LOCK.splitlines()
+    reordered = "\n".join(lines[:3] + lines[8:11] + lines[3:8] + lines[11:]) + "\n# a note\n"
+    assert stack.parse_lock(reordered).id == lock.id
+    assert stack.parse_lock(LOCK.replace("idna==3.7", "idna==3.8")).id != lock.id
+    assert stack.parse_lock(LOCK.replace(f" \\\n    --hash=sha256:{SIX_B}", "")).id != lock.id
+    assert stack.parse_lock(LOCK.replace("3.11.2", "3.11.9")).id != lock.id
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("requests>=2 \\\n    --hash=sha256:" + "1" * 64, "not a pinned requirement"),
+    ("requests==2.32.3", "has no hash"),
+    ("requests==2.32.3 ; python_version < '3.12' --hash=sha256:" + "1" * 64, "unexpected"),
+    ("requests==2.32.3 --hash=md5:abc", "unexpected"),
+    ("-e ./local", "not a pinned requirement"),
+    ("idna==3.7 --hash=sha256:" + "1" * 64, "pinned twice"),
+])
+def test_parse_refuses_what_require_hashes_would_not_install(line: str, says: str) -> None:
+    with pytest.raises(ProvisionError) as caught:
+        stack.parse_lock(LOCK + line + "\n", "stack.lock.txt")
+    text = caught.value.render()
+    assert says in text and "stack.lock.txt:" in text and "provision stack lock" in text
+
+
+def test_an_empty_lock_is_refused() -> None:
+    with pytest.raises(ProvisionError, match="pins nothing"):
+        stack.parse_lock("# nothing\n")
+
+
+def test_compare_names_package_expected_and_actual_in_any_spelling() -> None:
+    lock = stack.parse_lock(LOCK)
+    found = stack.compare(lock, "h2", {"IDNA": "3.7", "six": "1.17.0",
+                                       "typing-extensions": None})
+    assert [(d.package, d.host, d.expected, d.actual) for d in found] == [
+        ("six", "h2", "1.16.0", "1.17.0"), ("typing-extensions", "h2", "4.12.2", None)]
+    assert stack.compare(lock, "h1", {"idna": "3.7", "six": "1.16.0",
+                                      "Typing.Extensions": "4.12.2"}) == []
+
+
+def test_diff_locks_lists_upgrades_additions_and_removals() -> None:
+    old = stack.parse_lock(LOCK)
+    new = stack.parse_lock(LOCK.replace("Six==1.16.0", "six==1.17.0").replace(
+        "idna==3.7", "charset-normalizer==3.4.0"))
+    assert stack.diff_locks(old, new) == [("charset-normalizer", None, "3.4.0"),
+                                          ("idna", "3.7", None), ("six", "1.16.0", "1.17.0")]
+    assert stack.diff_locks(None, old)[0] == ("idna", None, "3.7")
+
+
+def test_platform_target_from_machine_and_glibc() -> None:
+    assert stack.platform_target("x86_64", "glibc", "2.36") == "x86_64-manylinux_2_36"
+    assert stack.platform_target("aarch64", "glibc", "2.39.1") == "aarch64-manylinux_2_39"
+    assert stack.pip_platforms("x86_64-manylinux_2_36") == ["manylinux_2_36_x86_64",
+                                                           "linux_x86_64"]
+    with pytest.raises(ValueError):
+        stack.platform_target("x86_64", "", "")
+
+
+def test_nodes_of_one_replica_must_share_platform_and_python() -> None:
+    same = [stack.NodeStack("h1", "x86_64-manylinux_2_36", "3.11.2"),
+            stack.NodeStack("h2", "x86_64-manylinux_2_36", "3.11.2")]
+    assert stack.same_target(same) == ("x86_64-manylinux_2_36", "3.11.2")
+    mixed = [*same, stack.NodeStack("h3", "x86_64-manylinux_2_41", "3.13.5")]
+    with pytest.raises(ProvisionError) as caught:
+        stack.same_target(mixed)
+    text = caught.value.render()
+    assert "h1, h2: x86_64-manylinux_2_36, Python 3.11.2" in text
+    assert "h3: x86_64-manylinux_2_41, Python 3.13.5" in text
+
+
+def test_a_lock_for_another_target_is_refused_naming_the_node() -> None:
+    lock = stack.parse_lock(LOCK)
+    nodes = {"h1": stack.NodeStack("h1", "x86_64-manylinux_2_36", "3.11.2"),
+             "h2": stack.NodeStack("h2", "x86_64-manylinux_2_36", "3.11.4")}
+    with pytest.raises(ProvisionError) as caught:
+        stack.check_target(lock, nodes)
+    assert [p.where for p in caught.value.problems] == ["h2"]
+
+
+def test_disk_need_counts_missing_wheels_the_new_venv_and_the_margin() -> None:
+    wheels = {"a": 100 * stack.MIB, "b": 50 * stack.MIB}
+    assert stack.disk_need(wheels, {"a"}, False) == (
+        50 * stack.MIB + stack.UNPACK_FACTOR * 150 * stack.MIB + stack.DISK_MARGIN_BYTES)
+    assert stack.disk_need(wheels, {"a", "b"}, True) == stack.DISK_MARGIN_BYTES
+
+
+def test_wheel_plan_takes_the_wheel_whose_hash_is_locked(tmp_path: Path) -> None:
+    lock = stack.parse_lock(LOCK)
+    wheel = tmp_path / "six-1.16.0-py2.py3-none-any.whl"
+    wheel.write_bytes(b"x" * 10)
+    with pytest.raises(ProvisionError) as caught:
+        stack.wheel_plan(lock, {SIX_B: wheel}, str(tmp_path))
+    assert {p.message.split("==")[0] for p in caught.value.problems} == {
+        "no wheel of idna", "no wheel of typing-extensions"}
+    plan = stack.wheel_plan(stack.parse_lock(LOCK.split("typing_extensions")[0].replace(
+        "idna==3.7", "six-extra==1.0").replace("Six", "six")), {SIX_B: wheel, IDNA: wheel},
+        str(tmp_path))
+    assert plan["six"].sha256 == SIX_B and plan["six"].size == 10
+
+
+def test_node_stack_reads_the_probe_and_flags_an_unsupported_libc() -> None:
+    node = stack.node_stack("h1", {"machine": "x86_64", "libc": "glibc", "libc_version": "2.36",
+                                   "python": "3.11.2", "active": "/opt/vllm.stack-abc",
+                                   "active_stack": "abc", "active_complete": True,
+                                   "wheels": {SIX_A: 11}, "free_bytes": 5, "packages": {}})
+    assert node.target == "x86_64-manylinux_2_36" and node.wheels == {SIX_A: 11}
+    assert stack.node_stack("h2", {"machine": "x86_64", "libc": ""}).error.startswith(
+        "unsupported platform")
+
+
+def _inventory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    (tmp_path / "stack.lock.txt").write_text(LOCK)
+    path = tmp_path / "inventory.yml"
+    path.write_text("""
+all:
+  children:
+    vllm_replicas:
+      children:
+        r1:
+          vars: {vllm_model: /srv/m, vllm_stack_lock: stack.lock.txt}
+          hosts:
+            h1: {ansible_host: 10.0.0.1, vllm_node_rank: 0}
+            h2: {ansible_host: 10.0.0.2, vllm_node_rank: 1}
+""")
+    return load_inventory(path)
+
+
+def test_the_lock_is_found_beside_the_inventory_and_its_packages_are_probed(tmp_path: Path,
+                                                                            ) -> None:
+    inventory = _inventory(tmp_path)
+    assert stack.lock_path(inventory, inventory.replicas[0]) == tmp_path / "stack.lock.txt"
+    assert stack.lock_packages(inventory, "h2") == ("idna", "six", "typing-extensions")
+    assert stack.replica_locks(inventory)["r1"].id == stack.parse_lock(LOCK).id
+
+
+def test_preflight_and_drift_name_the_node_package_and_both_versions(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path)
+    lock = stack.replica_locks(inventory)["r1"]
+    good = {"idna": "3.7", "six": "1.16.0", "typing-extensions": "4.12.2"}
+    facts = {"h1": HostFacts(host="h1", packages=good),
+             "h2": HostFacts(host="h2", packages={**good, "six": "1.17.0"})}
+    findings = check_lock(inventory.replicas[0], facts, lock)
+    assert [(f.host, f.severity) for f in findings] == [("h1", Severity.OK),
+                                                         ("h2", Severity.ERROR)]
+    bad = findings[1]
+    assert bad.item == "six (stack lock)" and bad.actual == "1.17.0"
+    assert bad.expected.startswith("1.16.0") and "stack sync" in bad.fix
+    changes = drift.compare_lock({"r1": lock}, inventory, facts)
+    assert [c.line() for c in changes] == ["~ h2  six (stack lock)  1.16.0 -> 1.17.0"]

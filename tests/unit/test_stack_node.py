@@ -1,0 +1,101 @@
+"""The node side of `provision stack` on a local folder: the first switch swaps a plain venv
+folder for a symlink (RENAME_EXCHANGE), later switches rename a new symlink over the old one,
+rollback swaps back, cleanup removes partial stacks and keeps the active and previous ones; and
+the controller refuses a sync that does not fit on the disk, with the numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_provision import stack
+from vllm_provision.connection import CommandResult
+from vllm_provision.errors import ProvisionError
+
+
+def node(action: str, venv: Path, **config: Any) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-", json.dumps({"action": action, "venv": str(venv),
+                                                           **config})],
+                         input=stack.node_script(), capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def complete_stack(venv: Path, stack_id: str) -> Path:
+    folder = Path(f"{venv}.stack-{stack_id}")
+    (folder / "bin").mkdir(parents=True)
+    (folder / ".vllm-provision-stack.json").write_text(json.dumps({"stack": stack_id}))
+    return folder
+
+
+def test_switch_rollback_and_cleanup_on_a_folder(tmp_path: Path) -> None:
+    venv = tmp_path / "vllm"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "hand-made").write_text("")
+    a = complete_stack(venv, "aaa")
+    answer = node("switch", venv, stack="aaa")
+    assert answer["switched"] and venv.is_symlink() and venv.resolve() == a
+    assert (tmp_path / "vllm.stack-original" / "hand-made").exists()
+    assert Path(f"{venv}.previous").resolve() == tmp_path / "vllm.stack-original"
+    assert node("switch", venv, stack="aaa") == {"switched": False, "active": str(a)}
+    b = complete_stack(venv, "bbb")
+    node("switch", venv, stack="bbb")
+    assert venv.resolve() == b and Path(f"{venv}.previous").resolve() == a
+    back = node("rollback", venv)
+    assert back["active"] == str(a) and venv.resolve() == a
+    assert Path(f"{venv}.previous").resolve() == b
+    partial = Path(f"{venv}.stack-ccc")
+    partial.mkdir()
+    removed = node("cleanup", venv, keep_complete=False)["removed"]
+    assert sorted(Path(p).name for p in removed) == ["vllm.stack-ccc", "vllm.stack-original"]
+    assert a.exists() and b.exists()
+
+
+def test_switch_refuses_a_stack_without_its_marker(tmp_path: Path) -> None:
+    venv = tmp_path / "vllm"
+    Path(f"{venv}.stack-ddd").mkdir(parents=True)
+    assert "not a complete stack" in node("switch", venv, stack="ddd")["error"]
+    assert not venv.exists()
+
+
+def test_probe_reads_the_platform_and_the_active_stack(tmp_path: Path) -> None:
+    venv = tmp_path / "vllm"
+    complete_stack(venv, "eee")
+    node("switch", venv, stack="eee")
+    raw = node("probe", venv)
+    probed = stack.node_stack("h1", raw)
+    assert probed.active_stack == "eee" and probed.active_complete
+    assert probed.python == ".".join(map(str, sys.version_info[:3]))
+    assert probed.free_bytes > 0
+
+
+class FakeConnection:
+    """Answers every stack step with an empty success; records the commands."""
+
+    name = "h2"
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def run(self, command: str, **_kwargs: Any) -> CommandResult:
+        self.commands.append(command)
+        return CommandResult(0, json.dumps({"removed": []}), "")
+
+
+def test_sync_refuses_with_the_numbers_when_the_disk_is_too_small(tmp_path: Path) -> None:
+    wheel = tmp_path / "six-1.17.0-py2.py3-none-any.whl"
+    wheel.write_bytes(b"x" * (200 * stack.MIB // 100))
+    lock = stack.parse_lock(f"six==1.17.0 --hash=sha256:{'a' * 64}\n")
+    wheels = {"six": stack.Wheel(wheel, "a" * 64, 200 * stack.MIB)}
+    conn = FakeConnection()
+    small = stack.NodeStack("h2", free_bytes=500 * stack.MIB, disk_path="/opt")
+    with pytest.raises(ProvisionError) as caught:
+        stack.sync_node(conn, small, lock, "", wheels, "/opt/vllm")
+    text = caught.value.render()
+    assert "not enough free disk on /opt" in text and "500 MiB free" in text
+    assert ">= 864 MiB (wheels to push 200 MiB + new venv ~600 MiB + margin 64 MiB" in text
+    assert not any("cat >" in c for c in conn.commands)  # nothing was pushed

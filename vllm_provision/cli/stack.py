@@ -1,0 +1,250 @@
+"""``provision stack``: the replica's Python stack from one lock (docs/stack.md).
+
+``lock`` resolves a short requirements list for the nodes' platform and Python with ``uv pip
+compile --generate-hashes``; ``sync`` installs the lock on every node, air-gapped, into a new
+venv and switches to it atomically; ``rollback`` returns to the previous venv; ``status``
+compares each node's active venv with the lock.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vllm_provision.cli.help import examples
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+
+# The host options without --json: these commands print lines for an operator (and exit codes).
+STACK_OPTIONS = tuple(name for name in HOST_OPTIONS if name != "json")
+
+
+@click.group("stack", epilog=examples(
+    "provision stack lock -i inventory.yml -r requirements.in",
+    "provision stack sync -i inventory.yml",
+    "provision stack status -i inventory.yml",
+    "provision stack rollback -i inventory.yml"))
+def command() -> None:
+    """Install and upgrade the replica's Python stack from one reviewed lock."""
+
+
+def _replicas(opts: CommonOptions) -> tuple[Any, list[tuple[Any, Path]]]:
+    from vllm_provision import stack
+    from vllm_provision.errors import ProvisionError
+
+    inventory = opts.load_inventory()
+    wanted = None
+    if opts.limit:
+        from vllm_provision.inventory import select_hosts
+
+        wanted = {h.name for h in select_hosts(inventory, opts.limit)}
+    chosen = []
+    for replica in inventory.replicas:
+        if wanted is not None and not any(n.name in wanted for n in replica.nodes):
+            continue
+        path = stack.lock_path(inventory, replica)
+        if path is None:
+            raise ProvisionError.single(
+                f"{opts.inventory}: replica {replica.name}", "vllm_stack_lock is not set",
+                fix="set vllm_stack_lock: stack.lock.txt (a path beside the inventory) in the "
+                    "replica's group vars")
+        chosen.append((replica, path))
+    return inventory, chosen
+
+
+def _connect(opts: CommonOptions, replica: Any) -> dict[str, Any]:
+    from vllm_provision.connection import close_all, open_connections
+    from vllm_provision.errors import ProvisionError
+
+    connections, errors = open_connections([n.host for n in replica.nodes],
+                                           opts.connection_options())
+    if errors:
+        close_all(connections)
+        raise ProvisionError([p for e in errors.values() for p in e.problems])
+    return connections
+
+
+def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
+    from vllm_provision import stack
+    from vllm_provision.errors import Problem, ProvisionError
+
+    nodes = stack.probe_nodes(connections, venv)
+    failed = [Problem(n.host, n.error) for n in nodes.values() if n.error and not n.target]
+    if failed:
+        raise ProvisionError(failed)
+    return nodes
+
+
+@command.command("lock", epilog=examples(
+    "provision stack lock -i inventory.yml                     # requirements.in beside the lock",
+    "provision stack lock -i inventory.yml -r requirements.in"))
+@shared_options(STACK_OPTIONS)
+@click.option("-r", "--requirements", "requirements", type=click.Path(path_type=Path),
+              help="The short requirements list (default: requirements.in beside the lock).")
+def lock_command(requirements: Path | None, **kwargs: Any) -> None:
+    """Resolve the requirements for the nodes' platform and Python and write the lock.
+
+    Reads each node's machine, glibc and python3 (one round trip each) and refuses when the
+    replica's nodes differ. Prints what changed against the lock already there.
+    """
+    from vllm_provision import stack
+    from vllm_provision.connection import close_all
+    from vllm_provision.errors import ProvisionError
+    from vllm_provision.files import replace_atomically
+
+    opts = CommonOptions.from_kwargs(kwargs)
+    _inventory, chosen = _replicas(opts)
+    for replica, path in chosen:
+        source = requirements or path.with_name("requirements.in")
+        if not source.is_file():
+            raise ProvisionError.single(str(source), "no requirements file",
+                                        fix="write the short list (vllm==..., ray==...) there, "
+                                            "or pass -r FILE")
+        connections = _connect(opts, replica)
+        try:
+            nodes = _probe(connections, stack.venv_of(replica))
+        finally:
+            close_all(connections)
+        target, python = stack.same_target(list(nodes.values()))
+        text = stack.compile_lock(source, target, python)
+        new = stack.parse_lock(text, str(path))
+        old = stack.read_lock(path) if path.exists() else None
+        replace_atomically(path, text, mode=0o644)
+        changes = stack.diff_locks(old, new)
+        click.echo(f"{path}: {len(new.pins)} packages for {target}, Python {python} "
+                   f"(stack {new.id})")
+        for name, before, after in changes:
+            click.echo(f"  {name}: {before or '(absent)'} -> {after or '(removed)'}")
+        if not changes:
+            click.echo("  no change")
+
+
+@command.command("sync", epilog=examples(
+    "provision stack sync -i inventory.yml",
+    "provision stack sync -i inventory.yml --wheelhouse /srv/wheelhouse"))
+@shared_options(STACK_OPTIONS)
+@click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False),
+              help="A folder of wheels to take (default: download the lock's wheels into the "
+                   "controller's cache).")
+def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
+    """Install the lock on every node into a new venv, check it, and switch atomically.
+
+    Pushes only the wheels a node lacks over SSH (checked by sha256), installs with pip
+    --no-index --require-hashes, checks versions and imports (and vllm --version), then points
+    vllm_venv at the new venv with one rename(2). The previous venv is kept for rollback. A
+    second run changes nothing; an interrupted run leaves the old venv active.
+    """
+    from vllm_provision import stack
+    from vllm_provision.connection import close_all
+    from vllm_provision.errors import ProvisionError
+
+    opts = CommonOptions.from_kwargs(kwargs)
+    _inventory, chosen = _replicas(opts)
+    failed = False
+    for replica, path in chosen:
+        lock = stack.read_lock(path)
+        lock_text = path.read_text(encoding="utf-8")
+        venv = stack.venv_of(replica)
+        connections = _connect(opts, replica)
+        try:
+            nodes = _probe(connections, venv)
+            stack.check_target(lock, nodes)
+            todo = [n for n in nodes.values()
+                    if not (n.active == f"{venv}.stack-{lock.id}" and n.active_complete)]
+            wheels: dict[str, Any] = {}
+            if todo:
+                folder = wheelhouse
+                if folder is None:
+                    folder = stack.default_wheelhouse(lock)
+                    stack.download_wheels(path, lock, folder)
+                wheels = stack.wheel_plan(lock, stack.index_wheelhouse(folder), str(folder))
+            from concurrent.futures import ThreadPoolExecutor
+
+            def one(conn: Any, node: stack.NodeStack, lock: stack.Lock, lock_text: str,
+                    wheels: dict[str, Any], venv: str) -> stack.NodeResult:
+                try:
+                    return stack.sync_node(conn, node, lock, lock_text, wheels, venv,
+                                           progress=click.echo)
+                except ProvisionError as exc:
+                    return stack.NodeResult(node.host, error=exc.render())
+
+            with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+                futures = [pool.submit(one, connections[name], nodes[name], lock, lock_text,
+                                       wheels, venv) for name in nodes]
+                results = [future.result() for future in futures]
+        finally:
+            close_all(connections)
+        for result in results:
+            click.echo(result.line())
+        changed = sum(r.changed for r in results)
+        errors = sum(bool(r.error) for r in results)
+        failed = failed or bool(errors)
+        click.echo(f"replica {replica.name}: stack {lock.id}: {changed} changed, "
+                   f"{len(results) - changed - errors} unchanged, {errors} failed"
+                   + ("; `provision up` restarts the replica once to use it" if changed else ""))
+    sys.exit(1 if failed else 0)
+
+
+@command.command("rollback", epilog=examples("provision stack rollback -i inventory.yml"))
+@shared_options(STACK_OPTIONS)
+def rollback_command(**kwargs: Any) -> None:
+    """Point every node's venv back at its previous stack (kept by the last sync).
+
+    The units restart on the next `provision up`. Revert the lock file too (git), so preflight
+    and drift compare the nodes with what they run.
+    """
+    from vllm_provision import stack
+    from vllm_provision.connection import close_all
+    from vllm_provision.errors import ProvisionError
+
+    opts = CommonOptions.from_kwargs(kwargs)
+    _inventory, chosen = _replicas(opts)
+    failed = False
+    for replica, _path in chosen:
+        venv = stack.venv_of(replica)
+        connections = _connect(opts, replica)
+        try:
+            for name, conn in connections.items():
+                try:
+                    answer = stack.run_node(conn, {"action": "rollback", "venv": venv})
+                except ProvisionError as exc:
+                    failed = True
+                    click.echo(f"{name}: FAILED: {exc.render()}")
+                    continue
+                click.echo(f"{name}: {answer.get('before')} -> {answer.get('active')}")
+        finally:
+            close_all(connections)
+    sys.exit(1 if failed else 0)
+
+
+@command.command("status", epilog=examples("provision stack status -i inventory.yml"))
+@shared_options(STACK_OPTIONS)
+def status_command(**kwargs: Any) -> None:
+    """Compare each node's active venv with the lock: package, node, expected, actual.
+
+    Exit status: 0 every node matches, 2 a node differs (as `provision drift`), 1 error.
+    """
+    from vllm_provision import stack
+    from vllm_provision.connection import close_all
+
+    opts = CommonOptions.from_kwargs(kwargs)
+    _inventory, chosen = _replicas(opts)
+    differs = False
+    for replica, path in chosen:
+        lock = stack.read_lock(path)
+        connections = _connect(opts, replica)
+        try:
+            nodes = _probe(connections, stack.venv_of(replica))
+        finally:
+            close_all(connections)
+        for name, node in nodes.items():
+            found = stack.compare(lock, name, node.packages)
+            differs = differs or bool(found)
+            state = "matches the lock" if not found else f"{len(found)} packages differ"
+            click.echo(f"{name}: {node.active or '(no venv)'}: {state} (stack {lock.id})")
+            for d in found:
+                click.echo(f"  {d.package}  {d.host}  expected {d.expected}  actual "
+                           f"{d.actual or 'not installed'}")
+    sys.exit(2 if differs else 0)
