@@ -296,7 +296,7 @@ class Lab:
             write_atomic(self.inventory_path(kind), inventory_text(self.config, kind))
         write_atomic(self.inventory_path(REAL_KIND), real_inventory_text(self.config))
         if len(names) >= 4 and len(names) % 2 == 0:  # replicas of 2 nodes (docs/upgrade.md)
-            write_atomic(self.inventory_path(FLEET_KIND),
+            write_atomic(inventory_file(self.state_dir, FLEET_KIND),
                          fleet_inventory_text(self.config, tuple(names)))
         write_atomic(self.lab_file, json.dumps({
             "instance": self.config.name, "net": self.config.net, "bridge": self.config.bridge,
