@@ -34,8 +34,8 @@ def _changes(replica: Any, outcome: Any) -> tuple[list[str], bool]:
     """The tasks that changed on the replica's nodes (``host: task``) and whether a handler
     (a restart) ran on one of them."""
     nodes = set(_replica_hosts(replica))
-    changed = [f"{r.host}: {r.task}" for r in outcome.results
-               if r.host in nodes and r.status is Status.CHANGED]
+    changed = sorted(f"{r.host}: {r.task}" for r in outcome.results
+                     if r.host in nodes and r.status is Status.CHANGED)
     restarted = any(h.result.host in nodes and h.result.status is Status.CHANGED
                     for h in outcome.handler_results)
     return changed, restarted
