@@ -4,10 +4,15 @@ shell, and the schema accepts the recap's shape."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -108,3 +113,68 @@ def test_snapshot_and_restore_quote_every_path() -> None:
     assert "mv -f prev.tar.tmp prev.tar" in script
     assert fleet.snapshot_script([], []).count("-T /dev/null") == 1
     assert "systemctl daemon-reload" in fleet.restore_script()
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def health_server() -> Iterator[int]:
+    """A local HTTP server answering /health 200; yields its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_probe_counts_the_replicas_that_answer_health(health_server: int) -> None:
+    probe = fleet.CapacityProbe({"up": f"http://127.0.0.1:{health_server}",
+                                 "gone": f"http://127.0.0.1:{_closed_port()}"}, interval_s=0.3)
+    probe.run(duration_s=0.7)
+    record = fleet.capacity_summary(probe.samples, 2, 0.3)
+    assert len(record["samples"]) >= 2
+    assert all(s["serving"] == 1 and s["down"] == ["gone"] for s in record["samples"])
+    assert record["min_serving"] == 1
+
+
+def test_status_watch_prints_the_capacity_record(health_server: int, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from referencing import Registry, Resource
+
+    from vllm_provision import json_schemas
+    from vllm_provision.cli import cli
+
+    inventory = tmp_path / "fleet.yml"
+    replicas = {name: {"vars": {"vllm_api_port": port}, "hosts": {
+        host: {"ansible_host": "127.0.0.1", "vllm_host_ip": ip}}}
+        for name, host, ip, port in (("r1", "a", "127.0.0.1", health_server),
+                                     ("r2", "b", "127.0.0.2", _closed_port()))}
+    inventory.write_text(json.dumps({"all": {"children": {"vllm_replicas": {
+        "vars": {"vllm_model": "/srv/m", "vllm_api_host": "127.0.0.1"},
+        "children": replicas}}}}))
+    result = CliRunner().invoke(cli, ["status", "-i", str(inventory), "--watch",
+                                      "--interval", "0.3", "--duration", "0.5", "--json"])
+    assert result.exit_code == 3, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    common = json_schemas.load("common")
+    registry = Registry().with_resource(common["$id"], Resource.from_contents(common))
+    jsonschema.Draft202012Validator(json_schemas.load("status"),
+                                    registry=registry).validate(record)
+    assert record["watch"]["replicas"] == 2 and record["watch"]["min_serving"] == 1
+    assert {tuple(s["down"]) for s in record["watch"]["samples"]} == {("r2",)}
