@@ -25,6 +25,9 @@ from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.errors import ProvisionError
 from vllm_provision.results import Status, TaskResult
 
+# A hook always gets at least this long, even with --drain-timeout 0 (no /metrics wait).
+HOOK_MIN_TIMEOUT_S = 30.0
+
 
 def _replica_hosts(replica: Any) -> list[str]:
     return [node.name for node in replica.nodes]
@@ -121,7 +124,7 @@ class _Upgrade:
         if not self.hook:
             return True
         done = fleet.run_hook(self.hook, phase, entry.name, entry.endpoint,
-                              timeout_s=max(self.drain_timeout_s, 1.0))
+                              timeout_s=max(self.drain_timeout_s, HOOK_MIN_TIMEOUT_S))
         entry.hooks.append(done.to_json())
         return done.ok
 
@@ -236,7 +239,7 @@ def _roll_back(upgrade: _Upgrade, entry: fleet.ReplicaOutcome, replica: Any, rea
                    "arguments (and VLLM_PROVISION_PHASE/REPLICA/ENDPOINT); no shell runs it.")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               metavar="S", help="Seconds to wait for vllm:num_requests_running to reach 0 "
-                                "(0: no wait); also the hook's time limit.")
+                                "(0: no wait); also the hook's time limit (at least 30 s).")
 @click.option("-y", "--yes", "assume_yes", is_flag=True, help=YES_HELP)
 def command(serial: int | None, max_unavailable: int | None, max_fail: int,
             drain_hook: str | None, drain_timeout: float, assume_yes: bool,
