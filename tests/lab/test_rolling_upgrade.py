@@ -6,7 +6,7 @@ new version has an argument the stand-in rejects at start, with a drain hook (r1
 r3 rolled back to the unit it had and serving, r4 untouched, the hook called before and after
 each replica it touched with the name and endpoint); a drain hook that fails (the upgrade stops
 before the first replica is touched). The module boots the lab to 8 hosts when it has fewer, and
-back to its host count at the end.
+back to its host count at the end (fresh hosts; else it takes the fleet down).
 """
 
 from __future__ import annotations
@@ -87,10 +87,11 @@ def fleet(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         assert [r["name"] for r in up["replicas"] if r["served"]] == list(REPLICAS)
         yield {"write": write, "run": run, "folder": folder, "lab": lab}
     finally:
-        lab_support.provision("down", "-i", str(inventory), "--yes",
-                              state_home=folder / "state")
         if before < len(HOSTS):
-            lab.up(hosts=before)
+            lab.up(hosts=before)  # boots fresh hosts: nothing of the fleet is left
+        else:
+            lab_support.provision("down", "-i", str(inventory), "--yes",
+                                  state_home=folder / "state")
 
 
 def _unit(lab_host: Any, host: str) -> str:
