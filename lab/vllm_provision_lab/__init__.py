@@ -28,8 +28,10 @@ from vllm_provision_lab.deps import ensure_packages
 from vllm_provision_lab.errors import LabError
 from vllm_provision_lab.inventories import (
     ALL_KINDS,
+    FLEET_KIND,
     KINDS,
     REAL_KIND,
+    fleet_inventory_text,
     inventory_file,
     inventory_text,
     real_inventory_text,
@@ -293,6 +295,9 @@ class Lab:
         for kind in KINDS:
             write_atomic(self.inventory_path(kind), inventory_text(self.config, kind))
         write_atomic(self.inventory_path(REAL_KIND), real_inventory_text(self.config))
+        if len(names) >= 4 and len(names) % 2 == 0:  # replicas of 2 nodes (docs/upgrade.md)
+            write_atomic(inventory_file(self.state_dir, FLEET_KIND),
+                         fleet_inventory_text(self.config, tuple(names)))
         write_atomic(self.lab_file, json.dumps({
             "instance": self.config.name, "net": self.config.net, "bridge": self.config.bridge,
             "state_dir": str(self.state_dir),

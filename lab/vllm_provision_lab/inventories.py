@@ -60,6 +60,40 @@ def inventory_text(config: LabConfig, kind: InventoryKind,
         f"{hosts}")
 
 
+FLEET_KIND = "fleet"
+
+
+def fleet_inventory_text(config: LabConfig, hosts: tuple[str, ...],
+                         nodes_per_replica: int = PIPELINE_PARALLEL_SIZE) -> str:
+    """Return a fleet inventory YAML (mp backend): ``hosts`` in order, cut into replicas
+    ``r1``, ``r2``, ... of ``nodes_per_replica`` nodes each (ranks 0.. in order), TP=4 inside
+    each node and PP = nodes per replica, for rolling upgrades (docs/upgrade.md).
+
+    Raises:
+        ValueError: ``nodes_per_replica`` is below 1 or does not divide the host count.
+    """
+    if nodes_per_replica < 1 or not hosts or len(hosts) % nodes_per_replica:
+        raise ValueError(f"{len(hosts)} hosts do not make replicas of {nodes_per_replica} nodes")
+    groups = []
+    for index in range(0, len(hosts), nodes_per_replica):
+        members = "".join(
+            f"            {name}: {{ansible_host: {config.address(name)}, "
+            f"vllm_node_rank: {rank}}}\n"
+            for rank, name in enumerate(hosts[index:index + nodes_per_replica]))
+        groups.append(f"        r{index // nodes_per_replica + 1}:\n          hosts:\n{members}")
+    head = _connection_and_replica_head(config).removesuffix(f"        {REPLICA_GROUP}:\n")
+    return (f"# Lab fleet inventory (mp backend) for lab instance '{config.name}': "
+            f"{len(groups)} replicas of {nodes_per_replica} node(s). Written by `provision lab "
+            "up`.\n" + head.replace("  children:\n    vllm_replicas:\n",
+                                   "  children:\n    vllm_replicas:\n      vars:\n"
+                                   "        vllm_backend: mp\n"
+                                   f"        vllm_model: {LAB_MODEL}\n"
+                                   f"        vllm_tensor_parallel_size: {TENSOR_PARALLEL_SIZE}\n"
+                                   f"        vllm_pipeline_parallel_size: {nodes_per_replica}\n"
+                                   "        vllm_cluster_interface: eth0\n")
+            + "".join(groups))
+
+
 def _connection_and_replica_head(config: LabConfig) -> str:
     """The part every lab inventory shares: how to reach the hosts (the lab's key and
     known_hosts, strict host keys) and the opening of the replica group."""

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "up": "up",
     "down": "down",
     "restart": "restart",
+    "upgrade": "upgrade",
     "status": "status",
     "check": "check",
     "facts": "facts",

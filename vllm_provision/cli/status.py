@@ -133,11 +133,20 @@ def _iso(seconds: float | None) -> str | None:
 @click.command("status", epilog=examples(
     'provision status -i inventory.yml',
     'provision status -i inventory.yml --history',
-    'provision status -i inventory.yml --json | jq ".replicas[].verdict"'))
+    'provision status -i inventory.yml --json | jq ".replicas[].verdict"',
+    'provision status -i fleet.yml --watch --duration 600 --json > capacity.json'))
 @shared_options(HOST_OPTIONS)
 @click.option("--history", is_flag=True,
               help="Also show failures from before the current deployment (this boot).")
-def command(history: bool, **kwargs: Any) -> None:
+@click.option("--watch", is_flag=True,
+              help="Poll every replica's /health each --interval and show how many serve, "
+                   "second by second, until Ctrl-C or --duration (no SSH).")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
+              metavar="S", help="With --watch: seconds between polls.")
+@click.option("--duration", type=click.FloatRange(min=0), default=None, metavar="S",
+              help="With --watch: stop after S seconds.")
+def command(history: bool, watch: bool, interval: float, duration: float | None,
+            **kwargs: Any) -> None:
     """Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.
 
     A node that cannot be reached (SSH refused or timed out, authentication or host key refused)
@@ -156,6 +165,8 @@ def command(history: bool, **kwargs: Any) -> None:
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory()
+    if watch:
+        sys.exit(_watch(inv, interval, duration, opts.json))
     try:
         deployed = deployment_times(state.read_controller_record(inv.path))
     except ProvisionError:
@@ -211,3 +222,30 @@ def command(history: bool, **kwargs: Any) -> None:
     if any(info["unreachable"] for info in replicas):
         sys.exit(1)
     sys.exit(0 if all(i["verdict"] == "serving" for i in replicas) else 3)
+
+
+def _watch(inv: Any, interval_s: float, duration_s: float | None, as_json: bool) -> int:
+    """``status --watch``: the capacity probe (``vllm_provision.fleet.CapacityProbe``) over
+    every replica's endpoint, one line per poll; the record at the end (``--json``: the one
+    object). Exit 0 when every replica served at every poll, 3 otherwise."""
+    from vllm_provision import fleet
+
+    endpoints = {replica.name: replica.api_url for replica in inv.replicas}
+
+    def line(sample: dict[str, Any]) -> None:
+        down = f"  down: {', '.join(sample['down'])}" if sample["down"] else ""
+        click.echo(f"{sample['t_s']:8.1f} s  serving {sample['serving']}/{len(endpoints)}"
+                   f"{down}", err=as_json)
+
+    probe = fleet.CapacityProbe(endpoints, interval_s, on_sample=line)
+    try:
+        probe.run(duration_s)
+    except KeyboardInterrupt:
+        pass
+    record = fleet.capacity_summary(probe.samples, len(endpoints), interval_s)
+    if as_json:
+        click.echo(json.dumps({"watch": record}))
+    elif record["samples"]:
+        click.echo(f"at least {record['min_serving']} of {len(endpoints)} replicas served at "
+                   f"every poll ({len(record['samples'])} polls)")
+    return 0 if record["min_serving"] == len(endpoints) else 3
