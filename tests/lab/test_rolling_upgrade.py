@@ -43,7 +43,7 @@ def fleet(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     """The fleet's inventory, its first ``up`` and the helpers; taken down after the module."""
     if lab.vllm != "standin":
         pytest.skip("needs the GPU stand-in lab (`provision lab up`)")
-    from vllm_provision.lab.inventories import fleet_inventory_text
+    from vllm_provision_lab.inventories import fleet_inventory_text
 
     before = len(lab.hosts)
     if before < len(HOSTS):
