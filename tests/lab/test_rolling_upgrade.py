@@ -116,6 +116,10 @@ def test_serial_1_upgrades_every_replica_and_keeps_3_of_4_serving(fleet, lab_hos
     assert any(s["serving"] == 3 for s in capacity["samples"])  # each restart was seen
     for host in HOSTS:
         assert "--max-num-seqs 64" in _unit(lab_host, host)
+    # the upgrade recorded what it left, as a verified up does: drift finds nothing
+    assert summary.get("state_record"), summary.get("state_record_error")
+    code, drift, err = fleet["run"]("drift")
+    assert code == 0, (drift, err[-2000:])
 
 
 def test_a_bad_third_replica_is_rolled_back_and_stops_the_upgrade(fleet, lab_host):

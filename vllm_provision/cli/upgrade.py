@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -62,6 +63,8 @@ class _Upgrade:
 
         self.up_plays = load_playbook(resources.playbook("up"))
         self.restart_plays = load_playbook(resources.playbook("restart"))
+        # host -> facts from each batch's preflight, for the state record written at the end
+        self.facts: dict[str, Any] = {}
 
     def run(self, plays: Sequence[Any], names: Sequence[str], *, check: bool = False) -> Any:
         """Run ``plays`` limited to the replicas ``names`` (their groups) under ``--limit``."""
@@ -74,7 +77,9 @@ class _Upgrade:
                                                    limit=limit,
                                                    connection=self.opts.connection_options()),
                         self.reporter, connection_factory=self.factory)
-        return runner.run_plays(plays)
+        outcome = runner.run_plays(plays)
+        self.facts.update(runner.facts)
+        return outcome
 
     def on_nodes(self, replica: Any, command: str) -> str | None:
         """Run one shell line on every node of ``replica``; the first error, or None."""
@@ -301,6 +306,7 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
         if not approval.ask("upgrade", echo=echo):
             return 1
     started = time.monotonic()
+    started_wall = datetime.now(UTC)
     with runlock.locked_run(hosts, opts.connection_options(), "upgrade",
                             warn=lambda line: click.echo(f"warning: {line}", err=True)) as factory:
         upgrade = _Upgrade(inventory, opts, factory, reporter, drain_hook, drain_timeout_s)
@@ -324,16 +330,42 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
                     break
         finally:
             capacity = probe.stop()
+        recorded = (_record_upgrade(upgrade, started_wall)
+                    if all(e.outcome == fleet.UPGRADED for e in entries) else {})
     summary = {"serial": size, "max_fail": max_fail, "duration_s": round(
         time.monotonic() - started, 3), "batches": groups,
         "replicas": [e.to_json() for e in entries], "recap": fleet.recap(entries),
-        "capacity": capacity, "ok": all(e.outcome == fleet.UPGRADED for e in entries)}
+        "capacity": capacity, "ok": all(e.outcome == fleet.UPGRADED for e in entries),
+        **recorded}
     if opts.json:
         click.echo(json.dumps(summary))
     else:
         for line in fleet.recap_lines(entries, capacity):
             click.echo(line)
     return 0 if summary["ok"] else 1
+
+
+def _record_upgrade(upgrade: _Upgrade, started_at: datetime) -> dict[str, str]:
+    """After every replica upgraded and verified, write the state record as a verified ``up``
+    does (vllm_provision.state), so ``provision drift`` compares with what the upgrade left.
+
+    Returns:
+        ``{"state_record": controller path}``, or ``{"state_record_error": text}`` (also printed
+        on stderr as a warning: the upgrade itself succeeded).
+    """
+    from vllm_provision import state
+    from vllm_provision.runner.masking import Masker
+
+    try:
+        path = state.record_after_up(upgrade.inventory, upgrade.facts, upgrade.up_plays,
+                                     upgrade.opts.connection_options(), upgrade.factory,
+                                     started_at=started_at)
+    except ProvisionError as exc:
+        text = Masker.from_inventory(upgrade.inventory).text(exc.render())
+        click.echo(f"warning: the state record for `provision drift` was not written: {text}",
+                   err=True)
+        return {"state_record_error": text}
+    return {"state_record": str(path)}
 
 
 def _print_plan(plan: list[dict[str, Any]], size: int, max_fail: int, as_json: bool) -> int:
