@@ -39,6 +39,9 @@ def test_the_wheel_holds_every_playbook_role_template_watchdog_and_verify_file(
                  "vllm_provision/resources/roles/vllm_mp/templates/vllm.service.j2",
                  "vllm_provision/resources/roles/vllm_watchdog/files/vllm_watchdog.py",
                  "vllm_provision/resources/roles/preflight/defaults/main.yml",
+                 "vllm_provision/resources/roles/preflight/tasks/main.yml",
+                 "vllm_provision/resources/roles/vllm_mp/meta/main.yml",
+                 "vllm_provision/resources/playbooks/start.yml",
                  "vllm_provision/resources/verify/test_replica.py",
                  "vllm_provision/resources/verify/options.py"):
         assert must in names
