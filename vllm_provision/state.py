@@ -404,25 +404,28 @@ def save_record(inventory: Inventory, record: Mapping[str, Any],
 
 # -- what `provision up` installs --------------------------------------------------------------
 
+# Modules that install a file's content at ``dest`` (a rendered template, or a role's file as it
+# is): the files the state record hashes and `provision drift` compares.
+FILE_MODULES = frozenset({"template", "copy"})
 # Modules whose plays only put files and units in place: the plays `provision drift` replays in
 # check mode (preflight, waiting and verification plays are left out).
-INSTALL_MODULES = frozenset({"template", "file", "systemd", "command"})
+INSTALL_MODULES = FILE_MODULES | {"file", "systemd", "command"}
 
 
 def install_plays(plays: Sequence[Any]) -> list[Any]:
     """The plays of ``plays`` (``runner.playbook.Play``) that install files: at least one
-    ``template`` task and only :data:`INSTALL_MODULES` (the install plays of
+    :data:`FILE_MODULES` task and only :data:`INSTALL_MODULES` (the install plays of
     ``playbooks/up.yml``; preflight, hold, start-in-order, wait and verify plays are left out).
     """
     return [play for play in plays
-            if any(task.module == "template" for task in play.tasks)
+            if any(task.module in FILE_MODULES for task in play.tasks)
             and all(task.module in INSTALL_MODULES for task in play.tasks)]
 
 
 def managed_files(inventory: Inventory, plays: Sequence[Any],
                   limit: str | None = None) -> dict[str, dict[str, str]]:
-    """By host: task name -> destination path of every ``template`` task of ``plays`` that
-    applies to the host (its ``when`` is true, or cannot be told without running).
+    """By host: task name -> destination path of every :data:`FILE_MODULES` task of ``plays``
+    that applies to the host (its ``when`` is true, or cannot be told without running).
 
     Pure apart from reading role defaults already loaded in ``plays``; no connection is opened.
 
@@ -438,7 +441,7 @@ def managed_files(inventory: Inventory, plays: Sequence[Any],
         for host in select_play_hosts(inventory, play.hosts, limit):
             templar = runner.templar_for(play, host)
             for task in play.tasks:
-                if task.module != "template" or not isinstance(task.args, Mapping):
+                if task.module not in FILE_MODULES or not isinstance(task.args, Mapping):
                     continue
                 if task.when:
                     try:

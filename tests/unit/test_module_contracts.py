@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 # What each shipped module accepts: a declaration that loses or renames one fails here.
 DECLARED = {
     "command": ("cmd", "creates", "removes", "chdir", "stdin", "timeout"),
+    "copy": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
     "file": ("path", "state", "owner", "group", "mode"),
     "http": ("url", "method", "body", "body_format", "headers", "timeout", "status_code",
              "body_contains", "until", "retries", "delay", "from"),
@@ -40,8 +41,8 @@ DECLARED = {
     "vllm_wait_ready": ("timeout_s", "poll_s"),
     "wait_for": ("port", "host", "state", "timeout", "delay", "connect_timeout", "from"),
 }
-REQUIRED = {"command": {"cmd"}, "file": {"path"}, "http": {"url"}, "template": {"src", "dest"},
-            "wait_for": {"port"}}
+REQUIRED = {"command": {"cmd"}, "copy": {"src", "dest"}, "file": {"path"}, "http": {"url"},
+            "template": {"src", "dest"}, "wait_for": {"port"}}
 
 
 def write_playbook(tmp_path: Path, text: str) -> Path:

@@ -45,8 +45,11 @@ def test_the_wheel_holds_every_playbook_role_template_watchdog_and_verify_file(
     assert expected - names == set()
     for must in ("vllm_provision/resources/playbooks/up.yml",
                  "vllm_provision/resources/roles/vllm_mp/templates/vllm.service.j2",
-                 "vllm_provision/resources/roles/vllm_watchdog/templates/vllm_watchdog.py",
+                 "vllm_provision/resources/roles/vllm_watchdog/files/vllm_watchdog.py",
                  "vllm_provision/resources/roles/preflight/defaults/main.yml",
+                 "vllm_provision/resources/roles/preflight/tasks/main.yml",
+                 "vllm_provision/resources/roles/vllm_mp/meta/main.yml",
+                 "vllm_provision/resources/playbooks/start.yml",
                  "vllm_provision/resources/verify/test_replica.py",
                  "vllm_provision/resources/verify/options.py"):
         assert must in names
@@ -74,7 +77,7 @@ def test_pyproject_lists_every_python_package_of_the_tree() -> None:
 
 def test_resources_are_found_in_the_installed_package() -> None:
     assert resources.playbook("up").name == "up.yml"
-    assert (resources.folder("roles") / "vllm_watchdog" / "templates" / "vllm_watchdog.py"
+    assert (resources.folder("roles") / "vllm_watchdog" / "files" / "vllm_watchdog.py"
             ).is_file()
     assert (resources.folder("verify") / "test_replica.py").is_file()
     assert resources.folder("playbooks").parent == resources.folder("roles").parent

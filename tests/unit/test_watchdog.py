@@ -29,7 +29,7 @@ import yaml
 from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "vllm_watchdog"
-SCRIPT = ROLE / "templates" / "vllm_watchdog.py"
+SCRIPT = ROLE / "files" / "vllm_watchdog.py"
 
 
 def _load_script() -> ModuleType:
@@ -579,11 +579,16 @@ def test_watchdog_unit_is_enabled_ordered_after_its_units_and_never_gives_up() -
 
 
 def test_the_installed_script_is_the_file_itself() -> None:
+    # The role copies files/vllm_watchdog.py as it is (the copy module never renders it): a
+    # plain Python program, no Jinja markers, and what a node needs comes from its JSON config.
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    install = next(t for t in tasks if t["name"] == "Install the watchdog script")
+    assert install["copy"]["src"] == "vllm_watchdog.py" and "template" not in install
     source = SCRIPT.read_text()
-    rendered = jinja2.Environment(keep_trailing_newline=True).from_string(source).render()
-    assert rendered.splitlines()[0] == "#!/usr/bin/python3"
-    assert "def decide(" in rendered and "{% raw %}" not in rendered
-    compile(rendered, "vllm_watchdog.py", "exec")
+    assert source.splitlines()[0] == "#!/usr/bin/python3"
+    assert "def decide(" in source
+    assert not any(marker in source for marker in ("{%", "{{", "{#"))
+    compile(source, "vllm_watchdog.py", "exec")
 
 
 def test_rank0_config_carries_the_probe_and_its_settings() -> None:

@@ -51,7 +51,7 @@ UNAFFECTED_NOTE = "file restored; running process unaffected"
 UNIT_DIRS = ("/etc/systemd/system/", "/run/systemd/system/", "/usr/lib/systemd/system/",
              "/lib/systemd/system/", "/usr/local/lib/systemd/system/")
 
-BUILTIN_MODULES = ("template", "file", "systemd", "command", "wait_for", "http")
+BUILTIN_MODULES = ("template", "copy", "file", "systemd", "command", "wait_for", "http")
 
 ModuleFunction = Callable[["ModuleContext", Any], "ModuleResult"]
 

@@ -75,3 +75,10 @@ class ModuleContext(Protocol):
 
         Raises:
             ProvisionError: not found."""
+
+    def find_file(self, src: str) -> Path:
+        """The ``copy`` source ``src``: absolute, else in the role's, then the play's other
+        ``files/`` folders.
+
+        Raises:
+            ProvisionError: not found."""

@@ -59,18 +59,34 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         UnreachableError: the connection failed.
     """
     values = ARGUMENT_SPEC.validate(args)
-    src, dest = values["src"], values["dest"]
+    template_path = ctx.find_template(values["src"])
+    content = ctx.render(template_path.read_text(encoding="utf-8"))
+    return install(ctx, values, content, "template")
+
+
+def install(ctx: ModuleContext, values: Mapping[str, Any], content: str,
+            module: str) -> ModuleResult:
+    """Install ``content`` at ``values["dest"]`` atomically, only if it differs; shared by the
+    ``template`` and ``copy`` modules (docs/modules.md).
+
+    Args:
+        ctx: the task context. values: the validated arguments (``dest``, ``owner``, ``group``,
+            ``mode``, ``backup``, ``validate``, ``validate_unit``). content: the file's text.
+        module: the module's name, for messages.
+
+    Raises:
+        ProvisionError: a relative ``dest``, a bad mode, a ``validate`` without ``%s``.
+        UnreachableError: the connection failed.
+    """
+    dest = values["dest"]
     if not posixpath.isabs(dest):
-        raise ProvisionError.single("template: dest", "must be an absolute path", actual=dest)
+        raise ProvisionError.single(f"{module}: dest", "must be an absolute path", actual=dest)
     owner, group = values["owner"], values["group"]
-    mode = parse_mode(values["mode"], "template")
+    mode = parse_mode(values["mode"], module)
     backup, validate, validate_unit = values["backup"], values["validate"], values["validate_unit"]
     if validate is not None and "%s" not in validate:
-        raise ProvisionError.single("template: validate", "the command must contain %s",
+        raise ProvisionError.single(f"{module}: validate", "the command must contain %s",
                                     actual=validate, fix="e.g. 'visudo -cf %s'")
-
-    template_path = ctx.find_template(src)
-    content = ctx.render(template_path.read_text(encoding="utf-8"))
     wanted_hash = hashlib.sha256(content.encode()).hexdigest()
 
     current = _read_state(ctx, dest)

@@ -27,8 +27,11 @@ class TaskContext:
             registered < extra vars).
         check_mode: report what would change, change nothing.
         diff_mode: return a unified diff of what changes.
-        role_path: the role folder of the task (``templates/`` lives there), or None.
+        role_path: the role folder of the task (``templates/`` and ``files/`` live there), or
+            None.
         template_dirs: folders searched for a relative template ``src``, in order.
+        file_dirs: folders searched for a relative ``copy`` ``src`` after the role's
+            ``files/``, in order (the play's roles' ``files/``, then the playbook's).
         host_state: per-host, per-run scratch space shared by modules (e.g. the systemd module
             learns that a unit file would change in check mode).
         run_state: every host's ``host_state`` by host name (a controller module writes what
@@ -52,6 +55,7 @@ class TaskContext:
     templar: Templar
     role_path: Path | None = None
     template_dirs: tuple[Path, ...] = ()
+    file_dirs: tuple[Path, ...] = ()
     host_state: dict[str, Any] = field(default_factory=dict)
     run_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     notify_script: str = ""
@@ -87,20 +91,34 @@ class TaskContext:
 
     def find_template(self, src: str) -> Path:
         """Locate a template: an absolute path, else the role's ``templates/``, else the
-        playbook's ``templates/``.
+        play's other ``templates/`` folders (its roles', then the playbook's).
 
         Raises:
             ProvisionError: not found.
         """
-        path = Path(src)
-        candidates = [path] if path.is_absolute() else [
-            *(d / src for d in ([self.role_path / "templates"] if self.role_path else [])),
-            *(d / src for d in self.template_dirs),
-        ]
-        for candidate in candidates:
-            if candidate.is_file():
-                return candidate
-        raise ProvisionError.single(
-            f"{self.task_name}: template.src", f"template '{src}' not found",
-            expected="a file in " + ", ".join(str(c.parent) for c in candidates) if candidates
-            else "an existing file")
+        own = [self.role_path / "templates"] if self.role_path else []
+        return _find(src, [*own, *self.template_dirs], f"{self.task_name}: template.src",
+                     "template")
+
+    def find_file(self, src: str) -> Path:
+        """Locate a ``copy`` source as Ansible does (docs "Roles", "files"): an absolute path,
+        else the role's ``files/``, else the play's other ``files/`` folders (its roles', then
+        the playbook's).
+
+        Raises:
+            ProvisionError: not found.
+        """
+        own = [self.role_path / "files"] if self.role_path else []
+        return _find(src, [*own, *self.file_dirs], f"{self.task_name}: copy.src", "file")
+
+
+def _find(src: str, folders: list[Path], where: str, what: str) -> Path:
+    path = Path(src)
+    candidates = [path] if path.is_absolute() else [folder / src for folder in folders]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ProvisionError.single(
+        where, f"{what} '{src}' not found",
+        expected="a file in " + ", ".join(str(c.parent) for c in candidates) if candidates
+        else "an existing file")

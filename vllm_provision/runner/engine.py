@@ -549,7 +549,7 @@ class Runner:
             replica=self.inventory.replica_of(host.name),
             node=_node_of(self.inventory, host.name), vars=resolved,
             check_mode=check, diff_mode=self.options.diff_mode, templar=templar,
-            role_path=task.role_path, template_dirs=play.template_dirs,
+            role_path=task.role_path, template_dirs=play.template_dirs, file_dirs=play.file_dirs,
             host_state=self.host_state.setdefault(host.name, {}),
             run_state=self.host_state,
             notify_script="" if check or not task.notify else self._notify_script(task),

@@ -1,9 +1,23 @@
 """Load and validate playbooks and roles into plain values, before any connection is opened.
 
 Layout (Ansible's, docs "Roles", playbooks_reuse_roles.rst): ``roles/<name>/defaults/main.yml``,
-``tasks/main.yml``, ``handlers/main.yml``, ``templates/``. Roles are looked up in the playbook
+``tasks/main.yml``, ``handlers/main.yml``, ``meta/main.yml``, ``templates/`` (the ``template``
+module's sources) and ``files/`` (the ``copy`` module's). Roles are looked up in the playbook
 folder's sibling ``roles/`` (``playbooks/../roles``), then beside the playbook, then in every
 ``--roles-path`` folder, then in each registered backend's ``roles_dir``.
+
+Reuse, all of it static (resolved here, at load, as Ansible's ``import_*``; docs/engine.md):
+
+- ``meta/main.yml`` ``dependencies: [name | {role: name, when: ...}]``: the roles that run
+  before the role, depth first. A role runs once per play: a second entry of the same role with
+  the same ``when`` (the engine's role parameters) is dropped, as Ansible drops a duplicate role
+  with the same parameters. A dependency cycle is an error.
+- a play list entry ``{import_playbook: file.yml}`` (relative to the importing playbook's
+  folder) stands for that playbook's plays.
+- a task list entry ``{import_tasks: file.yml}`` (``include_tasks`` is taken as its static
+  twin: a literal file name, read at load) stands for that file's tasks, relative to the
+  role's ``tasks/`` for a role's task, else to the playbook's folder; its ``when`` is added to
+  each of them.
 
 A backend's role may hold ``plays/<phase>.yml``: a play ``{name: ..., backend_plays: <phase>}``
 is replaced by those plays of every registered backend (:func:`_backend_plays`).
@@ -31,6 +45,10 @@ HANDLER_KEYS = TASK_KEYS | {"listen", "scope", "order"}
 PLAY_KEYS = frozenset({"name", "hosts", "serial", "vars", "roles", "tasks", "handlers",
                        "any_errors_fatal", "fatal_scope", "gather_facts", "tags"})
 ROLE_ENTRY_KEYS = frozenset({"role", "when", "tags"})
+META_KEYS = frozenset({"dependencies"})
+IMPORT_PLAYBOOK_KEYS = frozenset({"import_playbook", "name"})
+IMPORT_TASKS_KEYS = frozenset({"name", "when"})
+IMPORT_TASKS_MODULES = ("import_tasks", "include_tasks")
 # A play ``{name: ..., backend_plays: <phase>}`` stands for every backend's plays of that phase.
 BACKEND_PLAYS_KEY = "backend_plays"
 BACKEND_PLAY_HOSTS = ("vllm_replicas", "vllm_master", "vllm_followers")
@@ -97,6 +115,7 @@ class Play:
     any_errors_fatal: bool = False
     template_dirs: tuple[Path, ...] = ()
     fatal_scope: Literal["play", "replica"] = "play"
+    file_dirs: tuple[Path, ...] = ()
 
 
 def _error(where: str, message: str, *, expected: str = "", actual: str = "",
@@ -126,29 +145,55 @@ def roles_search_path(playbook: Path, roles_paths: Sequence[Path] = ()) -> list[
 
 
 def load_playbook(path: Path, roles_paths: Sequence[Path] = ()) -> list[Play]:
-    """Load ``path`` (a list of plays) and its roles; validate every key, and every task's
-    arguments against its module's declaration (docs/modules.md).
+    """Load ``path`` (a list of plays and ``import_playbook`` entries) and its roles; validate
+    every key, and every task's arguments against its module's declaration (docs/modules.md).
 
     Raises:
         ProvisionError: unreadable file, YAML syntax error, unknown key or module, missing role,
             a ``notify`` without a matching handler, an unknown, missing or wrongly typed module
-            argument; one problem per message, naming the file, play, task and key.
+            argument, an import that is missing or imports itself; one problem per message,
+            naming the file, play, task and key.
     """
+    search = roles_search_path(path, roles_paths)
+    search += [b.roles_dir for b in map(backends.get, backends.names())
+               if b.roles_dir is not None and b.roles_dir not in search]
+    return _load_plays(path, search, ())
+
+
+def _load_plays(path: Path, search: list[Path], importing: tuple[Path, ...]) -> list[Play]:
     data = load_yaml(path)
     if not isinstance(data, list) or not data:
         raise _error(str(path), "a playbook is a non-empty list of plays",
                      actual=type(data).__name__)
-    search = roles_search_path(path, roles_paths)
-    search += [b.roles_dir for b in map(backends.get, backends.names())
-               if b.roles_dir is not None and b.roles_dir not in search]
     plays: list[Play] = []
     for index, raw in enumerate(data):
         where = f"{path}: play[{index}]"
-        if isinstance(raw, Mapping) and BACKEND_PLAYS_KEY in raw:
+        if isinstance(raw, Mapping) and "import_playbook" in raw:
+            _check_keys(raw, IMPORT_PLAYBOOK_KEYS, where, "import_playbook")
+            target = _import_path(raw["import_playbook"], path.parent,
+                                  f"{where}.import_playbook", (*importing, path.resolve()))
+            plays.extend(_load_plays(target, search, (*importing, path.resolve())))
+        elif isinstance(raw, Mapping) and BACKEND_PLAYS_KEY in raw:
             plays.extend(_backend_plays(raw, where, path, search))
         else:
             plays.append(_load_play(raw, where, path, search))
     return plays
+
+
+def _import_path(value: Any, folder: Path, where: str, importing: Sequence[Path]) -> Path:
+    """The file an ``import_playbook``/``import_tasks`` names, relative to ``folder``."""
+    if not isinstance(value, str) or not value.strip() or "{{" in value or "{%" in value:
+        raise _error(where, "must name a file", expected="a literal file name such as "
+                     "'start.yml' (imports are read when the playbook loads)",
+                     actual=repr(value))
+    target = Path(value) if Path(value).is_absolute() else folder / value
+    if not target.is_file():
+        raise _error(where, f"file '{value}' not found", expected=f"a file in {folder}")
+    if target.resolve() in importing:
+        raise _error(where, f"'{value}' imports itself",
+                     actual=" -> ".join(str(p) for p in (*importing, target.resolve())),
+                     fix="remove the import that closes the loop")
+    return target
 
 
 def _backend_plays(raw: Mapping[str, Any], where: str, playbook: Path,
@@ -210,28 +255,34 @@ def _load_play(raw: Any, where: str, playbook: Path, search: list[Path]) -> Play
     handlers: list[Task] = []
     defaults: dict[str, Any] = {}
     template_dirs: list[Path] = []
-    for index, entry in enumerate(raw.get("roles") or []):
+    file_dirs: list[Path] = []
+    seen: set[tuple[str, tuple[Any, ...]]] = set()
+    roles: list[tuple[str, Path, tuple[Any, ...]]] = []
+    for index, entry in enumerate(_as_list(raw.get("roles"), f"{where}.roles")):
         role_where = f"{where}.roles[{index}]"
         role_name, role_when = _role_entry(entry, role_where)
-        role_dir = _find_role(role_name, search, role_where)
+        _expand_role(role_name, role_when, role_where, search, seen, roles, ())
+    for role_name, role_dir, role_when in roles:
         template_dirs.append(role_dir / "templates")
+        file_dirs.append(role_dir / "files")
         role_defaults = _optional_mapping(role_dir / "defaults" / "main.yml")
         defaults.update(role_defaults)
-        for t_index, t_raw in enumerate(_optional_list(role_dir / "tasks" / "main.yml")):
-            task = _load_task(t_raw, f"{role_dir / 'tasks' / 'main.yml'}: [{t_index}]",
-                              handler=False, role=role_name, role_path=role_dir, play=name)
-            if role_when:
-                task = _with_when(task, role_when)
-            tasks.append(task)
-        for h_index, h_raw in enumerate(_optional_list(role_dir / "handlers" / "main.yml")):
-            handlers.append(_load_task(h_raw, f"{role_dir / 'handlers' / 'main.yml'}: "
-                                              f"[{h_index}]", handler=True, role=role_name,
-                                       role_path=role_dir, play=name))
+        for task in _load_tasks(role_dir / "tasks" / "main.yml", handler=False, role=role_name,
+                                role_path=role_dir, play=name, importing=()):
+            tasks.append(_with_when(task, role_when) if role_when else task)
+        handlers.extend(_load_tasks(role_dir / "handlers" / "main.yml", handler=True,
+                                    role=role_name, role_path=role_dir, play=name,
+                                    importing=()))
     for index, t_raw in enumerate(_as_list(raw.get("tasks"), f"{where}.tasks")):
-        tasks.append(_load_task(t_raw, f"{where}.tasks[{index}]", handler=False, play=name))
+        tasks.extend(_load_task_entry(t_raw, f"{where}.tasks[{index}]", handler=False,
+                                      folder=playbook.parent, play=name,
+                                      importing=(playbook.resolve(),)))
     for index, h_raw in enumerate(_as_list(raw.get("handlers"), f"{where}.handlers")):
-        handlers.append(_load_task(h_raw, f"{where}.handlers[{index}]", handler=True, play=name))
+        handlers.extend(_load_task_entry(h_raw, f"{where}.handlers[{index}]", handler=True,
+                                         folder=playbook.parent, play=name,
+                                         importing=(playbook.resolve(),)))
     template_dirs.append(playbook.resolve().parent / "templates")
+    file_dirs.append(playbook.resolve().parent / "files")
     _check_notify(tasks, handlers)
     fatal = raw.get("any_errors_fatal", False)
     if not isinstance(fatal, bool):
@@ -247,7 +298,8 @@ def _load_play(raw: Any, where: str, playbook: Path, search: list[Path]) -> Play
     return Play(name=name, hosts=hosts.strip(), where=where, tasks=tuple(tasks),
                 handlers=tuple(handlers), serial=serial, vars=dict(play_vars),
                 role_defaults=defaults, any_errors_fatal=fatal,
-                template_dirs=tuple(template_dirs), fatal_scope=fatal_scope)
+                template_dirs=tuple(template_dirs), fatal_scope=fatal_scope,
+                file_dirs=tuple(file_dirs))
 
 
 def _role_entry(entry: Any, where: str) -> tuple[str, tuple[Any, ...]]:
@@ -269,6 +321,67 @@ def _find_role(name: str, search: list[Path], where: str) -> Path:
                  fix="check the role's name or pass --roles-path")
 
 
+def _expand_role(name: str, when: tuple[Any, ...], where: str, search: list[Path],
+                 seen: set[tuple[str, tuple[Any, ...]]],
+                 out: list[tuple[str, Path, tuple[Any, ...]]], chain: tuple[str, ...]) -> None:
+    """Append ``name``'s dependencies (``meta/main.yml``, depth first), then ``name`` itself, to
+    ``out`` as ``(name, folder, when)``, skipping a role already in the play with the same
+    ``when`` (Ansible runs a role once per play unless its parameters differ: docs "Roles",
+    "Running role dependencies"). A dependency inherits its parent's ``when``.
+
+    Raises:
+        ProvisionError: a missing role, a malformed ``meta/main.yml``, a dependency cycle.
+    """
+    if name in chain:
+        raise _error(where, f"role dependency cycle: {' -> '.join((*chain, name))}",
+                     fix="remove one of the dependencies from the roles' meta/main.yml")
+    role_dir = _find_role(name, search, where)
+    meta_path = role_dir / "meta" / "main.yml"
+    meta = _optional_mapping(meta_path, "a mapping such as {dependencies: [vllm_common]}")
+    _check_keys(meta, META_KEYS, str(meta_path), "role meta")
+    for index, entry in enumerate(_as_list(meta.get("dependencies"),
+                                           f"{meta_path}: dependencies")):
+        dep_where = f"{meta_path}: dependencies[{index}]"
+        dep_name, dep_when = _role_entry(entry, dep_where)
+        _expand_role(dep_name, (*when, *dep_when), dep_where, search, seen, out,
+                     (*chain, name))
+    key = (name, tuple(repr(w) for w in when))
+    if key not in seen:
+        seen.add(key)
+        out.append((name, role_dir, when))
+
+
+def _load_tasks(path: Path, *, handler: bool, role: str | None, role_path: Path | None,
+                play: str, importing: tuple[Path, ...]) -> list[Task]:
+    """The tasks (or handlers) of a task file, ``import_tasks`` entries expanded."""
+    out: list[Task] = []
+    for index, raw in enumerate(_optional_list(path)):
+        out.extend(_load_task_entry(raw, f"{path}: [{index}]", handler=handler,
+                                    folder=path.parent, role=role, role_path=role_path,
+                                    play=play, importing=(*importing, path.resolve())))
+    return out
+
+
+def _load_task_entry(raw: Any, where: str, *, handler: bool, folder: Path,
+                     role: str | None = None, role_path: Path | None = None, play: str = "",
+                     importing: tuple[Path, ...] = ()) -> list[Task]:
+    """One task list entry: a task, or an ``import_tasks``/``include_tasks`` of a file's."""
+    keys = [k for k in IMPORT_TASKS_MODULES if isinstance(raw, Mapping) and k in raw]
+    if not keys:
+        return [_load_task(raw, where, handler=handler, role=role, role_path=role_path,
+                           play=play)]
+    assert isinstance(raw, Mapping)
+    if len(keys) > 1:
+        raise _error(where, "a task has exactly one module key", actual=", ".join(keys))
+    key = keys[0]
+    _check_keys({k: v for k, v in raw.items() if k != key}, IMPORT_TASKS_KEYS, where, key)
+    target = _import_path(raw[key], folder, f"{where}.{key}", importing)
+    when = _when_tuple(raw.get("when"))
+    tasks = _load_tasks(target, handler=handler, role=role, role_path=role_path, play=play,
+                        importing=importing)
+    return [_with_when(task, when) for task in tasks] if when else tasks
+
+
 def _optional_list(path: Path) -> list[Any]:
     if not path.exists():
         return []
@@ -280,14 +393,14 @@ def _optional_list(path: Path) -> list[Any]:
     return data
 
 
-def _optional_mapping(path: Path) -> dict[str, Any]:
+def _optional_mapping(path: Path, what: str = "a mapping of variables") -> dict[str, Any]:
     if not path.exists():
         return {}
     data = load_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise _error(str(path), "must be a mapping of variables", actual=type(data).__name__)
+        raise _error(str(path), f"must be {what}", actual=type(data).__name__)
     return dict(data)
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-# {% raw %}  (the role installs this file through Jinja2; the raw block keeps it verbatim)
 """vllm-watchdog: peer-aware restarts for one node of a multi-node vLLM replica (stdlib only).
 
-Installed by vllm-provision (role vllm_watchdog) as ``vllm-watchdog.service`` on every node;
-configured by ``/etc/vllm-provision/watchdog.json``. See docs/recovery.md for the design.
+Installed as it is by vllm-provision (role vllm_watchdog, the ``copy`` module, from the role's
+``files/``) as ``vllm-watchdog.service`` on every node; everything per node comes from its
+configuration, ``/etc/vllm-provision/watchdog.json`` (rendered by the role from
+``templates/watchdog.json.j2``). See docs/recovery.md for the design.
 
 Why: a torch.distributed group cannot be rejoined. Measured with vLLM 0.32.0 (docs/measured.md,
 "vLLM mp: a node dies"): after a follower dies, rank 0 keeps answering ``/health`` 200 until
@@ -1103,4 +1104,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
-# {% endraw %}
