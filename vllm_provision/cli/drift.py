@@ -134,6 +134,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
                    "tool_version": record.get("tool_version")},
         "diffs": diffs,
         "exit_code": drift.exit_code(changes, errors),
+        "stats": report.connection_stats(),
     }
 
 
@@ -178,4 +179,9 @@ def command(**kwargs: Any) -> None:
         click.echo(json.dumps(outcome, indent=2, default=str))
     else:
         click.echo(render_plan(outcome))
+    if opts.verbosity >= 2:
+        from vllm_provision.report import stats_lines
+
+        for line in stats_lines(outcome["stats"]):
+            click.echo(line, err=True)
     sys.exit(outcome["exit_code"])
