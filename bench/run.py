@@ -16,6 +16,7 @@ Usage (root, from the repository root, with the lab instance settings in the env
     .venv/bin/python bench/run.py product --rounds 5          # provision check / up, lab-mp
     .venv/bin/python bench/run.py profile --hosts 2           # cProfile + round trips, play
     .venv/bin/python bench/run.py profile --command up        # the same, no-change up on lab-mp
+    .venv/bin/python bench/run.py readiness --rounds 3        # port open -> verify request
     .venv/bin/provision lab down
 
 The ``floor`` column is bench/floor.py: one connection and one command per host, the least any
@@ -41,6 +42,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -365,6 +367,56 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"\ntop functions: {RESULTS / (scenario + '.txt')}")
 
 
+def cmd_readiness(args: argparse.Namespace) -> None:
+    """Restart the lab-mp replica ``--rounds`` times; per round the delay from the stand-in's
+    port opening (its ``Starting vLLM server on`` line, logged right after the socket is bound)
+    and from its first ``GET /v1/models`` answered with 200, to the first completion request it
+    logs, in journald's microsecond timestamps on rank 0 (h1)."""
+    lab = Lab.from_env()
+    inventory = lab.state_dir / "inventory" / "lab-mp.yml"
+    ssh = ["ssh", "-F", str(lab.state_dir / "ssh_config"), "h1"]
+    rounds = []
+    for _ in range(args.rounds):
+        cursor = subprocess.run([*ssh, "journalctl -n 0 --show-cursor -u vllm.service "
+                                       "| sed -n 's/^-- cursor: //p'"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run([str(PROVISION), "restart", "--yes", "-i", str(inventory)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"provision restart exited {done.returncode}:\n"
+                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        journal = subprocess.run([*ssh, "journalctl -u vllm.service -o short-unix "
+                                        f"--after-cursor {shlex.quote(cursor)}"],
+                                 capture_output=True, text=True, check=True).stdout
+        port = models = completion = None
+        for line in journal.splitlines():
+            stamp, _, text = line.partition(" ")
+            if not stamp.replace(".", "").isdigit():
+                continue
+            if port is None and "Starting vLLM server on" in text:
+                port = float(stamp)
+            elif port is not None and models is None and '"GET /v1/models' in text \
+                    and '" 200' in text:
+                models = float(stamp)
+            elif port is not None and completion is None and '"POST /v1/' in text:
+                completion = float(stamp)
+        if port is None or completion is None:
+            raise SystemExit(f"no port-open or completion line in h1's journal:\n{journal[-3000:]}")
+        rounds.append({"port_to_completion_s": round(completion - port, 3),
+                       "models_to_completion_s": (round(completion - models, 3)
+                                                  if models is not None else None)})
+        print(rounds[-1])
+    load = os.getloadavg()
+    record = {"scenario": "readiness-lab-mp", "rounds": rounds,
+              "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+              "loadavg_at_end": [round(x, 2) for x in load]}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "readiness-lab-mp.json").write_text(json.dumps(record, indent=1) + "\n",
+                                                   encoding="utf-8")
+    values = [r["port_to_completion_s"] for r in rounds]
+    print(f"port open -> first completion request: {summary(values)} s (load {load[0]:.1f})")
+
+
 def set_delay(hosts: int, delay_ms: int) -> None:
     """``provision lab delay hN <delay_ms>`` on h1..h<hosts> (0 removes it)."""
     for i in range(1, hosts + 1):
@@ -406,6 +458,9 @@ def main() -> None:
     profile.add_argument("--hosts", type=int, default=2, help="play: lab hosts h1..hN")
     profile.add_argument("--delay-ms", type=int, default=0, help="one-way delay on every host")
     profile.set_defaults(func=cmd_profile)
+    readiness = steps.add_parser("readiness", help="stand-in port open -> verify request delay")
+    readiness.add_argument("--rounds", type=int, default=3)
+    readiness.set_defaults(func=cmd_readiness)
     args = parser.parse_args()
     if getattr(args, "tools", ["vllm-provision"])[0] != "vllm-provision":
         parser.error("--tools must start with vllm-provision (the ratios' denominator)")
