@@ -344,7 +344,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
             set_delay(args.hosts if args.command == "play" else 2, 0)
     if done.returncode not in (0, 2):
         raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = json.loads(done.stdout)  # one JSON object (drift prints it over several lines)
     stats = summary.get("stats", {})
     listing = io.StringIO()
     pstats.Stats(str(prof), stream=listing).sort_stats("cumulative").print_stats(PROFILE_TOP)
