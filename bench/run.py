@@ -14,12 +14,22 @@ Usage (root, from the repository root, with the lab instance settings in the env
     .venv/bin/python bench/run.py play --hosts 2 --rounds 7   # workload, 3 tools
     .venv/bin/python bench/run.py play --hosts 2 --delay-ms 20
     .venv/bin/python bench/run.py product --rounds 5          # provision check / up, lab-mp
+    .venv/bin/python bench/run.py profile --hosts 2           # cProfile + round trips, play
+    .venv/bin/python bench/run.py profile --command up        # the same, no-change up on lab-mp
+    .venv/bin/python bench/run.py readiness --rounds 3        # port open -> verify request
     .venv/bin/provision lab down
+
+The ``floor`` column is bench/floor.py: one connection and one command per host, the least any
+tool can send for the workload's no-change decision.
 
 Each ``play`` scenario first cleans the workload off the hosts, times every tool's FIRST run on
 clean hosts (one sample each, cleaned again between tools), then ``--rounds`` no-change rounds,
 then checks that a no-change run of each tool really changed nothing. Results are written as JSON
 to ``bench/results/<scenario>.json`` and printed as a Markdown table.
+
+``profile`` runs one no-change command under cProfile with ``--json`` and writes the top
+functions by cumulative time (``bench/results/profile-*.txt``) and the connection layer's counts
+of commands and round trips per host (``stats``, ``bench/results/profile-*.json``).
 
 Errors: a tool that exits non-zero stops the scenario with its log file named (SystemExit).
 """
@@ -27,10 +37,12 @@ Errors: a tool that exits non-zero stops the scenario with its log file named (S
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -44,6 +56,10 @@ OUT = BENCH / ".out"
 RESULTS = BENCH / "results"
 WORKLOAD = BENCH / "workload"
 PROVISION = ROOT / ".venv" / "bin" / "provision"
+PYTHON = ROOT / ".venv" / "bin" / "python"
+TOOLS = ("vllm-provision", "ansible", "ansible-tuned", "pyinfra", "floor")
+# how many of the controller's functions the profile lists (by cumulative time)
+PROFILE_TOP = 40
 ANSIBLE_VENV = BENCH / ".venv-ansible"
 PYINFRA_VENV = BENCH / ".venv-pyinfra"
 # ansible-core 2.21 (the newest) needs Python >= 3.12 on the controller; this machine has 3.11.
@@ -130,6 +146,7 @@ def workload_tools(inventory: Path, hosts: int, names: list[str]) -> list[Tool]:
         "pyinfra": Tool("pyinfra", (str(PYINFRA_VENV / "bin" / "pyinfra"), "-y", "inventory.py",
                                     "deploy.py"),
                         cwd=WORKLOAD / "pyinfra", env={"BENCH_INVENTORY": str(inventory)}),
+        "floor": Tool("floor", (str(PYTHON), str(BENCH / "floor.py"), "-i", str(inventory))),
     }
     return [tools[name] for name in names]
 
@@ -176,6 +193,8 @@ def no_change_verdict(tool: Tool, log: Path) -> str:
     if tool.name.startswith("ansible"):
         counts = re.findall(r"changed=(\d+)", text)
         return "ok" if counts and all(c == "0" for c in counts) else "CHANGED"
+    if tool.name == "floor":  # it exits 0 only when every host is as the workload leaves it
+        return "ok" if result.returncode == 0 else "CHANGED"
     if tool.name == "pyinfra":  # results table: Grand total  <hosts> <success> <error> <no change>
         match = re.search(r"Grand total\s+\d+\s+(\S+)\s+(\S+)", text)
         if match is None:
@@ -254,13 +273,13 @@ def cmd_play(args: argparse.Namespace) -> None:
     log = OUT / f"{scenario}.log"
     log.write_text("", encoding="utf-8")
     if args.delay_ms:
-        for i in range(1, args.hosts + 1):
-            subprocess.run([str(PROVISION), "lab", "delay", f"h{i}", str(args.delay_ms)],
-                           check=True, stdout=subprocess.DEVNULL)
+        set_delay(args.hosts, args.delay_ms)
     try:
         first: dict[str, tuple[float, float]] = {}
         if not args.skip_first:
             for tool in tools:
+                if tool.name == "floor":  # it only reads: no first run
+                    continue
                 clean_hosts(lab, args.hosts)
                 first[tool.name] = time_once(tool, log)
         result = measure(tools, args.rounds, log, first)
@@ -268,9 +287,7 @@ def cmd_play(args: argparse.Namespace) -> None:
             result[tool.name]["verdict"] = no_change_verdict(tool, log)
     finally:
         if args.delay_ms:
-            for i in range(1, args.hosts + 1):
-                subprocess.run([str(PROVISION), "lab", "delay", f"h{i}", "0"], check=False,
-                               stdout=subprocess.DEVNULL)
+            set_delay(args.hosts, 0)
     save(scenario, args, result)
 
 
@@ -288,6 +305,124 @@ def cmd_product(args: argparse.Namespace) -> None:
     tools = [Tool("provision check", (str(PROVISION), "check", "-i", str(inventory))), up]
     result = measure(tools, args.rounds, log, first)
     save("product-lab-mp", args, result)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    """Run one no-change command under cProfile, with ``--json``; write the top functions by
+    cumulative time and the connection counters (``stats``) to bench/results/profile-*.
+
+    ``--command play``: the workload on h1..h<hosts>; ``up`` / ``drift``: the lab-mp inventory.
+    One warm-up run first (not profiled), so the run profiled is a no-change one.
+    """
+    import cProfile  # noqa: F401 - the child imports it; fail here if it is missing
+    import pstats
+
+    lab = Lab.from_env()
+    if args.command == "play":
+        inventory = write_inventory(lab, args.hosts)
+        tail: tuple[str, ...] = ("play", "-i", str(inventory), str(WORKLOAD / "site.yml"))
+        scenario = f"profile-play-{args.hosts}h"
+    else:
+        inventory = lab.state_dir / "inventory" / "lab-mp.yml"
+        tail = (args.command, *(("--yes",) if args.command == "up" else ()), "-i", str(inventory))
+        scenario = f"profile-{args.command}-lab-mp"
+    scenario += f"-delay{args.delay_ms}ms" if args.delay_ms else ""
+    OUT.mkdir(exist_ok=True)
+    RESULTS.mkdir(exist_ok=True)
+    prof = OUT / f"{scenario}.prof"
+    command = (str(PYTHON), "-m", "cProfile", "-o", str(prof), "-m", "vllm_provision.cli",
+               *tail, "--json")
+    if args.delay_ms:
+        set_delay(args.hosts if args.command == "play" else 2, args.delay_ms)
+    try:
+        subprocess.run([str(PROVISION), *tail], check=False, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)  # warm-up: the run profiled changes nothing
+        start = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        wall = time.monotonic() - start
+    finally:
+        if args.delay_ms:
+            set_delay(args.hosts if args.command == "play" else 2, 0)
+    if done.returncode not in (0, 2):
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    summary = json.loads(done.stdout)  # one JSON object (drift prints it over several lines)
+    stats = summary.get("stats", {})
+    listing = io.StringIO()
+    pstats.Stats(str(prof), stream=listing).sort_stats("cumulative").print_stats(PROFILE_TOP)
+    load = os.getloadavg()
+    header = (f"# {' '.join(tail)}: {wall:.2f} s wall under cProfile, load "
+              f"{load[0]:.1f} on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}\n")
+    (RESULTS / f"{scenario}.txt").write_text(header + listing.getvalue(), encoding="utf-8")
+    record = {"scenario": scenario, "command": list(tail), "wall_s_profiled": round(wall, 3),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+              "loadavg_at_end": [round(x, 2) for x in load], "stats": stats,
+              "duration_s": summary.get("duration_s")}
+    (RESULTS / f"{scenario}.json").write_text(json.dumps(record, indent=1) + "\n",
+                                              encoding="utf-8")
+    print(header.strip())
+    print("| host | connections | remote commands | round trips after connecting |")
+    print("|---|---|---|---|")
+    for host, counts in stats.items():
+        print(f"| {host} | {counts['connects']} | {counts['commands']} | "
+              f"{counts['round_trips']} |")
+    print(f"\ntop functions: {RESULTS / (scenario + '.txt')}")
+
+
+def cmd_readiness(args: argparse.Namespace) -> None:
+    """Restart the lab-mp replica ``--rounds`` times; per round the delay from the stand-in's
+    port opening (its ``Starting vLLM server on`` line, logged right after the socket is bound)
+    and from its first ``GET /v1/models`` answered with 200, to the first completion request it
+    logs, in journald's microsecond timestamps on rank 0 (h1)."""
+    lab = Lab.from_env()
+    inventory = lab.state_dir / "inventory" / "lab-mp.yml"
+    ssh = ["ssh", "-F", str(lab.state_dir / "ssh_config"), "h1"]
+    rounds = []
+    for _ in range(args.rounds):
+        cursor = subprocess.run([*ssh, "journalctl -n 0 --show-cursor -u vllm.service "
+                                       "| sed -n 's/^-- cursor: //p'"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run([str(PROVISION), "restart", "--yes", "-i", str(inventory)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"provision restart exited {done.returncode}:\n"
+                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        journal = subprocess.run([*ssh, "journalctl -u vllm.service -o short-unix "
+                                        f"--after-cursor {shlex.quote(cursor)}"],
+                                 capture_output=True, text=True, check=True).stdout
+        port = models = completion = None
+        for line in journal.splitlines():
+            stamp, _, text = line.partition(" ")
+            if not stamp.replace(".", "").isdigit():
+                continue
+            if port is None and "Starting vLLM server on" in text:
+                port = float(stamp)
+            elif port is not None and models is None and '"GET /v1/models' in text \
+                    and '" 200' in text:
+                models = float(stamp)
+            elif port is not None and completion is None and '"POST /v1/' in text:
+                completion = float(stamp)
+        if port is None or completion is None:
+            raise SystemExit(f"no port-open or completion line in h1's journal:\n{journal[-3000:]}")
+        rounds.append({"port_to_completion_s": round(completion - port, 3),
+                       "models_to_completion_s": (round(completion - models, 3)
+                                                  if models is not None else None)})
+        print(rounds[-1])
+    load = os.getloadavg()
+    record = {"scenario": "readiness-lab-mp", "rounds": rounds,
+              "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+              "loadavg_at_end": [round(x, 2) for x in load]}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "readiness-lab-mp.json").write_text(json.dumps(record, indent=1) + "\n",
+                                                   encoding="utf-8")
+    values = [r["port_to_completion_s"] for r in rounds]
+    print(f"port open -> first completion request: {summary(values)} s (load {load[0]:.1f})")
+
+
+def set_delay(hosts: int, delay_ms: int) -> None:
+    """``provision lab delay hN <delay_ms>`` on h1..h<hosts> (0 removes it)."""
+    for i in range(1, hosts + 1):
+        subprocess.run([str(PROVISION), "lab", "delay", f"h{i}", str(delay_ms)],
+                       check=delay_ms != 0, stdout=subprocess.DEVNULL)
 
 
 def save(scenario: str, args: argparse.Namespace, result: dict[str, object]) -> None:
@@ -312,15 +447,21 @@ def main() -> None:
     play.add_argument("--hosts", type=int, default=2, help="lab hosts h1..hN (booted already)")
     play.add_argument("--rounds", type=int, default=5, help="no-change rounds (>= 5)")
     play.add_argument("--delay-ms", type=int, default=0, help="one-way delay on every host (ms)")
-    play.add_argument("--tools", nargs="+", default=["vllm-provision", "ansible",
-                                                      "ansible-tuned", "pyinfra"],
-                      choices=["vllm-provision", "ansible", "ansible-tuned", "pyinfra"])
+    play.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     play.add_argument("--skip-first", action="store_true", help="do not time first runs")
     play.add_argument("--label", default="", help="suffix of the scenario's result file")
     play.set_defaults(func=cmd_play)
     product = steps.add_parser("product", help="time provision check and no-change up (lab-mp)")
     product.add_argument("--rounds", type=int, default=5)
     product.set_defaults(func=cmd_product)
+    profile = steps.add_parser("profile", help="cProfile + connection counters of one run")
+    profile.add_argument("--command", choices=["play", "up", "drift"], default="play")
+    profile.add_argument("--hosts", type=int, default=2, help="play: lab hosts h1..hN")
+    profile.add_argument("--delay-ms", type=int, default=0, help="one-way delay on every host")
+    profile.set_defaults(func=cmd_profile)
+    readiness = steps.add_parser("readiness", help="stand-in port open -> verify request delay")
+    readiness.add_argument("--rounds", type=int, default=3)
+    readiness.set_defaults(func=cmd_readiness)
     args = parser.parse_args()
     if getattr(args, "tools", ["vllm-provision"])[0] != "vllm-provision":
         parser.error("--tools must start with vllm-provision (the ratios' denominator)")

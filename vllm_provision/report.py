@@ -121,6 +121,23 @@ class HumanReporter:
                           ("changed", "ok", "failed", "unreachable", "skipped"))
         self.console.print(f"{totals}; total time {summary['duration_s']:.1f} s{mode}",
                            highlight=False)
+        if self.verbosity >= 2:
+            for line in stats_lines(summary.get("stats") or {}):
+                self.console.print(_esc(line), highlight=False)
+
+
+def stats_lines(stats: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """The ``-vv`` lines of the connection counters (``summary["stats"]``), one per host."""
+    return [f"ssh {host}: {c['connects']} connection(s), {c['commands']} remote command(s), "
+            f"{c['round_trips']} round trip(s) after connecting" for host, c in stats.items()]
+
+
+def connection_stats() -> dict[str, dict[str, int]]:
+    """The connection layer's counters so far (:data:`vllm_provision.connection.STATS`): host
+    -> ``{"connects", "commands", "round_trips"}``; the ``stats`` key of ``--json``."""
+    from vllm_provision.connection import STATS
+
+    return STATS.snapshot()
 
 
 class QuietReporter:

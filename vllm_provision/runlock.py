@@ -298,6 +298,23 @@ class _Unreachable:
         raise self._error
 
 
+def lending_factory(opened: Mapping[str, HostConnection], errors: Mapping[str, UnreachableError],
+                    options: ConnectionOptions) -> Callable[[Host], Any]:
+    """A connection factory for :class:`~vllm_provision.runner.engine.Runner` that lends the
+    connections a command already opened (``opened``: one per host for the whole command,
+    closed by their owner, not by the runner), repeats the first attempt's error for a host in
+    ``errors`` without a second wait, and opens a new connection for any other host."""
+
+    def factory(host: Host) -> Any:
+        if host.name in opened:
+            return _Shared(opened[host.name])
+        if host.name in errors:
+            return _Unreachable(errors[host.name])
+        return HostConnection(host, options)
+
+    return factory
+
+
 def hosts_of_plays(inventory: Any, plays: Sequence[Any], limit: str | None) -> list[Host]:
     """Every host that one of ``plays`` targets under ``limit``, in inventory order."""
     from vllm_provision.runner.selection import select_play_hosts
@@ -331,15 +348,8 @@ def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
         close_all(opened)
         raise
 
-    def factory(host: Host) -> Any:
-        if host.name in opened:
-            return _Shared(opened[host.name])
-        if host.name in errors:
-            return _Unreachable(errors[host.name])
-        return HostConnection(host, options)
-
     try:
-        yield factory
+        yield lending_factory(opened, errors, options)
     finally:
         lock.release()
         close_all(opened)

@@ -12,10 +12,10 @@ from vllm_provision_lab.errors import LabError
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-provision/lab")
 DEFAULT_NAME = "vp"
 DEFAULT_NET = "10.213.0"
-MAX_HOSTS = 16
+MAX_HOSTS = 64
 
 # Linux interface names are at most 15 bytes (IFNAMSIZ 16 incl. NUL, include/uapi/linux/if.h);
-# the longest names we make are "<name>-h16" and "<name>br0", so the name gets at most 10.
+# the longest names we make are "<name>-h64" and "<name>br0", so the name gets at most 10.
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 _NET_RE = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 
@@ -101,16 +101,16 @@ class LabConfig:
         """The fixed address of ``host`` ("h3" -> ``10.213.0.13``).
 
         Raises:
-            LabError: ``host`` is not ``h1`` .. ``h16``.
+            LabError: ``host`` is not ``h1`` .. ``h64``.
         """
         return f"{self.net}.{10 + host_index(host)}"
 
 
 def host_index(host: str) -> int:
-    """Return N for a lab host name ``hN`` (1..16).
+    """Return N for a lab host name ``hN`` (1..64).
 
     Raises:
-        LabError: the name is not ``h1`` .. ``h16``.
+        LabError: the name is not ``h1`` .. ``h64``.
     """
     match = re.fullmatch(r"h([1-9][0-9]?)", host)
     if not match or int(match.group(1)) > MAX_HOSTS:
@@ -123,7 +123,7 @@ def host_names(count: int) -> list[str]:
     """Return ``["h1", ..., "h<count>"]``.
 
     Raises:
-        LabError: ``count`` is not 1..16.
+        LabError: ``count`` is not 1..64.
     """
     if not 1 <= count <= MAX_HOSTS:
         raise LabError.single("--hosts", "the lab cannot boot that many hosts",

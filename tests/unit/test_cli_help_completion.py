@@ -99,3 +99,14 @@ def test_completion_prints_clicks_script(shell: str) -> None:
     assert result.exit_code == 0
     assert result.output.strip() == script(shell).strip()
     assert "_PROVISION_COMPLETE" in result.output
+
+
+def test_the_summaries_of_provision_help_are_the_commands_own() -> None:
+    """`provision --help` lists the commands from a table (so that it imports none of them):
+    each entry is the first paragraph of that command's own help, and every command has one."""
+    from vllm_provision.cli import COMMANDS, SUMMARIES
+
+    ctx = click.Context(cli)
+    own = {name: cli.get_command(ctx, name).get_short_help_str(limit=10**6)  # type: ignore
+           for name in COMMANDS}
+    assert SUMMARIES == own

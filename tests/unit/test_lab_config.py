@@ -49,7 +49,7 @@ def test_longest_interface_names_fit_ifnamsiz() -> None:
     assert len(config.netns("h16")) <= 15 and len(config.bridge) <= 15
 
 
-@pytest.mark.parametrize("name", ["h0", "h17", "x1", "h01", "h"])
+@pytest.mark.parametrize("name", ["h0", "h65", "x1", "h01", "h"])
 def test_host_names_outside_h1_to_h16_are_refused(name: str) -> None:
     with pytest.raises(LabError):
         host_index(name)
@@ -58,7 +58,7 @@ def test_host_names_outside_h1_to_h16_are_refused(name: str) -> None:
 def test_host_names_counts() -> None:
     assert host_names(3) == ["h1", "h2", "h3"]
     with pytest.raises(LabError):
-        host_names(17)
+        host_names(65)
 
 
 def test_not_root_is_said_clearly(monkeypatch: pytest.MonkeyPatch) -> None:

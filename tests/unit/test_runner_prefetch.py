@@ -125,6 +125,43 @@ def test_an_unchanged_command_splits_the_play_into_two_batches(tmp_path: Path,
     assert len(fakes["h1"].commands) == 3  # batch, command, batch
 
 
+def test_a_leading_command_shares_the_batch_and_runs_once(tmp_path: Path) -> None:
+    """A play that starts with a command (the facts read of bench/workload): the command leads
+    the batch, the reads after it run after it (they see what it did), and it runs exactly once
+    per run, also when a later task changes something and the rest of the play goes live."""
+    path = write_playbook(tmp_path, """
+- hosts: all
+  tasks:
+    - name: Count the runs and leave a marker
+      command: "echo run >> {{ root }}/runs; touch {{ root }}/marker"
+      register: counted
+      changed_when: false
+    - name: The marker is private
+      file: {path: "{{ root }}/marker", state: file, mode: "0600"}
+    - name: Config from the command's output
+      template: {src: a.j2, dest: "{{ root }}/a.conf"}
+""", "lead.yml")
+    (path.parent / "templates").mkdir(exist_ok=True)
+    (path.parent / "templates" / "a.j2").write_text("rc={{ counted.rc }}\n")
+    inventory = make_inventory(tmp_path, ("h1",))
+    run(inventory, path)
+    runs = tmp_path / "h1" / "runs"
+    assert runs.read_text() == "run\n"
+    (tmp_path / "h1" / "marker").unlink()  # the command makes it again; the file task sees it
+    fakes: dict[str, FakeHost] = {}
+    runner, _ = run(inventory, path, fakes=fakes)
+    by_task = {r.task: r.status.value for r in runner.outcome.results}
+    assert by_task == {"Count the runs and leave a marker": "ok",
+                       "The marker is private": "changed",
+                       "Config from the command's output": "ok"}
+    assert runs.read_text() == "run\n" * 2
+    assert fakes["h1"].commands[0].count("echo run") == 1  # the batch, the command at its head
+    fakes = {}
+    runner, summary = run(inventory, path, fakes=fakes)
+    assert summary["changed"] == 0 and summary["failed"] == 0
+    assert len(fakes["h1"].commands) == 1 and runs.read_text() == "run\n" * 3
+
+
 def test_batched_and_live_runs_give_identical_results(tmp_path: Path, playbook: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     batched_root, live_root = tmp_path / "batched", tmp_path / "live"
@@ -134,7 +171,7 @@ def test_batched_and_live_runs_give_identical_results(tmp_path: Path, playbook: 
     for label, root in (("batched", batched_root), ("live", live_root)):
         with monkeypatch.context() as patch:
             if label == "live":
-                patch.setattr(PrefetchingConnection, "prefetch", lambda self, commands: 0)
+                patch.setattr(PrefetchingConnection, "prefetch", lambda self, commands, ahead=(): 0)
             inventory = make_inventory(root)
             for step in ("first", "second", "drift", "check"):
                 if step == "drift":

@@ -15,7 +15,6 @@ entry points specification); entry points are read once, on the first look-up.
 
 from __future__ import annotations
 
-import importlib.metadata
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -250,6 +249,8 @@ def _load() -> dict[str, Backend]:
     with _LOCK:
         if _LOADED:
             return _REGISTRY
+        import importlib.metadata  # on first lookup: `provision --help`, `play` need no plug-ins
+
         from vllm_provision.backends.mp import MpBackend
         from vllm_provision.backends.ray import RayBackend
 

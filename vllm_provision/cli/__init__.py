@@ -62,9 +62,56 @@ SEPARATE: dict[str, tuple[str, str, str]] = {
 }
 
 
+# command name -> its one-line summary (the first paragraph of its help), for `provision --help`
+# without importing every command's module; a unit test keeps it equal to the commands' own
+SUMMARIES: dict[str, str] = {
+    'bench': 'Benchmark the replica with streamed completions and record the conditions.',
+    'check': 'Gather facts from every node and run all preflight checks.',
+    'completion': ("Print the shell completion script for SHELL (commands, options, and the "
+                   "inventory's host and group names after -l/--limit)."),
+    'down': 'Stop the replica in reverse start order and disable its units (--purge: remove them).',
+    'drift': 'Show what changed since the last good `provision up`: facts and configuration.',
+    'exec': 'Run COMMAND on every host of the inventory (or of -l PATTERN), in parallel.',
+    'facts': 'Probe every host in one SSH round trip each and print the facts, hosts as columns.',
+    'fault': 'Hit one node of a serving replica and measure how traffic returns.',
+    'init': 'Probe the servers and print a first, working inventory.',
+    'inventory': ('Show what each host gets after group_vars, host_vars and precedence (no host '
+        'contacted).'),
+    'lab': 'Throw-away Debian hosts with real systemd and sshd on this machine (needs root).',
+    'logs': 'Print the journals of every node of the replica, merged in time order.',
+    'play': "Run PLAYBOOK against the inventory's hosts.",
+    'record': ("Write the decision record: GPU pool, who reserves GPUs and starts workers, "
+               "what Ray adds and does not, how traffic returned after faults, the evidence, "
+               "refusals where conditions differ, and one checkable closing sentence."),
+    'restart': 'Restart the whole replica in order, then wait until it serves and verify.',
+    'schema': "Print the JSON Schema (draft 2020-12) of COMMAND's --json output, or list them.",
+    'status': "Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.",
+    'up': 'Deploy the replica: preflight, install, start in order, wait until it serves, verify.',
+    'verify': ("Check a deployed replica with the packaged verify suite (pytest-testinfra "
+               "over SSH)."),
+}
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use: the modules of
     :data:`COMMANDS`, then the entry points of :data:`ENTRY_POINT_GROUP`."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands from :data:`SUMMARIES` (click's own layout and truncation), so
+        ``provision --help`` imports none of them (click's default loads every command)."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, click.utils.make_default_short_help(SUMMARIES[name], limit))
+                if name in SUMMARIES else (name, self._loaded_summary(ctx, name, limit))
+                for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def _loaded_summary(self, ctx: click.Context, name: str, limit: int) -> str:
+        command = self.get_command(ctx, name)
+        return "" if command is None else command.get_short_help_str(limit)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         builtin = {name for name in COMMANDS if _module_exists(COMMANDS[name])}

@@ -62,6 +62,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
     from vllm_provision.errors import ProvisionError
     from vllm_provision.facts.gather import gather_facts
     from vllm_provision.inventory import select_hosts
+    from vllm_provision.runlock import lending_factory
     from vllm_provision.runner.engine import Runner, RunOptions
     from vllm_provision.runner.playbook import load_playbook
 
@@ -73,6 +74,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
 
     record = state.read_controller_record(opts.inventory)
     source = str(state.controller_state_path(opts.inventory))
+    # one connection per host for the whole command: the record, the facts and the dry run
     connections, unreachable = open_connections(hosts, opts.connection_options())
     errors.update({name: exc.render() for name, exc in unreachable.items()})
     try:
@@ -97,24 +99,26 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
         facts, fact_errors = gather_facts(inventory, connections, _probe_options(inventory),
                                           hosts=list(connections))
         errors.update({name: exc.render() for name, exc in fact_errors.items()})
+
+        plays = state.install_plays(load_playbook(resources.playbook("up")))
+        files = state.managed_files(inventory, plays, opts.limit)
+        reload_tasks = [t.name for p in plays for t in p.tasks
+                        if t.module == "systemd" and isinstance(t.args, dict)
+                        and set(t.args) <= {"daemon_reload"}]
+        # a handler's change only follows a file's (check mode now says "would restart")
+        reload_tasks += [h.name for p in plays for h in p.handlers]
+        reachable = [n for n in names if n not in errors]
+        results = []
+        if reachable:
+            runner = Runner(inventory, RunOptions(check_mode=True, diff_mode=opts.diff,
+                                                  limit=":".join(reachable),
+                                                  connection=opts.connection_options()),
+                            report.QuietReporter(),
+                            connection_factory=lending_factory(connections, unreachable,
+                                                               opts.connection_options()))
+            results = runner.run_plays(plays).results
     finally:
         close_all(connections)
-
-    plays = state.install_plays(load_playbook(resources.playbook("up")))
-    files = state.managed_files(inventory, plays, opts.limit)
-    reload_tasks = [t.name for p in plays for t in p.tasks
-                    if t.module == "systemd" and isinstance(t.args, dict)
-                    and set(t.args) <= {"daemon_reload"}]
-    # a handler's change only follows a file's (check mode now says "would restart")
-    reload_tasks += [h.name for p in plays for h in p.handlers]
-    reachable = [n for n in names if n not in errors]
-    results = []
-    if reachable:
-        runner = Runner(inventory, RunOptions(check_mode=True, diff_mode=opts.diff,
-                                              limit=":".join(reachable),
-                                              connection=opts.connection_options()),
-                        report.QuietReporter())
-        results = runner.run_plays(plays).results
     for failed in drift.failed_results(results):
         errors.setdefault(failed.host, f"{failed.task}: {failed.message}")
 
@@ -137,6 +141,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
                    "tool_version": record.get("tool_version")},
         "diffs": diffs,
         "exit_code": drift.exit_code(changes, errors),
+        "stats": report.connection_stats(),
     }
 
 
@@ -181,4 +186,9 @@ def command(**kwargs: Any) -> None:
         click.echo(json.dumps(outcome, indent=2, default=str))
     else:
         click.echo(render_plan(outcome))
+    if opts.verbosity >= 2:
+        from vllm_provision.report import stats_lines
+
+        for line in stats_lines(outcome["stats"]):
+            click.echo(line, err=True)
     sys.exit(outcome["exit_code"])

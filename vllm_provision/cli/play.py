@@ -55,8 +55,9 @@ def run_play(opts: CommonOptions, playbook: Path, roles_paths: tuple[Path, ...] 
                         connection_factory=factory)
         outcome = runner.run_plays(plays)
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
-                               duration_s=outcome.duration_s, extra={**outcome.extra,
-                                                                     **(extra or {})})
+                               duration_s=outcome.duration_s,
+                               extra={**outcome.extra, **(extra or {}),
+                                      "stats": report.connection_stats()})
     reporter.recap(summary)
     if opts.json:
         report.print_json(summary)

@@ -105,6 +105,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
             extra.update(_record_good_up(inventory, runner, factory, measured, started_at))
         if opts.check:
             extra["plan"] = run_plan(inventory, outcome, starts_again=name == "restart")
+    extra["stats"] = report.connection_stats()
     summary = report.summarize(outcome.results, outcome.hosts, check_mode=opts.check,
                                duration_s=outcome.duration_s, extra=extra)
     reporter.recap(summary)

@@ -11,6 +11,12 @@ use, so unused ones cost nothing.
 A module whose ``run`` first only READS the host may define ``read_command(ctx, args) -> str |
 None`` returning exactly that first command string; the runner then runs it ahead of time,
 batched with the play's other reads in one round trip per host (``runner/prefetch.py``).
+A module whose ``run`` always sends one known command first, read or not (``command``), may
+define ``lead_command(ctx, args) -> str | None`` returning exactly that command string: when
+its task is the first of the play (or of a refill) to send anything, the runner runs it at the
+head of the batch, once, so the reads of the tasks after it (which would run after it anyway)
+share its round trip; ``run`` then gets its answer. Return None when ``run`` may not send it
+first (check mode, standard input, its own timeout).
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ class ModuleSpec:
         arguments: its declared arguments (checked at load and after rendering); None for a
             module registered without a declaration (its arguments are not checked).
         read_command: its read-only first command, for batching (module docstring).
+        lead_command: the command its ``run`` always sends first, for the head of a batch
+            (module docstring).
     """
 
     name: str
@@ -106,6 +114,7 @@ class ModuleSpec:
     runs_on: str = "host"
     arguments: ArgumentSpec | None = field(default=None)
     read_command: Callable[..., str | None] | None = field(default=None)
+    lead_command: Callable[..., str | None] | None = field(default=None)
 
 
 def register_module(name: str, run: ModuleFunction, *, runs_on: str = "host",
@@ -142,7 +151,8 @@ def find_module(name: str) -> ModuleSpec | None:
             return None
         spec = ModuleSpec(name, run, getattr(module, "RUNS_ON", "host"),
                           getattr(module, "ARGUMENT_SPEC", None),
-                          getattr(module, "read_command", None))
+                          getattr(module, "read_command", None),
+                          getattr(module, "lead_command", None))
     _SPEC_CACHE[name] = spec
     return spec
 

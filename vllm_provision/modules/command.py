@@ -39,6 +39,45 @@ ARGUMENT_SPEC = ArgumentSpec("command", (
 _SKIP = "__vllm_provision_skip__"
 
 
+def lead_command(ctx: ModuleContext, args: Mapping[str, Any] | str) -> str | None:
+    """The script :func:`run` sends first, for the head of the play's batch (vllm_provision.
+    modules, "lead_command"); None in check mode and with ``stdin`` or ``timeout``, where
+    :func:`run` sends something else or sends it differently, and for a script of several
+    lines (``creates``, ``removes``, ``chdir``).
+
+    Raises:
+        ProvisionError: bad arguments (the runner then leaves the task to run live).
+    """
+    values = ARGUMENT_SPEC.validate(args)
+    if ctx.check_mode or values["stdin"] is not None or values["timeout"]:
+        return None
+    script = _script(values)
+    return None if "\n" in script else script  # a batch is one line (runner/prefetch.py)
+
+
+def _script(values: Mapping[str, Any]) -> str:
+    """The shell script of the command with its ``creates``/``removes`` guards and ``chdir``."""
+    cmd = values["cmd"]
+    if not cmd.strip():
+        raise ProvisionError.single("command: cmd", "the command is empty")
+    creates, removes, chdir = values["creates"], values["removes"], values["chdir"]
+    guards = _guards(creates, removes)
+    body = f"cd {quote(chdir)} && {{ {cmd}\n}}" if chdir else cmd
+    # a guard's ``exit 0`` ends the whole script before the command runs
+    return "; ".join(guards) + f"\n{body}" if guards else body
+
+
+def _guards(creates: str | None, removes: str | None) -> list[str]:
+    guards: list[str] = []
+    if creates:
+        guards.append(f"if [ -e {quote(creates)} ]; then echo {_SKIP} {quote(creates)} exists; "
+                      "exit 0; fi")
+    if removes:
+        guards.append(f"if [ ! -e {quote(removes)} ]; then echo {_SKIP} {quote(removes)} "
+                      "does not exist; exit 0; fi")
+    return guards
+
+
 def run(ctx: ModuleContext, args: Mapping[str, Any] | str) -> ModuleResult:
     """Run the command unless ``creates``/``removes`` say it is done; see the module docstring.
 
@@ -49,15 +88,9 @@ def run(ctx: ModuleContext, args: Mapping[str, Any] | str) -> ModuleResult:
     cmd = values["cmd"]
     if not cmd.strip():
         raise ProvisionError.single("command: cmd", "the command is empty")
-    creates, removes, chdir = values["creates"], values["removes"], values["chdir"]
+    creates, removes = values["creates"], values["removes"]
     stdin, timeout = values["stdin"], values["timeout"]
-    guards: list[str] = []
-    if creates:
-        guards.append(f"if [ -e {quote(creates)} ]; then echo {_SKIP} {quote(creates)} exists; "
-                      "exit 0; fi")
-    if removes:
-        guards.append(f"if [ ! -e {quote(removes)} ]; then echo {_SKIP} {quote(removes)} "
-                      "does not exist; exit 0; fi")
+    guards = _guards(creates, removes)
     if ctx.check_mode:
         if guards:  # the guard alone is read-only: tell ok from "would run"
             probe = ctx.conn.run("; ".join([*guards, "echo would-run"]))
@@ -65,9 +98,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any] | str) -> ModuleResult:
                 return ModuleResult(Status.OK, probe.stdout[len(_SKIP):].strip())
         return ModuleResult(Status.SKIPPED, "not run in check mode (set check_mode: false on "
                                             "the task if it only reads)")
-    body = f"cd {quote(chdir)} && {{ {cmd}\n}}" if chdir else cmd
-    # a guard's ``exit 0`` ends the whole script before the command runs
-    script = "; ".join(guards) + f"\n{body}" if guards else body
+    script = _script(values)
     result = ctx.conn.run(script, stdin=stdin, timeout_s=float(timeout) if timeout else None)
     if result.stdout.startswith(_SKIP):
         return ModuleResult(Status.OK, result.stdout[len(_SKIP):].strip(),

@@ -36,7 +36,7 @@ from vllm_provision.runner.masking import Masker, mask_diff
 from vllm_provision.runner.playbook import Play, Task, load_playbook
 from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.selection import select_play_hosts
-from vllm_provision.runner.templating import Templar, make_environment
+from vllm_provision.runner.templating import Templar, environment_for
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,7 @@ class Runner:
         self.facts: dict[str, Any] = {}
         self.masker = Masker.from_inventory(inventory)
         self._no_prefetch: set[str] = set()  # hosts that changed or failed in this play batch
+        self._ahead: dict[str, list[str]] = {}  # host -> lead commands of its last batch
         self.outcome = RunOutcome(check_mode=self.options.check_mode)
         self._aborted = False
 
@@ -252,7 +253,7 @@ class Runner:
             if play.handlers:
                 commands.insert(0, handlers_state.read_script(self.options.pending_dir))
             try:
-                conn.prefetch(commands)
+                conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
             except UnreachableError:
                 conn.drop()
 
@@ -275,7 +276,7 @@ class Runner:
             conn.ran_live = False  # one read costs the same live; look again after the next
             return
         try:
-            conn.prefetch(commands)
+            conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
         except UnreachableError:
             conn.drop()
 
@@ -283,26 +284,46 @@ class Runner:
                        start: int) -> list[str]:
         """Return the read commands ``host``'s tasks ``play.tasks[start:]`` will send first, in
         task order, up to the first task that will run something else (a later read would be
-        dropped)."""
+        dropped). When the first task to send anything has a module ``lead_command`` (a
+        ``command`` task), that command leads the list, marked for the connection to run once
+        (:meth:`PrefetchingConnection.prefetch` ``ahead``): the reads after it run after it, as
+        they would live."""
         commands: list[str] = []
         registers = {t.register for t in play.tasks if t.register}
         pattern = (re.compile(r"\b(" + "|".join(re.escape(r) for r in sorted(registers)) + r")\b")
                    if registers else None)
         templar = self.templar_for(play, host)
         resolved: Mapping[str, Any] | None = None
+        passed_over = False  # a task before this one may run live: nothing may run ahead of it
+        self._ahead[host.name] = []
         for task in play.tasks[start:]:
             spec = find_module(task.module)
             if pattern is not None and pattern.search(repr((task.when, task.args))):
+                passed_over = True
                 continue  # depends on a value this play registers: cannot be known up front
             try:
                 if task.when and not templar.test(list(task.when), f"{task.where}.when"):
                     continue  # skipped: sends nothing
             except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+                passed_over = True
+                continue
+            if (spec is not None and spec.read_command is None and spec.lead_command is not None
+                    and not commands and not passed_over and spec.runs_on == "host"
+                    and not task.run_once and not task.delegate_to and task.become is None
+                    and not task.notify):
+                lead = self._lead_command(play, task, host, templar, conn, spec)
+                if lead is None:
+                    break
+                commands.append(lead)
+                self._ahead[host.name].append(lead)
+                if resolved is None:
+                    resolved = templar.lazy()
                 continue
             if (spec is None or spec.read_command is None or spec.runs_on != "host"
                     or task.run_once or task.delegate_to):
                 break
             if task.become is not None and task.become != getattr(conn.inner, "become", None):
+                passed_over = True
                 continue
             try:
                 args = templar.render_value(task.args, f"{task.where}.{task.module}")
@@ -312,10 +333,26 @@ class Runner:
                 command = spec.read_command(ctx, args)
             except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
                 log.debug("%s: no prefetch for task %s", host.name, task.name, exc_info=True)
+                passed_over = True
                 continue
-            if command:
+            if command and command not in self._ahead[host.name]:
                 commands.append(command)
         return commands
+
+    def _lead_command(self, play: Play, task: Task, host: Host, templar: Templar,
+                      conn: PrefetchingConnection, spec: Any) -> str | None:
+        """The first command of ``task``'s module (``lead_command``), rendered as ``run`` will
+        get it; None when it cannot be known up front."""
+        try:
+            args = templar.render_value(task.args, f"{task.where}.{task.module}")
+            if spec.arguments is not None:
+                args = spec.arguments.validate(args, f"{task.where}.{task.module}")
+            ctx = self._task_context(play, task, host, templar, conn, templar.lazy())
+            command: str | None = spec.lead_command(ctx, args)
+        except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+            log.debug("%s: no lead command for task %s", host.name, task.name, exc_info=True)
+            return None
+        return command or None
 
     def _drop_prefetched(self, hosts: Sequence[Host] | Sequence[str]) -> None:
         for host in hosts:
@@ -516,7 +553,7 @@ class Runner:
             "ansible_check_mode": self.options.check_mode,
             "role_names": [],
         }
-        env = make_environment(list(play.template_dirs))
+        env = environment_for(list(play.template_dirs))
         return Templar(env, layered, host.name, fixed)
 
     def _execute(self, play: Play, task: Task, host: Host, batch: list[Host],

@@ -25,6 +25,7 @@ is replaced by those plays of every registered backend (:func:`_backend_plays`).
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,14 +124,31 @@ def _error(where: str, message: str, *, expected: str = "", actual: str = "",
     return ProvisionError.single(where, message, expected=expected, actual=actual, fix=fix)
 
 
+# Parsed playbook and role files of this process, by (path, mtime, size): `provision up` loads
+# up.yml and its roles several times (the run, the approval's dry run, the ownership guard, the
+# state record). Callers get a deep copy: they may change what they get.
+_PARSED: dict[tuple[str, int, int], Any] = {}
+# libyaml's safe loader when PyYAML was built with it (the same YAML 1.1 safe types, several
+# times faster); the pure-Python one otherwise.
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_yaml(path: Path) -> Any:
-    """Read a YAML file; raise ProvisionError (file, line, column) on syntax errors."""
+    """Read a YAML file (safe loader); raise ProvisionError (file, line, column) on syntax
+    errors. A file already read by this process and unchanged since (same mtime and size) is
+    not parsed again."""
     try:
+        info = path.stat()
+        key = (str(path.resolve()), info.st_mtime_ns, info.st_size)
+        if key in _PARSED:
+            return copy.deepcopy(_PARSED[key])
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise _error(str(path), f"cannot read the file: {exc.strerror}") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader
+        _PARSED[key] = copy.deepcopy(data)
+        return data
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         place = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

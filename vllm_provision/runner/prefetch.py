@@ -10,6 +10,11 @@ Safe by construction: the cache of a host is dropped as soon as any command that
 hit runs on it (a write can change what a later read would see), when a task on it reports
 ``changed`` or ``failed``, and when its entries are older than ``max_age_s``. So a changing run
 behaves as without batching; only a no-change run gets the speed-up.
+
+A command that is not a read may lead the batch (``ahead``: a module's ``lead_command``, the
+first thing its task sends): it runs once, at the head, and its answer is kept apart from the
+reads' cache: handed out once, to the first identical request, whatever its age and whatever
+else ran meanwhile, so it never runs twice.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ class PrefetchingConnection:
         self._max_age_s = max_age_s
         self._cache: dict[str, CommandResult] = {}
         self._stored_at = 0.0
+        self._ahead: dict[str, CommandResult] = {}  # commands run once ahead: answered once
         self._lock = threading.Lock()
         self.ran_live = False  # a command other than a cached read ran since the last prefetch
 
@@ -106,11 +112,16 @@ class PrefetchingConnection:
         with self._lock:
             self._cache.clear()
 
-    def prefetch(self, commands: Sequence[str]) -> int:
-        """Run ``commands`` (read-only!) in one round trip and store their answers.
+    def prefetch(self, commands: Sequence[str], ahead: Sequence[str] = ()) -> int:
+        """Run ``commands`` (read-only, but for those in ``ahead``) in one round trip and store
+        their answers.
 
         Args:
             commands: exact command strings as modules will ask for them; duplicates are run once.
+            ahead: those of ``commands`` that are not reads (each a module's ``lead_command``):
+                their answers are handed out once, never expired, never dropped; when the
+                batch's output cannot be split, each gets a failed answer saying so rather
+                than running a second time.
 
         Returns:
             how many answers were stored (0 when the batch output could not be split).
@@ -119,22 +130,31 @@ class PrefetchingConnection:
             UnreachableError: the connection failed (the caller reports it as usual).
         """
         unique = list(dict.fromkeys(commands))
+        once = set(ahead)
         self.drop()
         self.ran_live = False
+        with self._lock:
+            self._ahead.clear()
         if not unique:
             return 0
         if len(unique) == 1:  # nothing to batch: send it as it is
             results: list[CommandResult] | None = [self._inner.run(unique[0])]
         else:
             nonce = secrets.token_hex(8)
-            log.debug("%s: batching %d read commands in one round trip", self.name, len(unique))
+            log.debug("%s: batching %d commands in one round trip", self.name, len(unique))
             batch = self._inner.run(batch_script(unique, nonce))
             results = split_batch(batch.stdout, batch.stderr, len(unique), nonce)
         if results is None:
             log.debug("%s: batched read incomplete; reading live", self.name)
+            lost = CommandResult(1, "", "the batched output of this command could not be read "
+                                        "back (it ran once; it is not run again)")
+            with self._lock:
+                self._ahead = {command: lost for command in unique if command in once}
             return 0
         with self._lock:
-            self._cache = dict(zip(unique, results, strict=True))
+            answers = dict(zip(unique, results, strict=True))
+            self._ahead = {c: r for c, r in answers.items() if c in once}
+            self._cache = {c: r for c, r in answers.items() if c not in once}
             self._stored_at = time.monotonic()
         return len(results)
 
@@ -148,7 +168,9 @@ class PrefetchingConnection:
         """
         hit = None
         with self._lock:
-            if sudo is None and stdin is None and command in self._cache:
+            if sudo is None and stdin is None and command in self._ahead:
+                hit = self._ahead.pop(command)  # ran once, at the head of the batch
+            elif sudo is None and stdin is None and command in self._cache:
                 if time.monotonic() - self._stored_at <= self._max_age_s:
                     hit = self._cache[command]  # valid until a live command runs
                 else:

@@ -14,7 +14,8 @@ rendered, as in Ansible ("Unsafe or raw strings", Ansible docs).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,53 @@ from vllm_provision.errors import ProvisionError
 from vllm_provision.inventory.source import UnsafeText
 
 _MARKERS = ("{{", "{%")
+# Compiled sources kept per environment (a run renders the same few templates and expressions
+# for every task x host); past this many, the cache is emptied and refilled.
+CACHE_LIMIT = 4096
+_ENVIRONMENTS: dict[tuple[str, ...], jinja2.Environment] = {}
+_ENVIRONMENTS_LOCK = threading.Lock()
+
+
+class _Compiled:
+    """One environment's compiled sources: the parse result (its free names, whether it
+    includes other files), the compiled template and the compiled expression, by source text.
+    Jinja2's compiled templates hold no render state (a render makes its own context), so one
+    copy serves every host and thread."""
+
+    def __init__(self) -> None:
+        self.parsed: dict[str, tuple[frozenset[str], bool]] = {}
+        self.templates: dict[str, jinja2.Template] = {}
+        self.expressions: dict[str, Callable[..., Any]] = {}
+
+    def remember(self, table: dict[str, Any], key: str, value: Any) -> Any:
+        if len(table) >= CACHE_LIMIT:
+            table.clear()
+        table[key] = value
+        return value
+
+
+def _compiled(env: jinja2.Environment) -> _Compiled:
+    cache = getattr(env, "_vllm_provision_compiled", None)
+    if cache is None:
+        cache = _Compiled()
+        env._vllm_provision_compiled = cache  # type: ignore[attr-defined]
+    return cache
+
+
+def environment_for(search_path: list[Path] | None = None) -> jinja2.Environment:
+    """Return the process's one environment of :func:`make_environment` for ``search_path``,
+    built on first use: a run compiles each template and expression once (compiled sources are
+    kept with the environment), not once per task x host.
+
+    Args:
+        search_path: as for :func:`make_environment`.
+    """
+    key = tuple(str(p) for p in search_path or ())
+    with _ENVIRONMENTS_LOCK:
+        env = _ENVIRONMENTS.get(key)
+        if env is None:
+            env = _ENVIRONMENTS[key] = make_environment(search_path)
+        return env
 
 
 def make_environment(search_path: list[Path] | None = None) -> jinja2.Environment:
@@ -181,22 +229,29 @@ class Templar:
             return self.evaluate(stripped[2:-2], label)
         return self.render(text, label)
 
-    def _context_for(self, source: str, label: str) -> tuple[jinja2.nodes.Template, dict[str, Any]]:
-        try:
-            ast = self.env.parse(source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ProvisionError.single(f"{self.where}: {label}",
-                                        f"Jinja2 syntax error: {exc.message}",
-                                        actual=source[:200]) from None
-        if any(True for _ in ast.find_all((jinja2.nodes.Include, jinja2.nodes.Import,
-                                           jinja2.nodes.FromImport, jinja2.nodes.Extends))):
-            return ast, self.resolved()  # included files may use any variable
-        names = jinja2.meta.find_undeclared_variables(ast)
+    def _context_for(self, source: str, label: str) -> dict[str, Any]:
+        cache = _compiled(self.env)
+        parsed = cache.parsed.get(source)
+        if parsed is None:
+            try:
+                ast = self.env.parse(source)
+            except jinja2.TemplateSyntaxError as exc:
+                raise ProvisionError.single(f"{self.where}: {label}",
+                                            f"Jinja2 syntax error: {exc.message}",
+                                            actual=source[:200]) from None
+            includes = any(True for _ in ast.find_all((jinja2.nodes.Include, jinja2.nodes.Import,
+                                                       jinja2.nodes.FromImport,
+                                                       jinja2.nodes.Extends)))
+            parsed = cache.remember(cache.parsed, source, (
+                frozenset(jinja2.meta.find_undeclared_variables(ast)), includes))
+        names, includes = parsed
+        if includes:
+            return self.resolved()  # included files may use any variable
         context: dict[str, Any] = {}
         for name in names:
             if name in self.raw:
                 context[name] = self.get(name)
-        return ast, context
+        return context
 
     def render(self, source: str, label: str = "template") -> str:
         """Render template text.
@@ -204,9 +259,13 @@ class Templar:
         Raises:
             ProvisionError: syntax error or undefined variable (named in the message).
         """
-        _, context = self._context_for(source, label)
+        context = self._context_for(source, label)
         try:
-            return self.env.from_string(source).render(context)
+            cache = _compiled(self.env)
+            template = cache.templates.get(source)
+            if template is None:
+                template = cache.remember(cache.templates, source, self.env.from_string(source))
+            return template.render(context)
         except jinja2.sandbox.SecurityError as exc:
             raise _sandbox_error(self.where, label, exc) from None
         except jinja2.UndefinedError as exc:
@@ -221,9 +280,14 @@ class Templar:
         Raises:
             ProvisionError: syntax error or undefined variable.
         """
-        _, context = self._context_for("{{ " + expression + " }}", label)
+        context = self._context_for("{{ " + expression + " }}", label)
         try:
-            compiled = self.env.compile_expression(expression, undefined_to_none=False)
+            cache = _compiled(self.env)
+            compiled = cache.expressions.get(expression)
+            if compiled is None:
+                compiled = cache.remember(
+                    cache.expressions, expression,
+                    self.env.compile_expression(expression, undefined_to_none=False))
             value = compiled(context)
         except jinja2.sandbox.SecurityError as exc:
             raise _sandbox_error(self.where, label, exc) from None
