@@ -77,7 +77,6 @@ SUMMARIES: dict[str, str] = {
     'init': 'Probe the servers and print a first, working inventory.',
     'inventory': ('Show what each host gets after group_vars, host_vars and precedence (no host '
         'contacted).'),
-    'lab': 'Throw-away Debian hosts with real systemd and sshd on this machine (needs root).',
     'logs': 'Print the journals of every node of the replica, merged in time order.',
     'play': "Run PLAYBOOK against the inventory's hosts.",
     'record': ("Write the decision record: GPU pool, who reserves GPUs and starts workers, "
@@ -85,7 +84,9 @@ SUMMARIES: dict[str, str] = {
                "refusals where conditions differ, and one checkable closing sentence."),
     'restart': 'Restart the whole replica in order, then wait until it serves and verify.',
     'schema': "Print the JSON Schema (draft 2020-12) of COMMAND's --json output, or list them.",
+    'stack': "Install and upgrade the replica's Python stack from one reviewed lock.",
     'status': "Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.",
+    'upgrade': 'Upgrade the replicas N at a time: drain, apply, restart in order, verify, undrain.',
     'up': 'Deploy the replica: preflight, install, start in order, wait until it serves, verify.',
     'verify': ("Check a deployed replica with the packaged verify suite (pytest-testinfra "
                "over SSH)."),
