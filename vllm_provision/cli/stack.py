@@ -55,15 +55,14 @@ def _replicas(opts: CommonOptions) -> tuple[Any, list[tuple[Any, Path]]]:
 
 
 def _connect(opts: CommonOptions, replica: Any) -> dict[str, Any]:
-    from vllm_provision.connection import close_all, open_connections
-    from vllm_provision.errors import ProvisionError
+    """One connection per node of ``replica`` (as ``provision bench`` and ``fault`` open them).
 
-    connections, errors = open_connections([n.host for n in replica.nodes],
-                                           opts.connection_options())
-    if errors:
-        close_all(connections)
-        raise ProvisionError([p for e in errors.values() for p in e.problems])
-    return connections
+    Raises:
+        ProvisionError: a node cannot be reached (every reason, one per host).
+    """
+    from vllm_provision.cli.bench import connect
+
+    return connect(opts, replica)
 
 
 def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
