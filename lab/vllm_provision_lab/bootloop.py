@@ -44,6 +44,14 @@ def nspawn_command(root: str, machine: str, hostname: str, netns: str) -> list[s
             "--console=read-only", "--resolv-conf=off", "--timezone=off", "--link-journal=no"]
 
 
+def write_pid(path: Path, pid: int) -> None:
+    """Write ``pid`` to ``path`` atomically (a temporary file renamed over it): the lab polls
+    these files while the host boots, and must never read one half-written or truncated."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(f"{pid}\n")
+    os.replace(temporary, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, join the cgroups, boot the guest until it stops for good."""
     parser = argparse.ArgumentParser(description="boot one lab host, again on reboot")
@@ -55,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     join_cgroups(args.cgroup)
-    (run_dir / "boot.pid").write_text(f"{os.getpid()}\n")
+    write_pid(run_dir / "boot.pid", os.getpid())
     # the guest sees a pure cgroup2 tree, as a real bookworm host does (gotcha 3)
     env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
     child: list[subprocess.Popen[bytes]] = []
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             nspawn_command(str(run_dir / "root"), args.machine, args.hostname, args.netns),
             env=env, stdin=subprocess.DEVNULL)
         child[:] = [process]
-        (run_dir / "nspawn.pid").write_text(f"{process.pid}\n")
+        write_pid(run_dir / "nspawn.pid", process.pid)
         status = process.wait()
         print(f"--- systemd-nspawn exited with status {status} ---", flush=True)
         if status != REBOOT_EXIT_STATUS:

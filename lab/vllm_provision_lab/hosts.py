@@ -89,7 +89,11 @@ def start_boot_loop(config: LabConfig, host: str) -> None:
     with open(run_dir / "console.log", "ab") as console:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    (run_dir / "boot.pid").write_text(f"{process.pid}\n")
+    # atomic, as the boot loop writes it: wait_ready() reads it meanwhile (a truncated file read
+    # as "no boot loop" made a booting host look dead)
+    temporary = run_dir / f".boot.pid.{os.getpid()}"
+    temporary.write_text(f"{process.pid}\n")
+    os.replace(temporary, run_dir / "boot.pid")
 
 
 def boot_loop_alive(config: LabConfig, host: str) -> bool:
