@@ -102,7 +102,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
             r.backend_type.serves_openai for r in inventory.replicas)
         if (name == "up" and not opts.check and not opts.limit and verified
                 and not any(r.failed for r in outcome.results)):
-            extra.update(_record_good_up(inventory, runner, factory, measured, started_at))
+            extra.update(record_good_up(inventory, runner.facts, runner.options.connection,
+                                        runner.masker, factory, measured, started_at))
         if opts.check:
             extra["plan"] = run_plan(inventory, outcome, starts_again=name == "restart")
     extra["stats"] = report.connection_stats()
@@ -317,21 +318,31 @@ TAKE_OVER_HELP = ("Take over hosts that another replica or inventory deployed: r
                   "installed that this inventory does not, then go on.")
 
 
-def _record_good_up(inventory: Any, runner: Any, factory: Any = None,
-                    measured: dict[str, float | None] | None = None,
-                    started_at: datetime | None = None) -> dict[str, str]:
-    """Write the state record of a verified `up` for `provision drift` (vllm_provision.state);
-    return ``state_record`` (controller path) or ``state_record_error`` (also on stderr)."""
+def record_good_up(inventory: Any, facts: Any, connection_options: Any, masker: Any,
+                   factory: Any = None, measured: dict[str, float | None] | None = None,
+                   started_at: datetime | None = None) -> dict[str, str]:
+    """Write the state record of a verified `up` (or of an upgrade that verified every
+    replica) for `provision drift` (vllm_provision.state).
+
+    Args:
+        facts: host name -> the facts preflight gathered; connection_options: the run's
+            ``ConnectionOptions``; masker: masks secrets in the warning; factory: the run
+            lock's connection factory; measured, started_at: see ``state.record_after_up``.
+
+    Returns:
+        ``{"state_record": controller path}``, or ``{"state_record_error": text}`` (also printed
+        on stderr as a warning: the run itself succeeded).
+    """
     from vllm_provision import state
     from vllm_provision.errors import ProvisionError
     from vllm_provision.runner.playbook import load_playbook
 
     try:
         return {"state_record": str(state.record_after_up(
-            inventory, runner.facts, load_playbook(resources.playbook("up")),
-            runner.options.connection, factory, measured=measured, started_at=started_at))}
+            inventory, facts, load_playbook(resources.playbook("up")), connection_options,
+            factory, measured=measured, started_at=started_at))}
     except ProvisionError as exc:
-        text = runner.masker.text(exc.render())
+        text = masker.text(exc.render())
         click.echo(f"warning: the state record for `provision drift` was not written: {text}",
                    err=True)
         return {"state_record_error": text}

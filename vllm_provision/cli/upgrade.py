@@ -347,25 +347,13 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
 
 def _record_upgrade(upgrade: _Upgrade, started_at: datetime) -> dict[str, str]:
     """After every replica upgraded and verified, write the state record as a verified ``up``
-    does (vllm_provision.state), so ``provision drift`` compares with what the upgrade left.
-
-    Returns:
-        ``{"state_record": controller path}``, or ``{"state_record_error": text}`` (also printed
-        on stderr as a warning: the upgrade itself succeeded).
-    """
-    from vllm_provision import state
+    does, so ``provision drift`` compares with what the upgrade left (see ``record_good_up``)."""
+    from vllm_provision.cli.up import record_good_up
     from vllm_provision.runner.masking import Masker
 
-    try:
-        path = state.record_after_up(upgrade.inventory, upgrade.facts, upgrade.up_plays,
-                                     upgrade.opts.connection_options(), upgrade.factory,
-                                     started_at=started_at)
-    except ProvisionError as exc:
-        text = Masker.from_inventory(upgrade.inventory).text(exc.render())
-        click.echo(f"warning: the state record for `provision drift` was not written: {text}",
-                   err=True)
-        return {"state_record_error": text}
-    return {"state_record": str(path)}
+    return record_good_up(upgrade.inventory, upgrade.facts, upgrade.opts.connection_options(),
+                          Masker.from_inventory(upgrade.inventory), upgrade.factory,
+                          started_at=started_at)
 
 
 def _print_plan(plan: list[dict[str, Any]], size: int, max_fail: int, as_json: bool) -> int:
