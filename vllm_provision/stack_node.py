@@ -33,6 +33,43 @@ import sys
 import time
 
 MARKER = ".vllm-provision-stack.json"
+PIN_MODULE = "_vllm_provision_pin"
+PIN_PTH = "00-vllm-provision-pin.pth"
+# Run by site.py at start-up, before any other .pth file (site.addsitedir processes them sorted by
+# name) and before any import from site-packages. The venv path is a symlink that a switch may
+# repoint at any moment; a process that went on resolving it would import some modules from the
+# old stack and the rest from the new one. This pins the process to the folder the link names
+# now: sys.prefix, sys.exec_prefix, sys.executable (multiprocessing's spawn starts children with
+# it) and the sys.path entries under the venv path.
+PIN_SOURCE = '''"""Pins this Python process to the stack folder its venv path names at start-up.
+
+Written by vllm-provision's `provision stack sync` (docs/stack.md, "The switch").
+"""
+import os
+import sys
+
+
+def _pin():
+    link = sys.prefix
+    real = os.path.realpath(link)
+    if real == link:
+        return
+    head = link + os.sep
+
+    def moved(path):
+        if path == link or path.startswith(head):
+            return real + path[len(link):]
+        return path
+
+    sys.path[:] = [moved(entry) for entry in sys.path]
+    sys.prefix = moved(sys.prefix)
+    sys.exec_prefix = moved(sys.exec_prefix)
+    if sys.executable:
+        sys.executable = moved(sys.executable)
+
+
+_pin()
+'''
 ORIGINAL = "original"
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
@@ -217,6 +254,9 @@ def install(config):
             detail = (out.stderr.strip() or out.stdout.strip())[-1500:]
             return {"error": f"{' '.join(argv[:4])} failed (exit {out.returncode}): {detail}"}
     remove(links)
+    error = write_pin(folder)
+    if error:
+        return {"error": error}
     problems = check(os.path.join(folder, "bin", "python"), folder, config["lock"],
                      config.get("roots") or [], config.get("vllm") or "")
     if problems:
@@ -230,6 +270,21 @@ def install(config):
     os.replace(marker + ".tmp", marker)
     fsync_dir(folder)
     return {"installed": True, "stack": folder}
+
+
+def write_pin(folder):
+    """Write the pin module and its .pth into the new venv's site-packages ("" or an error)."""
+    import glob
+
+    found = glob.glob(os.path.join(folder, "lib", "python3*", "site-packages"))
+    if len(found) != 1:
+        return f"{folder}: expected one lib/python3*/site-packages, found {len(found)}"
+    for name, text in ((PIN_MODULE + ".py", PIN_SOURCE), (PIN_PTH, f"import {PIN_MODULE}\n")):
+        path = os.path.join(found[0], name)
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(path + ".tmp", path)
+    return ""
 
 
 def bundled_pip():

@@ -103,6 +103,9 @@ def test_sync_installs_the_lock_on_both_hosts_from_the_controller(setup: dict[st
     for host in HOSTS:
         assert _versions(on, host) == OLD
         assert _active(on, host) == f"vp-stack-lab.stack-{stack_id}"
+        # a Python started through the link is pinned to the folder it named (docs/stack.md)
+        prefix = on(host, f"{VENV}/bin/python -c 'import sys; print(sys.prefix)'").stdout.strip()
+        assert prefix == f"{VENV}.stack-{stack_id}"
         # the hand-made venv is kept as the previous one
         assert on(host, f"readlink -- {VENV}.previous").stdout.strip() == \
             "vp-stack-lab.stack-original"

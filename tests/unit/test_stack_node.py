@@ -99,3 +99,46 @@ def test_sync_refuses_with_the_numbers_when_the_disk_is_too_small(tmp_path: Path
     assert "not enough free disk on /opt" in text and "500 MiB free" in text
     assert ">= 864 MiB (wheels to push 200 MiB + new venv ~600 MiB + margin 64 MiB" in text
     assert not any("cat >" in c for c in conn.commands)  # nothing was pushed
+
+
+def _stack_with(venv: Path, stack_id: str, version: str, pin: bool) -> Path:
+    """A real venv ``<venv>.stack-<id>`` holding modules ``a`` and ``b`` at ``version``."""
+    from vllm_provision import stack_node
+
+    folder = Path(f"{venv}.stack-{stack_id}")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    (site,) = folder.glob("lib/python3*/site-packages")
+    for name in ("a", "b"):
+        (site / f"{name}.py").write_text(f"V = {version!r}\n")
+    if pin:
+        assert stack_node.write_pin(str(folder)) == ""
+    return folder
+
+
+@pytest.mark.parametrize("pin", [True, False], ids=["pinned", "unpinned"])
+def test_a_process_started_before_a_switch_imports_from_one_stack_only(tmp_path: Path,
+                                                                       pin: bool) -> None:
+    """The switch repoints the venv symlink while a Python started through it is running: with
+    the pin (written by every install) it goes on importing from the folder it started in; without
+    it, its later imports come from the new stack (what the pin exists to prevent)."""
+    venv = tmp_path / "vllm"
+    old = _stack_with(venv, "old", "1", pin)
+    new = _stack_with(venv, "new", "2", pin)
+    venv.symlink_to(old.name)
+    code = ("import sys, a; print('ready', flush=True); sys.stdin.readline(); import b; "
+            "print(a.V, b.V)")
+    proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "ready"
+    link = tmp_path / "link.tmp"
+    link.symlink_to(new.name)
+    link.replace(venv)  # what switch does: rename(2) of a new symlink over the old one
+    out, _ = proc.communicate("\n", timeout=60)
+    assert out.split() == (["1", "1"] if pin else ["1", "2"])
+    started = subprocess.run([str(venv / "bin" / "python"), "-c", "import a, b, sys; "
+                              "print(a.V, b.V, sys.prefix)"], capture_output=True, text=True,
+                             check=True)
+    assert started.stdout.split()[:2] == ["2", "2"]  # a process started after sees the new one
+    if pin:
+        assert started.stdout.split()[2] == str(new)
