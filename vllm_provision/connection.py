@@ -54,6 +54,13 @@ POLL_S = 0.05
 # its stdout open; OpenSSH's sshd closes the channel only when every copy of the fds is closed).
 TAIL_POLL_S = 0.002
 EOF_GRACE_S = 5.0
+# A host that sends nothing while a command runs is asked for an answer, as OpenSSH's
+# ServerAliveInterval/ServerAliveCountMax do (ssh_config(5)): a ``keepalive@openssh.com`` global
+# request with want-reply, which sshd answers with SSH_MSG_REQUEST_FAILURE (serverloop.c). After
+# ALIVE_COUNT_MAX intervals without any answer the connection is lost: a cut cable is found in
+# about the connect timeout (``--timeout``), not when a long command's own limit (an hour for a
+# venv build) or TCP's retransmissions (about 15 min, tcp_retries2) run out.
+ALIVE_COUNT_MAX = 3
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 
@@ -577,11 +584,17 @@ class HostConnection:
             channel.shutdown_write()
             out, err = bytearray(), bytearray()
             exited_at: float | None = None
+            alive = _AliveProbe(transport, self.options.connect_timeout_s / ALIVE_COUNT_MAX)
             while True:
                 while channel.recv_ready():
                     out += channel.recv(65536)
+                    alive.heard()
                 while channel.recv_stderr_ready():
                     err += channel.recv_stderr(65536)
+                    alive.heard()
+                if alive.lost():
+                    channel.close()
+                    raise _Silent(alive.silent_s())
                 # Done at the exit status AND the end of both streams (EOF or close: paramiko
                 # closes the stdout and stderr buffers together), with nothing left buffered.
                 # The exit status alone is not the end: OpenSSH's sshd sends it when the child
@@ -614,6 +627,15 @@ class HostConnection:
                 channel.status_event.wait(min(remaining, POLL_S))
             code = channel.recv_exit_status()
             channel.close()
+        except _Silent as exc:
+            self._broken = (f"{self._address_label()} answered nothing for {exc.args[0]:.0f} s "
+                            f"(not even an SSH keepalive) while a command ran; the connection "
+                            f"is considered lost")
+            self.close()
+            raise UnreachableError.single(
+                self.name, self._broken,
+                fix="check the network path to the host and that it is up (--timeout sets how "
+                    "long a silent host is waited for)") from None
         except TimeoutError:
             self._broken = (f"an operation on {self._address_label()} timed out after "
                             f"{limit:g} s; the connection is considered lost")
@@ -629,6 +651,61 @@ class HostConnection:
             raise UnreachableError.single(self.name, self._broken) from None
         return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - started)
+
+
+class _Silent(Exception):
+    """The host answered nothing, not even a keepalive, for ``args[0]`` seconds."""
+
+
+class _AliveProbe:
+    """OpenSSH's ServerAlive for one running command (see :data:`ALIVE_COUNT_MAX`).
+
+    Args:
+        transport: the paramiko transport the command's channel runs on.
+        interval_s: seconds of silence before a keepalive request is sent; the host is lost
+            when no answer came :data:`ALIVE_COUNT_MAX` intervals after the last thing heard.
+
+    ``global_request(wait=True)`` has no timeout of its own, so it runs on a daemon thread; it
+    returns when the answer arrives or the transport closes (the caller closes it when lost).
+    """
+
+    def __init__(self, transport: Any, interval_s: float) -> None:
+        self.transport = transport
+        self.interval_s = max(1.0, interval_s)
+        self.last = time.monotonic()
+        self.probe: threading.Thread | None = None
+        self.answered = False
+
+    def heard(self) -> None:
+        """Output arrived: the host is alive."""
+        self.last = time.monotonic()
+
+    def silent_s(self) -> float:
+        """Seconds since anything was heard."""
+        return time.monotonic() - self.last
+
+    def lost(self) -> bool:
+        """Send a keepalive after an interval of silence; True once none was answered in time."""
+        if self.probe is not None and not self.probe.is_alive():
+            self.probe = None
+            if self.answered:
+                self.last = time.monotonic()
+        silent = self.silent_s()
+        if silent >= self.interval_s * ALIVE_COUNT_MAX:
+            return True
+        if silent >= self.interval_s and self.probe is None:
+            self.probe = threading.Thread(target=self._ask, name="ssh-alive", daemon=True)
+            self.probe.start()
+        return False
+
+    def _ask(self) -> None:
+        self.answered = False
+        try:
+            # None for SSH_MSG_REQUEST_FAILURE (an answer) and for a closed transport (none)
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+        except Exception:  # the transport went away: lost() sees the silence
+            return
+        self.answered = bool(self.transport.is_active())
 
 
 class _BecomeView:
