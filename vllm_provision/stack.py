@@ -562,6 +562,7 @@ class NodeResult:
         installed: a new stack was built; switched: the venv now points at another stack.
         active: the active stack folder after the run; before: the one before.
         error: why it failed ("" when it did not).
+        held: why it built but did not switch (another node of the replica failed), or "".
     """
 
     host: str
@@ -572,6 +573,7 @@ class NodeResult:
     active: str = ""
     before: str = ""
     error: str = ""
+    held: str = ""
 
     @property
     def changed(self) -> bool:
@@ -591,6 +593,8 @@ class NodeResult:
             parts.append("built and checked the new venv")
         if self.switched:
             parts.append(f"switched {self.before or '(none)'} -> {self.active}")
+        if self.held:
+            parts.append(f"not switched ({self.held}; {self.active or '(none)'} stays active)")
         return f"{self.host}: " + ", ".join(parts)
 
 
@@ -618,10 +622,35 @@ def push_file(conn: Any, source: Path, folder: str, name: str, digest: str) -> N
 
 def sync_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str, wheels: Mapping[str, Wheel],
               venv: str, progress: Callable[[str], None] = lambda _line: None) -> NodeResult:
-    """Bring one node to the lock: clean up, push what it lacks, build, check, switch, prune.
+    """Bring one node to the lock: :func:`build_node`, then :func:`switch_node`.
 
-    Every step is safe to interrupt: the venv switches only after the new stack is complete
-    and checked; the next run removes partial files and folders (``stack_node.py cleanup``).
+    ``provision stack sync`` calls the two itself, so that no node of a replica switches
+    before every node has built its stack (docs/stack.md).
+
+    Raises:
+        ProvisionError: a step failed on the node (the old venv stays active).
+    """
+    result = build_node(conn, node, lock, lock_text, wheels, venv, progress)
+    return switch_node(conn, result, venv, lock.id)
+
+
+def build_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str,
+               wheels: Mapping[str, Wheel], venv: str,
+               progress: Callable[[str], None] = lambda _line: None) -> NodeResult:
+    """Clean up, push the wheels the node lacks, build and check the stack; switch nothing.
+
+    Every step is safe to interrupt: the next run removes partial files and folders
+    (``stack_node.py cleanup``); a complete stack (its marker written last) is kept and reused.
+
+    Args:
+        conn: the node's connection; node: its probe; lock, lock_text: the parsed lock and its
+        text; wheels: the lock's wheels by name; venv: ``vllm_venv``; progress: a line printer.
+
+    Returns:
+        A :class:`NodeResult` (``active`` still the old stack).
+
+    Raises:
+        ProvisionError: not enough disk, a push or the build failed, or the host was lost.
     """
     result = NodeResult(conn.name, active=node.active, before=node.active)
     stack_id = lock.id
@@ -663,6 +692,22 @@ def sync_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str, wheels: Ma
         "vllm": lock.pins["vllm"].version if "vllm" in lock.pins else "",
     }, timeout_s=3600)
     result.installed = bool(installed.get("installed"))
+    return result
+
+
+def switch_node(conn: Any, result: NodeResult, venv: str, stack_id: str) -> NodeResult:
+    """Point the node's venv at the built stack ``stack_id`` (one rename(2)), then prune.
+
+    Args:
+        conn: the node's connection; result: what :func:`build_node` returned for it (updated
+        and returned); venv: ``vllm_venv``; stack_id: :func:`lock_id` of the lock.
+
+    Raises:
+        ProvisionError: the stack is not complete, or the host was lost.
+    """
+    target = f"{venv}.stack-{stack_id}"
+    if result.active == target:
+        return result
     switched = run_node(conn, {"action": "switch", "venv": venv, "stack": stack_id})
     result.switched = bool(switched.get("switched"))
     result.active = str(switched.get("active", target))

@@ -1,6 +1,7 @@
 """`provision stack`: a lock of small real packages (six, idna) synced air-gapped onto two lab
 hosts (the guests have no internet; the controller downloads the wheels), upgraded with an
-atomic switch, a controller killed mid-sync, a rollback, and the comparison with the lock.
+atomic switch, a controller killed mid-sync, a rollback, the comparison with the lock, and a
+host whose cable is pulled mid-build (no node switches; the rerun converges).
 
 One module-scoped set-up: a plain venv at a path of its own on both hosts (so the lab's /opt/vllm
 stays as other modules expect it), locked and synced once; the tests go on from there in order.
@@ -215,3 +216,40 @@ def test_rollback_returns_to_the_previous_venv_and_the_lock_comparison_follows(
     (setup["work"] / "stack.lock.txt").write_text(setup["lock_new"])
     status = _provision(setup, "stack", "status", "-i", setup["inventory"])
     assert status.returncode == 0 and status.stdout.count("matches the lock") == 2
+
+
+def test_a_host_cut_mid_build_leaves_both_nodes_on_the_old_venv_and_the_rerun_converges(
+        setup: dict[str, Any], on: Any, lab: Any) -> None:
+    _lock(setup, f"six=={NEW[0]}\nidna=={NEW[1]}\npackaging==24.1\n")
+    before = {h: _active(on, h) for h in HOSTS}
+    sync = subprocess.Popen([PROVISION, "stack", "sync", "-i", setup["inventory"], "--timeout",
+                             "9"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_env(setup))
+    # h2's cable is pulled while its new stack is being built (its folder has no marker yet)
+    partial = (f"for d in {VENV}.stack-*; do [ -e $d/.vllm-provision-stack.json ] || echo $d;"
+               " done")
+    deadline = time.monotonic() + 120
+    caught = False
+    try:
+        while time.monotonic() < deadline and sync.poll() is None and not caught:
+            if on("h2", partial).stdout.strip():
+                lab.cut("h2")
+                caught = True
+        output = sync.communicate(timeout=180)[0]
+    finally:
+        lab.heal("h2")
+    assert caught, "the sync ended before h2 was caught mid-build"
+    assert sync.returncode == 1, output
+    assert "h2: FAILED" in output and "answered nothing" in output, output
+    # h1 built its stack too, but no node switches before every node has built
+    assert "h1: " in output and "not switched (h2 failed" in output, output
+    assert "no node switched, run sync again" in output
+    for host in HOSTS:
+        assert _active(on, host) == before[host]
+        assert _versions(on, host) == NEW
+    rerun = _provision(setup, "stack", "sync", "-i", setup["inventory"])
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert rerun.stdout.count("switched") == 2, rerun.stdout
+    for host in HOSTS:
+        assert on(host, f"{VENV}/bin/python -c 'import packaging; "
+                        "print(packaging.__version__)'").stdout.strip() == "24.1"

@@ -135,55 +135,90 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
     vllm_venv at the new venv with one rename(2). The previous venv is kept for rollback. A
     second run changes nothing; an interrupted run leaves the old venv active.
     """
-    from vllm_provision import stack
-    from vllm_provision.connection import close_all
     from vllm_provision.errors import ProvisionError
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
     failed = False
-    for replica, path in chosen:
-        lock = stack.read_lock(path)
-        lock_text = path.read_text(encoding="utf-8")
-        venv = stack.venv_of(replica)
-        connections = _connect(opts, replica)
+    for replica, path in chosen:  # replicas are independent: one's failure skips no other
         try:
-            nodes = _probe(connections, venv)
-            stack.check_target(lock, nodes)
-            todo = [n for n in nodes.values()
-                    if not (n.active == f"{venv}.stack-{lock.id}" and n.active_complete)]
-            wheels: dict[str, Any] = {}
-            if todo:
-                folder = wheelhouse
-                if folder is None:
-                    folder = stack.default_wheelhouse(lock)
-                    stack.download_wheels(path, lock, folder)
-                wheels = stack.wheel_plan(lock, stack.index_wheelhouse(folder), str(folder))
-            from concurrent.futures import ThreadPoolExecutor
-
-            def one(conn: Any, node: stack.NodeStack, lock: stack.Lock, lock_text: str,
-                    wheels: dict[str, Any], venv: str) -> stack.NodeResult:
-                try:
-                    return stack.sync_node(conn, node, lock, lock_text, wheels, venv,
-                                           progress=click.echo)
-                except ProvisionError as exc:
-                    return stack.NodeResult(node.host, error=exc.render())
-
-            with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-                futures = [pool.submit(one, connections[name], nodes[name], lock, lock_text,
-                                       wheels, venv) for name in nodes]
-                results = [future.result() for future in futures]
-        finally:
-            close_all(connections)
+            lock_id, results = _sync_replica(opts, replica, path, wheelhouse)
+        except ProvisionError as exc:
+            failed = True
+            click.echo(f"replica {replica.name}: FAILED: {exc.render()}")
+            continue
         for result in results:
             click.echo(result.line())
         changed = sum(r.changed for r in results)
         errors = sum(bool(r.error) for r in results)
         failed = failed or bool(errors)
-        click.echo(f"replica {replica.name}: stack {lock.id}: {changed} changed, "
+        click.echo(f"replica {replica.name}: stack {lock_id}: {changed} changed, "
                    f"{len(results) - changed - errors} unchanged, {errors} failed"
-                   + ("; `provision up` restarts the replica once to use it" if changed else ""))
+                   + ("; no node switched, run sync again" if any(r.held for r in results)
+                      else "")
+                   + ("; `provision up` restarts the replica once to use it"
+                      if changed and not errors else ""))
     sys.exit(1 if failed else 0)
+
+
+def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
+                  wheelhouse: Path | None) -> tuple[str, list[Any]]:
+    """Sync one replica's nodes to its lock at ``path``: ``(lock id, stack.NodeResult per node)``.
+
+    Two phases: every node builds and checks its stack (in parallel), and only when all of them
+    did does any node switch, so a node lost mid-build leaves the whole replica on its old venv
+    (docs/stack.md).
+
+    Raises:
+        ProvisionError: the lock is unreadable, a node is unreachable or on another target.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm_provision import stack
+    from vllm_provision.connection import close_all
+    from vllm_provision.errors import ProvisionError
+
+    lock = stack.read_lock(path)
+    lock_text = path.read_text(encoding="utf-8")
+    venv = stack.venv_of(replica)
+    target = f"{venv}.stack-{lock.id}"
+    connections = _connect(opts, replica)
+    try:
+        nodes = _probe(connections, venv)
+        stack.check_target(lock, nodes)
+        wheels: dict[str, Any] = {}
+        if any(not (n.active == target and n.active_complete) for n in nodes.values()):
+            folder = wheelhouse
+            if folder is None:
+                folder = stack.default_wheelhouse(lock)
+                stack.download_wheels(path, lock, folder)
+            wheels = stack.wheel_plan(lock, stack.index_wheelhouse(folder), str(folder))
+
+        def build(name: str) -> Any:
+            try:
+                return stack.build_node(connections[name], nodes[name], lock, lock_text, wheels,
+                                        venv, progress=click.echo)
+            except ProvisionError as exc:
+                return stack.NodeResult(name, active=nodes[name].active, error=exc.render())
+
+        def switch(result: Any) -> Any:
+            try:
+                return stack.switch_node(connections[result.host], result, venv, lock.id)
+            except ProvisionError as exc:
+                result.error = exc.render()
+                return result
+
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+            results = list(pool.map(build, nodes))
+            broken = [r.host for r in results if r.error]
+            if not broken:
+                return lock.id, list(pool.map(switch, results))
+        for result in results:
+            if not result.error and result.active != target:
+                result.held = f"{', '.join(broken)} failed"
+        return lock.id, results
+    finally:
+        close_all(connections)
 
 
 @command.command("rollback", epilog=examples("provision stack rollback -i inventory.yml"))
