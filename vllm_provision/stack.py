@@ -44,6 +44,13 @@ _HASH_RE = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
 # PEP 508 names and PEP 440 versions, as far as a lock pins them (``name==version``).
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 _HEADER_RE = re.compile(r"^#\s*(platform|python):\s*(\S+)\s*$")
+# Where the controller's `pip download` looks for the wheels: the requirements-file options that
+# `uv pip compile --emit-index-url` and pip-compile write (pip docs, "Requirements File Format",
+# global options). On the nodes pip runs with --no-index, which overrides them.
+INDEX_OPTIONS = {"--index-url": "--index-url", "-i": "--index-url",
+                 "--extra-index-url": "--extra-index-url", "--find-links": "--find-links",
+                 "-f": "--find-links", "--trusted-host": "--trusted-host"}
+_INDEX_VALUE_RE = re.compile(r"^(https?://|file://|/)[^\s'\"]+$|^[A-Za-z0-9.-]+(:[0-9]+)?$")
 _PLATFORM_RE = re.compile(r"^[a-z0-9_]+-(manylinux|musllinux)_[0-9]+_[0-9]+$")
 _PYTHON_RE = re.compile(r"^3\.[0-9]+\.[0-9]+$")
 # A compressed wheel unpacks to about this many times its size in a venv (torch: 0.9 GB wheel,
@@ -85,12 +92,16 @@ class Lock:
         platform: the uv target it was resolved for (``x86_64-manylinux_2_36``), or "".
         python: the Python it was resolved for (``3.11.2``), or "".
         path: where it was read from ("" when parsed from text).
+        indexes: the lock's index options in file order, ``(option, value)`` such as
+            ``("--extra-index-url", "https://download.pytorch.org/whl/cpu")``: where the
+            controller downloads from; they are not part of :func:`lock_id`.
     """
 
     pins: Mapping[str, Pin]
     platform: str = ""
     python: str = ""
     path: str = ""
+    indexes: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -117,10 +128,12 @@ def lock_id(lock: Lock) -> str:
 def parse_lock(text: str, where: str = "lock") -> Lock:
     """Parse a lock written by ``uv pip compile --generate-hashes`` (or pip-compile).
 
-    Accepted lines: comments (``# platform: ...`` and ``# python: ...`` are read), and
-    requirements ``name==version`` with ``--hash=sha256:<hex>`` options, continued with ``\\``.
-    Everything else (an unpinned requirement, a marker, ``-e``, an index option, a requirement
-    without hashes) is refused: pip's ``--require-hashes`` needs every one pinned and hashed.
+    Accepted lines: comments (``# platform: ...`` and ``# python: ...`` are read), requirements
+    ``name==version`` with ``--hash=sha256:<hex>`` options, continued with ``\\``, and the index
+    options of :data:`INDEX_OPTIONS` (``--index-url URL``, ``--extra-index-url URL``,
+    ``--find-links URL``, ``--trusted-host HOST``, also as ``--opt=value``). Everything else (an
+    unpinned requirement, a marker, ``-e``, ``-r``, a requirement without hashes) is refused:
+    pip's ``--require-hashes`` needs every one pinned and hashed.
 
     Args:
         text: the lock's content.
@@ -160,9 +173,21 @@ def parse_lock(text: str, where: str = "lock") -> Lock:
         current = normalise(pinned.group(1)) if pinned else ""
     if pending:
         logical.append((start, pending))
+    indexes: list[tuple[str, str]] = []
     for number, line in logical:
         words = line.split("#", 1)[0].split()
         if not words:
+            continue
+        option, _, value = words[0].partition("=")
+        if option in INDEX_OPTIONS:
+            rest = ([value] if value else []) + words[1:]
+            if len(rest) != 1 or not _INDEX_VALUE_RE.match(rest[0]):
+                problems.append(Problem(
+                    f"{where}:{number}", f"{option} needs one URL, path or host: got "
+                                         f"{' '.join(rest)!r}",
+                    expected=f"{option} https://... (one value, no quotes)", fix=fix))
+            else:
+                indexes.append((INDEX_OPTIONS[option], rest[0]))
             continue
         match = _PIN_RE.match(words[0])
         if not match:
@@ -192,7 +217,8 @@ def parse_lock(text: str, where: str = "lock") -> Lock:
         raise ProvisionError(problems)
     if not pins:
         raise ProvisionError.single(where, "the lock pins nothing", fix=fix)
-    return Lock(pins, header.get("platform", ""), header.get("python", ""), where)
+    return Lock(pins, header.get("platform", ""), header.get("python", ""), where,
+                tuple(indexes))
 
 
 def read_lock(path: Path) -> Lock:
@@ -510,8 +536,28 @@ def compile_lock(requirements: Path, target: str, python: str,
         raise ProvisionError.single(str(requirements), "uv pip compile failed",
                                     actual=(result.stderr or result.stdout).strip()[-2000:],
                                     fix="fix the requirements, or the network to the index")
+    # uv resolves with the index options of the requirements file but does not write them (its
+    # --emit-index-url would also write its default index, overriding the controller's pip
+    # configuration): the lock carries exactly the requirements' own, for `pip download`.
+    indexes = "".join(f"{option} {value}\n" for option, value in
+                      index_options(requirements.read_text(encoding="utf-8")))
     return (f"{HEADER}\n# platform: {target}\n# python: {python}\n"
-            f"# from: {requirements.name}\n{result.stdout}")
+            f"# from: {requirements.name}\n{indexes}{result.stdout}")
+
+
+def index_options(text: str) -> list[tuple[str, str]]:
+    """The valid :data:`INDEX_OPTIONS` lines of a requirements file, ``(long option, value)`` in
+    file order (``parse_lock`` reports the invalid ones, with their line, when it reads a lock)."""
+    found = []
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        option, _, value = words[0].partition("=")
+        rest = ([value] if value else []) + words[1:]
+        if option in INDEX_OPTIONS and len(rest) == 1 and _INDEX_VALUE_RE.match(rest[0]):
+            found.append((INDEX_OPTIONS[option], rest[0]))
+    return found
 
 
 def download_wheels(lock_file: Path, lock: Lock, folder: Path) -> None:

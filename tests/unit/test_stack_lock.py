@@ -61,12 +61,32 @@ def test_identity_ignores_comments_and_order_but_not_versions_or_hashes() -> Non
     ("requests==2.32.3 --hash=md5:abc", "unexpected"),
     ("-e ./local", "not a pinned requirement"),
     ("idna==3.7 --hash=sha256:" + "1" * 64, "pinned twice"),
+    ("--extra-index-url", "needs one URL"),
+    ("--index-url 'https://x' https://y", "needs one URL"),
+    ("--extra-index-url=https://a b", "needs one URL"),
+    ("-r other.txt", "not a pinned requirement"),
 ])
 def test_parse_refuses_what_require_hashes_would_not_install(line: str, says: str) -> None:
     with pytest.raises(ProvisionError) as caught:
         stack.parse_lock(LOCK + line + "\n", "stack.lock.txt")
     text = caught.value.render()
     assert says in text and "stack.lock.txt:" in text and "provision stack lock" in text
+
+
+def test_index_options_are_kept_in_order_and_leave_the_identity_alone() -> None:
+    """What `uv pip compile --emit-index-url` and pip-compile write for the CPU or CUDA torch
+    index: read for the controller's `pip download`, not part of the stack's identity."""
+    head, body = LOCK.split("idna==3.7", 1)
+    text = (head + "--index-url https://pypi.org/simple\n"
+            "--extra-index-url=https://download.pytorch.org/whl/cpu\n"
+            "--find-links /srv/wheels\n--trusted-host mirror.local:8080\nidna==3.7" + body)
+    lock = stack.parse_lock(text)
+    assert lock.indexes == (("--index-url", "https://pypi.org/simple"),
+                            ("--extra-index-url", "https://download.pytorch.org/whl/cpu"),
+                            ("--find-links", "/srv/wheels"),
+                            ("--trusted-host", "mirror.local:8080"))
+    assert lock.id == stack.parse_lock(LOCK).id and list(lock.pins) == ["idna", "six",
+                                                                        "typing-extensions"]
 
 
 def test_an_empty_lock_is_refused() -> None:
@@ -193,3 +213,25 @@ def test_preflight_and_drift_name_the_node_package_and_both_versions(tmp_path: P
     assert bad.expected.startswith("1.16.0") and "stack sync" in bad.fix
     changes = drift.compare_lock({"r1": lock}, inventory, facts)
     assert [c.line() for c in changes] == ["~ h2  six (stack lock)  1.16.0 -> 1.17.0"]
+
+
+def test_the_lock_carries_the_requirements_index_options(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU torch index named in requirements.in reaches the lock, and from there the
+    controller's `pip download`; uv's own default index is not written."""
+    import subprocess
+
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("--extra-index-url https://download.pytorch.org/whl/cpu\n"
+                            "idna==3.7  # a comment\n")
+    monkeypatch.setattr(stack, "uv_binary", lambda: "uv")
+    seen: list[list[str]] = []
+
+    def uv(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, f"idna==3.7 \\\n    --hash=sha256:{IDNA}\n", "")
+
+    text = stack.compile_lock(requirements, "x86_64-manylinux_2_36", "3.11.2", runner=uv)
+    lock = stack.parse_lock(text)
+    assert lock.indexes == (("--extra-index-url", "https://download.pytorch.org/whl/cpu"),)
+    assert "--emit-index-url" not in seen[0] and list(lock.pins) == ["idna"]
