@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from vllm_provision.errors import Problem, ProvisionError
 from vllm_provision.models import Host
@@ -54,6 +54,8 @@ POLL_S = 0.05
 # its stdout open; OpenSSH's sshd closes the channel only when every copy of the fds is closed).
 TAIL_POLL_S = 0.002
 EOF_GRACE_S = 5.0
+# Bytes read at a time from a file given as a command's stdin (a wheel of several GB).
+STDIN_CHUNK = 1 << 20
 # A host that sends nothing while a command runs is asked for an answer, as OpenSSH's
 # ServerAliveInterval/ServerAliveCountMax do (ssh_config(5)): a ``keepalive@openssh.com`` global
 # request with want-reply, which sshd answers with SSH_MSG_REQUEST_FAILURE (serverloop.c). After
@@ -506,14 +508,16 @@ class HostConnection:
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+    def run(self, command: str, *, sudo: bool | None = None,
+            stdin: str | bytes | IO[bytes] | None = None,
             timeout_s: float | None = None, check: bool = False) -> CommandResult:
         """Run ``command`` through the remote user's shell; return its result.
 
         Args:
             command: a shell command line; every interpolated value must already be quoted.
             sudo: run through ``sudo -n -u <become_user>``; None means the host's ``become``.
-            stdin: bytes or text fed to the command's standard input, then EOF.
+            stdin: bytes or text fed to the command's standard input, then EOF; or a binary
+                file, streamed in :data:`STDIN_CHUNK` pieces (never read whole into memory).
             timeout_s: limit for the whole round trip in seconds (default: the run's
                 ``command_timeout_s``).
             check: raise :class:`ProvisionError` when the exit status is not 0.
@@ -567,7 +571,8 @@ class HostConnection:
                     self.name, f"connection to {self._address_label()} lost: {exc}") from None
         return channel
 
-    def _exec(self, line: str, stdin: str | bytes | None, limit: float) -> CommandResult:
+    def _exec(self, line: str, stdin: str | bytes | IO[bytes] | None,
+              limit: float) -> CommandResult:
         started = time.monotonic()
         deadline = started + limit
         try:
@@ -577,10 +582,14 @@ class HostConnection:
             channel = transport.open_session(timeout=max(1.0, min(limit, 30.0)))
             STATS.add(self.name, commands=1, round_trips=COMMAND_ROUND_TRIPS)
             channel.exec_command(line)
-            if stdin is not None:
+            if isinstance(stdin, (str, bytes)):
                 data = stdin.encode() if isinstance(stdin, str) else stdin
                 channel.settimeout(max(0.1, deadline - time.monotonic()))
                 channel.sendall(data)
+            elif stdin is not None:  # a binary file: streamed, never whole in memory
+                while chunk := stdin.read(STDIN_CHUNK):
+                    channel.settimeout(max(0.1, deadline - time.monotonic()))
+                    channel.sendall(chunk)
             channel.shutdown_write()
             out, err = bytearray(), bytearray()
             exited_at: float | None = None
@@ -717,7 +726,8 @@ class _BecomeView:
         self.host = inner.host
         self.become = become
 
-    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+    def run(self, command: str, *, sudo: bool | None = None,
+            stdin: str | bytes | IO[bytes] | None = None,
             timeout_s: float | None = None, check: bool = False) -> CommandResult:
         return self._inner.run(command, sudo=self.become if sudo is None else sudo, stdin=stdin,
                                timeout_s=timeout_s, check=check)
@@ -734,13 +744,16 @@ class LocalConnection:
         self.command_timeout_s = command_timeout_s
         self.calls: list[str] = []
 
-    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
+    def run(self, command: str, *, sudo: bool | None = None,
+            stdin: str | bytes | IO[bytes] | None = None,
             timeout_s: float | None = None, check: bool = False) -> CommandResult:
         """Same contract as :meth:`HostConnection.run`, executed locally."""
         self.calls.append(command)
         use_sudo = self.become if sudo is None else sudo
         line = sudo_wrap(command) if use_sudo and os.geteuid() != 0 else command
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        if data is not None and not isinstance(data, bytes):
+            data = data.read()
         started = time.monotonic()
         try:
             proc = subprocess.run(["/bin/sh", "-c", line], input=data, capture_output=True,

@@ -658,8 +658,9 @@ def push_file(conn: Any, source: Path, folder: str, name: str, digest: str) -> N
             f"[ \"$(sha256sum < {shlex.quote(tmp)} | cut -d' ' -f1)\" = {shlex.quote(digest)} ] "
             f"&& mv -f -- {shlex.quote(tmp)} {shlex.quote(dest)} || "
             f"{{ rm -f -- {shlex.quote(tmp)}; echo 'sha256 differs on arrival' >&2; exit 3; }}")
-    data = source.read_bytes()
-    result = conn.run(line, stdin=data, timeout_s=120 + len(data) / (5 * MIB))
+    size = source.stat().st_size
+    with source.open("rb") as handle:  # streamed: a CUDA wheel is several GB
+        result = conn.run(line, stdin=handle, timeout_s=120 + size / (5 * MIB))
     if not result.ok:
         raise ProvisionError.single(conn.name, f"pushing {source.name} failed",
                                     actual=(result.stderr or result.stdout).strip()[-500:],
