@@ -60,6 +60,10 @@ class VariableResolver:
         self.registered: dict[str, dict[str, Any]] = {}
         self.facts: dict[str, Any] = {}
         self._lock = threading.Lock()  # hosts register from the run's worker threads
+        # the inventory is frozen: its names are built once per run, not per task x host (the
+        # templates cannot change them: ImmutableSandboxedEnvironment, runner/templating.py)
+        self._groups = {name: inventory.hosts_in_group(name) for name in inventory.groups}
+        self._hostvars = {name: dict(h.vars) for name, h in inventory.hosts.items()}
 
     def templar_for(self, play: Play, host: Host) -> Templar:
         """Return the Templar holding ``host``'s variables for ``play`` as they are now (a
@@ -70,11 +74,10 @@ class VariableResolver:
                                    play_vars=play.vars,
                                    registered=self.registered.get(host.name, {}),
                                    extra_vars=self.inventory.extra_vars)
-        groups = {name: self.inventory.hosts_in_group(name) for name in self.inventory.groups}
         fixed: dict[str, Any] = {
             "inventory_hostname": host.name,
-            "groups": groups,
-            "hostvars": {name: dict(h.vars) for name, h in self.inventory.hosts.items()},
+            "groups": self._groups,
+            "hostvars": self._hostvars,
             "replica": replica,
             "node": node_of(self.inventory, host.name),
             "engine": replica.engine if replica else None,
