@@ -65,13 +65,12 @@ class TaskExecutor:
         for name, error in errors.items():
             self.state.drop_unreachable(name, "Connect", error.render())
 
-    def run_handler(self, play: Play, handler: Task, host: Host, batch: list[Host],
-                    note: str) -> list[TaskResult]:
+    def run_handler(self, play: Play, handler: Task, host: Host, note: str) -> list[TaskResult]:
         """Run ``handler`` on ``host``, its results' messages led by ``note``."""
-        return self.run_on_host(play, handler, host, batch, note=note)
+        return self.run_on_host(play, handler, host, note=note)
 
-    def run_on_host(self, play: Play, task: Task, host: Host, batch: list[Host],
-                    *, note: str = "") -> list[TaskResult]:
+    def run_on_host(self, play: Play, task: Task, host: Host, *, note: str = ""
+                    ) -> list[TaskResult]:
         """Run ``task`` on ``host``; report and record every result; return them (one per
         host a controller module reports on, else one)."""
         started = time.monotonic()

@@ -22,8 +22,8 @@ from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.outcome import HandlerResult, RunState
 from vllm_provision.runner.playbook import Play, Task
 
-# runs a handler on one host: (play, handler, host, batch, note) -> its results, recorded
-RunHandler = Callable[[Play, Task, Host, list[Host], str], list[TaskResult]]
+# runs a handler on one host: (play, handler, host, note) -> its results, recorded
+RunHandler = Callable[[Play, Task, Host, str], list[TaskResult]]
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class HandlerQueue:
     def _per_host(self, play: Play, handler: Task, active: Mapping[str, Host],
                   notifying: Mapping[str, Notifier]) -> set[str]:
         futures = [self.state.threads().submit(self.run_handler, play, handler, active[name],
-                                               list(active.values()), why.note)
+                                               why.note)
                    for name, why in notifying.items()]
         succeeded: set[str] = set()
         for future in as_completed(futures):
@@ -207,8 +207,7 @@ class HandlerQueue:
                 if node_name not in active or node_name in self.state.dropped:
                     all_ok = False
                     continue
-                results = self.run_handler(play, handler, active[node_name],
-                                           list(active.values()), why.note)
+                results = self.run_handler(play, handler, active[node_name], why.note)
                 for result in results:
                     self._after(handler, result)
                     if result.status in (Status.FAILED, Status.UNREACHABLE):

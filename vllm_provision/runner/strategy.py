@@ -74,12 +74,11 @@ class LinearStrategy:
         spec = find_module(task.module)
         assert spec is not None  # validated at load time
         if spec.runs_on == "controller" or task.run_once:
-            outcomes = [self.executor.run_on_host(play, task, batch[0], batch)]
+            outcomes = [self.executor.run_on_host(play, task, batch[0])]
             # run_once / controller: the registered value is seen by every host (Ansible)
             self.variables.share(task, batch[0].name, batch[1:])
         else:
-            futures = [self.state.threads().submit(self._refill_and_run, play, task, host,
-                                                   batch, index)
+            futures = [self.state.threads().submit(self._refill_and_run, play, task, host, index)
                        for host in batch]
             outcomes = [future.result() for future in as_completed(futures)]
         failed_hosts: list[str] = []
@@ -94,10 +93,10 @@ class LinearStrategy:
             else:
                 self.state.aborted = True
 
-    def _refill_and_run(self, play: Play, task: Task, host: Host, batch: list[Host],
-                        index: int) -> list[TaskResult]:
+    def _refill_and_run(self, play: Play, task: Task, host: Host, index: int
+                        ) -> list[TaskResult]:
         self.prefetcher.refill(play, host, index)
-        return self.executor.run_on_host(play, task, host, batch)
+        return self.executor.run_on_host(play, task, host)
 
     def _after_result(self, task: Task, result: TaskResult) -> None:
         if result.status in (Status.CHANGED, Status.FAILED, Status.UNREACHABLE):
