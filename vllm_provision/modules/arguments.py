@@ -8,7 +8,7 @@ with Ansible's kind names. The declaration is used three times:
 - when the playbook loads (``runner/playbook.py``), before any connection: an unknown argument, a
   missing required one, and every value that is not a template is checked, so a typo such as
   ``vllm_verify: {promt: hi}`` stops the run with the playbook file, play, task and argument;
-- after the task's arguments are rendered (``runner/engine.py``), for the values that were
+- after the task's arguments are rendered (``runner/executor.py``), for the values that were
   templates, and by the module itself (``values = ARGUMENT_SPEC.validate(args)``);
 - to write the module reference, docs/modules.md (``python -m vllm_provision.modules.reference``).
 

@@ -15,18 +15,30 @@ A command that is not a read may lead the batch (``ahead``: a module's ``lead_co
 first thing its task sends): it runs once, at the head, and its answer is kept apart from the
 reads' cache: handed out once, to the first identical request, whatever its age and whatever
 else ran meanwhile, so it never runs twice.
+
+:class:`Prefetcher` decides what to batch for each host of a play batch (the read commands of
+its tasks, in order, up to the first task that will send something else);
+:class:`PrefetchingConnection` runs the batch and answers from it.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from vllm_provision.connection import CommandResult, command_failed
+from vllm_provision import handlers_state
+from vllm_provision.connection import CommandResult, UnreachableError, command_failed
+from vllm_provision.models import Host
+from vllm_provision.modules import find_module
+from vllm_provision.runner.context import TaskContext
+from vllm_provision.runner.outcome import RunState
+from vllm_provision.runner.playbook import Play, Task
+from vllm_provision.runner.templating import Templar
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +221,156 @@ class _ExplicitSudo:
             timeout_s: float | None = None, check: bool = False) -> CommandResult:
         return self._outer.run(command, sudo=self.become if sudo is None else sudo,
                                stdin=stdin, timeout_s=timeout_s, check=check)
+
+
+# builds the TaskContext a module's read_command sees:
+# (play, task, host, templar, connection, resolved variables) -> TaskContext
+ContextFor = Callable[[Play, Task, Host, Templar, Any, Mapping[str, Any]], TaskContext]
+
+
+class Prefetcher:
+    """Batches, per host and play batch, the read commands its tasks will send
+    (docs/engine.md "Round trips"). An optimisation only: whatever fails here is not reported;
+    the live command that follows reports it as usual.
+
+    Args:
+        state: the run's shared state (its connections are :class:`PrefetchingConnection`).
+        templar_for: ``(play, host) -> Templar`` (``variables.VariableResolver.templar_for``).
+        context_for: builds a task's context (``executor.TaskExecutor.task_context``).
+    """
+
+    def __init__(self, state: RunState, templar_for: Callable[[Play, Host], Templar],
+                 context_for: ContextFor) -> None:
+        self.state = state
+        self.templar_for = templar_for
+        self.context_for = context_for
+        self._no_prefetch: set[str] = set()  # hosts that changed or failed in this play batch
+        self._ahead: dict[str, list[str]] = {}  # host -> lead commands of its last batch
+
+    def start_batch(self, play: Play, batch: list[Host]) -> None:
+        """Run, per host and in parallel, the pending-notifications read and the read commands
+        of the play's tasks in ONE round trip; modules asking for the same commands are then
+        answered from the host's cache."""
+        self._no_prefetch = set()
+
+        def one(host: Host) -> None:
+            conn = self.state.connections.get(host.name)
+            if not isinstance(conn, PrefetchingConnection):
+                return
+            try:
+                commands = self._read_commands(play, host, conn, 0)
+            except Exception:  # noqa: BLE001 - an optimisation only; tasks report it live
+                commands = []
+            if play.handlers:
+                commands.insert(0, handlers_state.read_script(self.state.options.pending_dir))
+            try:
+                conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
+            except UnreachableError:
+                conn.drop()
+
+        list(self.state.threads().map(one, batch))
+
+    def refill(self, play: Play, host: Host, index: int) -> None:
+        """Before task ``index`` on ``host``: when a live command (e.g. an unchanged ``command``
+        task) dropped the cache and nothing changed or failed on the host in this batch yet,
+        batch the reads of the remaining tasks again (they run after that command, so they see
+        its effects)."""
+        conn = self.state.connections.get(host.name)
+        if (not isinstance(conn, PrefetchingConnection) or not conn.ran_live
+                or host.name in self._no_prefetch):
+            return
+        try:
+            commands = self._read_commands(play, host, conn, index)
+        except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+            commands = []
+        if len(commands) < 2:
+            conn.ran_live = False  # one read costs the same live; look again after the next
+            return
+        try:
+            conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
+        except UnreachableError:
+            conn.drop()
+
+    def drop(self, hosts: Sequence[Host] | Sequence[str]) -> None:
+        """Forget the prefetched answers of ``hosts`` (host objects or names) and batch nothing
+        more for them in this play batch (something changed or failed there)."""
+        for host in hosts:
+            name = host if isinstance(host, str) else host.name
+            self._no_prefetch.add(name)
+            conn = self.state.connections.get(name)
+            if isinstance(conn, PrefetchingConnection):
+                conn.drop()
+
+    def _read_commands(self, play: Play, host: Host, conn: PrefetchingConnection,
+                       start: int) -> list[str]:
+        """Return the read commands ``host``'s tasks ``play.tasks[start:]`` will send first, in
+        task order, up to the first task that will run something else (a later read would be
+        dropped). When the first task to send anything has a module ``lead_command`` (a
+        ``command`` task), that command leads the list, marked for the connection to run once
+        (:meth:`PrefetchingConnection.prefetch` ``ahead``): the reads after it run after it, as
+        they would live."""
+        commands: list[str] = []
+        registers = {t.register for t in play.tasks if t.register}
+        pattern = (re.compile(r"\b(" + "|".join(re.escape(r) for r in sorted(registers)) + r")\b")
+                   if registers else None)
+        templar = self.templar_for(play, host)
+        resolved: Mapping[str, Any] | None = None
+        passed_over = False  # a task before this one may run live: nothing may run ahead of it
+        self._ahead[host.name] = []
+        for task in play.tasks[start:]:
+            spec = find_module(task.module)
+            if pattern is not None and pattern.search(repr((task.when, task.args))):
+                passed_over = True
+                continue  # depends on a value this play registers: cannot be known up front
+            try:
+                if task.when and not templar.test(list(task.when), f"{task.where}.when"):
+                    continue  # skipped: sends nothing
+            except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+                passed_over = True
+                continue
+            if (spec is not None and spec.read_command is None and spec.lead_command is not None
+                    and not commands and not passed_over and spec.runs_on == "host"
+                    and not task.run_once and not task.delegate_to and task.become is None
+                    and not task.notify):
+                lead = self._lead_command(play, task, host, templar, conn, spec)
+                if lead is None:
+                    break
+                commands.append(lead)
+                self._ahead[host.name].append(lead)
+                if resolved is None:
+                    resolved = templar.lazy()
+                continue
+            if (spec is None or spec.read_command is None or spec.runs_on != "host"
+                    or task.run_once or task.delegate_to):
+                break
+            if task.become is not None and task.become != getattr(conn.inner, "become", None):
+                passed_over = True
+                continue
+            try:
+                args = templar.render_value(task.args, f"{task.where}.{task.module}")
+                if resolved is None:
+                    resolved = templar.lazy()
+                ctx = self.context_for(play, task, host, templar, conn, resolved)
+                command = spec.read_command(ctx, args)
+            except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+                log.debug("%s: no prefetch for task %s", host.name, task.name, exc_info=True)
+                passed_over = True
+                continue
+            if command and command not in self._ahead[host.name]:
+                commands.append(command)
+        return commands
+
+    def _lead_command(self, play: Play, task: Task, host: Host, templar: Templar,
+                      conn: PrefetchingConnection, spec: Any) -> str | None:
+        """The first command of ``task``'s module (``lead_command``), rendered as ``run`` will
+        get it; None when it cannot be known up front."""
+        try:
+            args = templar.render_value(task.args, f"{task.where}.{task.module}")
+            if spec.arguments is not None:
+                args = spec.arguments.validate(args, f"{task.where}.{task.module}")
+            ctx = self.context_for(play, task, host, templar, conn, templar.lazy())
+            command: str | None = spec.lead_command(ctx, args)
+        except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+            log.debug("%s: no lead command for task %s", host.name, task.name, exc_info=True)
+            return None
+        return command or None
