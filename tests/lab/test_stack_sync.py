@@ -203,6 +203,17 @@ def test_rollback_returns_to_the_previous_venv_and_the_lock_comparison_follows(
         setup: dict[str, Any], on: Any) -> None:
     status = _provision(setup, "stack", "status", "-i", setup["inventory"])
     assert status.returncode == 0, status.stdout
+    # a node that keeps no previous stack: the replica's rollback is refused before any change
+    active = {h: _active(on, h) for h in HOSTS}
+    assert on("h2", f"mv {VENV}.previous {VENV}.previous.held").rc == 0
+    try:
+        refused = _provision(setup, "stack", "rollback", "-i", setup["inventory"])
+    finally:
+        assert on("h2", f"mv {VENV}.previous.held {VENV}.previous").rc == 0
+    assert refused.returncode == 1 and "nothing rolled back: no previous stack" in refused.stdout
+    assert f"beside {VENV} on h2 " in refused.stdout, \
+        refused.stdout
+    assert {h: _active(on, h) for h in HOSTS} == active
     back = _provision(setup, "stack", "rollback", "-i", setup["inventory"])
     assert back.returncode == 0, back.stdout + back.stderr
     for host in HOSTS:

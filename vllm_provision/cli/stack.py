@@ -226,7 +226,8 @@ def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
 def rollback_command(**kwargs: Any) -> None:
     """Point every node's venv back at its previous stack (kept by the last sync).
 
-    The units restart on the next `provision up`. Revert the lock file too (git), so preflight
+    Every node of a replica must keep a previous stack, or no node is rolled back. The units
+    restart on the next `provision up`. Revert the lock file too (git), so preflight
     and drift compare the nodes with what they run.
     """
     from vllm_provision import stack
@@ -236,10 +237,25 @@ def rollback_command(**kwargs: Any) -> None:
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
     failed = False
-    for replica, _path in chosen:
+    for replica, _path in chosen:  # replicas are independent: one's failure skips no other
         venv = stack.venv_of(replica)
-        connections = _connect(opts, replica)
         try:
+            connections = _connect(opts, replica)
+        except ProvisionError as exc:
+            failed = True
+            click.echo(f"replica {replica.name}: FAILED, nothing rolled back: {exc.render()}")
+            continue
+        try:
+            # every node first: a node without a previous stack refuses the whole replica's
+            # rollback before any node changed (a replica on two stacks would mix versions)
+            nodes = _probe(connections, venv)
+            missing = [n.host for n in nodes.values() if not n.previous]
+            if missing:
+                failed = True
+                click.echo(f"replica {replica.name}: FAILED, nothing rolled back: "
+                           f"no previous stack is kept beside {venv} on {', '.join(missing)} "
+                           "(a sync that switched keeps one)")
+                continue
             for name, conn in connections.items():
                 try:
                     answer = stack.run_node(conn, {"action": "rollback", "venv": venv})
@@ -248,6 +264,9 @@ def rollback_command(**kwargs: Any) -> None:
                     click.echo(f"{name}: FAILED: {exc.render()}")
                     continue
                 click.echo(f"{name}: {answer.get('before')} -> {answer.get('active')}")
+        except ProvisionError as exc:
+            failed = True
+            click.echo(f"replica {replica.name}: FAILED, nothing rolled back: {exc.render()}")
         finally:
             close_all(connections)
     sys.exit(1 if failed else 0)
