@@ -91,7 +91,9 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
     Returns:
         ``{"changes": int, "restarts": int, "steps": [{"handler", "scope", "action", "hosts",
         "units", "replicas", "line"}], "removals": [{"host", "path", "unit"}], "replicas":
-        [{"replica", "unavailable", "stopped", "last_start_s"}], "summary": str}``; ``steps``
+        [{"replica", "unavailable", "stopped", "last_start_s", "unknown"}], "incomplete":
+        [host], "summary": str}``; ``incomplete``: the hosts whose dry run failed or could not
+        connect (a replica's ``unknown``: its nodes among them); ``steps``
         in the order they would run (``handler`` is the step's name, a task's too); removals:
         what an earlier ``up`` installed that this plan removes (``vllm_provision.prune``).
     """
@@ -136,11 +138,17 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
                       and set(s.replicas) <= removing and s.action == "stop"}
     restarted = {n for s in steps.values() if s.action == "restart" for n in s.replicas}
     stopped = {n for s in steps.values() if s.action == "stop" for n in s.replicas}
+    # hosts whose dry run failed or never connected: nothing is known of what would change there
+    incomplete = [name for name in inventory.hosts
+                  if any(r.host == name and r.status in (Status.FAILED, Status.UNREACHABLE)
+                         for r in outcome.results)]
     replicas = [{"replica": r.name,
                  "unavailable": r.name in restarted or r.name in removing
                  or (starts_again and r.name in stopped),
                  "stopped": r.name in stopped and not starts_again,
-                 "last_start_s": last_start_s.get(r.name)} for r in inventory.replicas]
+                 "last_start_s": last_start_s.get(r.name),
+                 "unknown": [n.name for n in r.nodes if n.name in incomplete]}
+                for r in inventory.replicas]
     restarts = sum(len(s.targets) for s in steps.values() if s.action == "restart")
     return {
         "changes": changes,
@@ -152,7 +160,8 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
                   for s in steps.values()],
         "removals": removals,
         "replicas": replicas,
-        "summary": summary_line(changes, restarts, replicas, len(removals)),
+        "incomplete": incomplete,
+        "summary": summary_line(changes, restarts, replicas, len(removals), incomplete),
     }
 
 
@@ -225,14 +234,23 @@ def _outage(replica: str, seconds: float | None, action: str) -> str:
 
 
 def summary_line(changes: int, restarts: int, replicas: Sequence[Mapping[str, Any]],
-                 removes: int = 0) -> str:
+                 removes: int = 0, incomplete: Sequence[str] = ()) -> str:
     """``N to change, M restarts, replica 'llm' would be unavailable (last start 7.1 s)``; a
     replica that ``down`` would stop: ``replica 'llm' would stop serving``; with files an
-    earlier plan installed that this one removes: ``N to change, K to remove, ...``."""
+    earlier plan installed that this one removes: ``N to change, K to remove, ...``. When the
+    dry run could not read some hosts (``incomplete``), the line says so and claims nothing
+    about their replicas: ``plan incomplete: h1, h2 not read (unreachable or failed), ...``,
+    as Terraform refuses to plan what it could not refresh."""
     parts = [f"{changes} to change", *([f"{removes} to remove"] if removes else []),
              f"{restarts} restart{'' if restarts == 1 else 's'}"]
+    if incomplete:
+        parts.insert(0, f"plan incomplete: {', '.join(incomplete)} not read (unreachable or "
+                        "failed)")
     for item in replicas:
-        if item["unavailable"]:
+        if item.get("unknown"):
+            parts.append(f"replica '{item['replica']}' unknown ({', '.join(item['unknown'])} "
+                         "not read)")
+        elif item["unavailable"]:
             last = item["last_start_s"]
             when = f"last start {last:.1f} s" if last is not None else "last start not measured"
             parts.append(f"replica '{item['replica']}' would be unavailable ({when})")
@@ -246,7 +264,9 @@ def summary_line(changes: int, restarts: int, replicas: Sequence[Mapping[str, An
 def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     """The human lines: ``Plan:``, one line per step, then the summary line."""
     lines = ["Plan:"]
-    lines += [f"  {step['line']}" for step in plan["steps"]] or ["  nothing would restart or stop"]
+    nothing = ("  nothing would restart or stop on the hosts that were read"
+               if plan.get("incomplete") else "  nothing would restart or stop")
+    lines += [f"  {step['line']}" for step in plan["steps"]] or [nothing]
     for item in plan.get("removals") or ():
         what = f"unit {item['unit']}, not in the plan" if item["unit"] else "not in the plan"
         lines.append(f"  would remove {item['path']} on {item['host']} ({what})")

@@ -203,3 +203,15 @@ def test_down_plan_stops_the_master_then_the_followers_together(tmp_path: Path,
     assert plan["summary"] == "6 to change, 0 restarts, replica 'llama' would stop serving"
     again = build_plan(runner.outcome, inventory, serving, {"llama": 7.0}, starts_again=True)
     assert again["summary"].endswith("replica 'llama' would be unavailable (last start 7.0 s)")
+
+
+def test_summary_of_an_incomplete_plan_claims_nothing_about_the_unread_replica() -> None:
+    from vllm_provision.plan import summary_line
+
+    line = summary_line(0, 0, [{"replica": "llm", "unavailable": False, "stopped": False,
+                                "last_start_s": 7.0, "unknown": ["h2"]},
+                               {"replica": "other", "unavailable": False, "stopped": False,
+                                "last_start_s": 7.0, "unknown": []}], 0, ["h2"])
+    assert line.startswith("plan incomplete: h2 not read (unreachable or failed)")
+    assert "replica 'llm' unknown (h2 not read)" in line
+    assert "replica 'other' keeps serving" in line and "'llm' keeps" not in line

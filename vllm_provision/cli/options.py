@@ -150,8 +150,11 @@ class CommonOptions:
         progress.configure(progress.choose_mode(json_mode=self.json))
         level = {0: logging.WARNING, 1: logging.INFO}.get(self.verbosity, logging.DEBUG)
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-        if self.verbosity < 3:
-            logging.getLogger("paramiko").setLevel(max(level, logging.WARNING))
+        # paramiko logs a transport thread's failure (a host that closes before its banner, a
+        # reset) at ERROR with a traceback; the user gets it as an `unreachable` result, so its
+        # log shows from -vv (WARNING) and its debug lines from -vvv only.
+        paramiko_level = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.WARNING}
+        logging.getLogger("paramiko").setLevel(paramiko_level.get(self.verbosity, level))
 
     def connection_options(self) -> ConnectionOptions:
         """Return :class:`vllm_provision.connection.ConnectionOptions` for these options."""
