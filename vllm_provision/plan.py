@@ -91,7 +91,7 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
     Returns:
         ``{"changes": int, "restarts": int, "steps": [{"handler", "scope", "action", "hosts",
         "units", "replicas", "line"}], "removals": [{"host", "path", "unit"}], "replicas":
-        [{"replica", "unavailable", "stopped", "last_start_s", "unknown"}], "incomplete":
+        [{"replica", "unavailable", "stopped", "last_start_s"[, "unknown"]}], "incomplete":
         [host], "summary": str}``; ``incomplete``: the hosts whose dry run failed or could not
         connect (a replica's ``unknown``: its nodes among them); ``steps``
         in the order they would run (``handler`` is the step's name, a task's too); removals:
@@ -142,13 +142,17 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
     incomplete = [name for name in inventory.hosts
                   if any(r.host == name and r.status in (Status.FAILED, Status.UNREACHABLE)
                          for r in outcome.results)]
-    replicas = [{"replica": r.name,
-                 "unavailable": r.name in restarted or r.name in removing
-                 or (starts_again and r.name in stopped),
-                 "stopped": r.name in stopped and not starts_again,
-                 "last_start_s": last_start_s.get(r.name),
-                 "unknown": [n.name for n in r.nodes if n.name in incomplete]}
-                for r in inventory.replicas]
+    replicas: list[dict[str, Any]] = []
+    for r in inventory.replicas:
+        entry: dict[str, Any] = {"replica": r.name,
+                                 "unavailable": r.name in restarted or r.name in removing
+                                 or (starts_again and r.name in stopped),
+                                 "stopped": r.name in stopped and not starts_again,
+                                 "last_start_s": last_start_s.get(r.name)}
+        unknown = [n.name for n in r.nodes if n.name in incomplete]
+        if unknown:  # only then: a complete plan's replicas keep their four keys
+            entry["unknown"] = unknown
+        replicas.append(entry)
     restarts = sum(len(s.targets) for s in steps.values() if s.action == "restart")
     return {
         "changes": changes,
