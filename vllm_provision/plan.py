@@ -139,9 +139,8 @@ def build_plan(outcome: Any, inventory: Any, serving_units: Mapping[str, Sequenc
     restarted = {n for s in steps.values() if s.action == "restart" for n in s.replicas}
     stopped = {n for s in steps.values() if s.action == "stop" for n in s.replicas}
     # hosts whose dry run failed or never connected: nothing is known of what would change there
-    incomplete = [name for name in inventory.hosts
-                  if any(r.host == name and r.status in (Status.FAILED, Status.UNREACHABLE)
-                         for r in outcome.results)]
+    unread = {r.host for r in outcome.results if r.failed}
+    incomplete = [name for name in inventory.hosts if name in unread]
     replicas: list[dict[str, Any]] = []
     for r in inventory.replicas:
         entry: dict[str, Any] = {"replica": r.name,

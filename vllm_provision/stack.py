@@ -178,16 +178,16 @@ def parse_lock(text: str, where: str = "lock") -> Lock:
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        option, _, value = words[0].partition("=")
-        if option in INDEX_OPTIONS:
-            rest = ([value] if value else []) + words[1:]
-            if len(rest) != 1 or not _INDEX_VALUE_RE.match(rest[0]):
+        index = _index_option(words)
+        if index is not None:
+            option, rest = index
+            if _valid_index(rest):
+                indexes.append((INDEX_OPTIONS[option], rest[0]))
+            else:
                 problems.append(Problem(
                     f"{where}:{number}", f"{option} needs one URL, path or host: got "
                                          f"{' '.join(rest)!r}",
                     expected=f"{option} https://... (one value, no quotes)", fix=fix))
-            else:
-                indexes.append((INDEX_OPTIONS[option], rest[0]))
             continue
         match = _PIN_RE.match(words[0])
         if not match:
@@ -550,14 +550,26 @@ def index_options(text: str) -> list[tuple[str, str]]:
     file order (``parse_lock`` reports the invalid ones, with their line, when it reads a lock)."""
     found = []
     for raw in text.splitlines():
-        words = raw.split("#", 1)[0].split()
-        if not words:
-            continue
-        option, _, value = words[0].partition("=")
-        rest = ([value] if value else []) + words[1:]
-        if option in INDEX_OPTIONS and len(rest) == 1 and _INDEX_VALUE_RE.match(rest[0]):
-            found.append((INDEX_OPTIONS[option], rest[0]))
+        index = _index_option(raw.split("#", 1)[0].split())
+        if index is not None and _valid_index(index[1]):
+            found.append((INDEX_OPTIONS[index[0]], index[1][0]))
     return found
+
+
+def _index_option(words: list[str]) -> tuple[str, list[str]] | None:
+    """``(option, its values)`` when a line's words are an :data:`INDEX_OPTIONS` option
+    (``--opt value`` or ``--opt=value``); None for any other line."""
+    if not words:
+        return None
+    option, _, value = words[0].partition("=")
+    if option not in INDEX_OPTIONS:
+        return None
+    return option, ([value] if value else []) + words[1:]
+
+
+def _valid_index(values: list[str]) -> bool:
+    """One value, and it is a URL, an absolute path or a host (``host[:port]``)."""
+    return len(values) == 1 and bool(_INDEX_VALUE_RE.match(values[0]))
 
 
 def download_wheels(lock_file: Path, lock: Lock, folder: Path) -> None:
@@ -665,20 +677,6 @@ def push_file(conn: Any, source: Path, folder: str, name: str, digest: str) -> N
         raise ProvisionError.single(conn.name, f"pushing {source.name} failed",
                                     actual=(result.stderr or result.stdout).strip()[-500:],
                                     fix="check the disk and the connection, then run sync again")
-
-
-def sync_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str, wheels: Mapping[str, Wheel],
-              venv: str, progress: Callable[[str], None] = lambda _line: None) -> NodeResult:
-    """Bring one node to the lock: :func:`build_node`, then :func:`switch_node`.
-
-    ``provision stack sync`` calls the two itself, so that no node of a replica switches
-    before every node has built its stack (docs/stack.md).
-
-    Raises:
-        ProvisionError: a step failed on the node (the old venv stays active).
-    """
-    result = build_node(conn, node, lock, lock_text, wheels, venv, progress)
-    return switch_node(conn, result, venv, lock.id)
 
 
 def build_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str,

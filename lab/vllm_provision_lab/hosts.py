@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vllm_provision_lab import cgroups, network
 from vllm_provision_lab.base import DEPLOY_USER
+from vllm_provision_lab.bootloop import write_pid
 from vllm_provision_lab.config import LabConfig
 from vllm_provision_lab.errors import LabError
 from vllm_provision_lab.keys import make_host_key
@@ -91,9 +92,7 @@ def start_boot_loop(config: LabConfig, host: str) -> None:
                                    stderr=subprocess.STDOUT, start_new_session=True)
     # atomic, as the boot loop writes it: wait_ready() reads it meanwhile (a truncated file read
     # as "no boot loop" made a booting host look dead)
-    temporary = run_dir / f".boot.pid.{os.getpid()}"
-    temporary.write_text(f"{process.pid}\n")
-    os.replace(temporary, run_dir / "boot.pid")
+    write_pid(run_dir / "boot.pid", process.pid)
 
 
 def boot_loop_alive(config: LabConfig, host: str) -> bool:

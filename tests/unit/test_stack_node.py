@@ -94,7 +94,7 @@ def test_sync_refuses_with_the_numbers_when_the_disk_is_too_small(tmp_path: Path
     conn = FakeConnection()
     small = stack.NodeStack("h2", free_bytes=500 * stack.MIB, disk_path="/opt")
     with pytest.raises(ProvisionError) as caught:
-        stack.sync_node(conn, small, lock, "", wheels, "/opt/vllm")
+        stack.build_node(conn, small, lock, "", wheels, "/opt/vllm")
     text = caught.value.render()
     assert "not enough free disk on /opt" in text and "500 MiB free" in text
     assert ">= 864 MiB (wheels to push 200 MiB + new venv ~600 MiB + margin 64 MiB" in text
