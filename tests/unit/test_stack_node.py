@@ -94,7 +94,7 @@ def test_sync_refuses_with_the_numbers_when_the_disk_is_too_small(tmp_path: Path
     conn = FakeConnection()
     small = stack.NodeStack("h2", free_bytes=500 * stack.MIB, disk_path="/opt")
     with pytest.raises(ProvisionError) as caught:
-        stack.build_node(conn, small, lock, "", wheels, "/opt/vllm")
+        stack.build_node(conn, small, lock, wheels, "/opt/vllm")
     text = caught.value.render()
     assert "not enough free disk on /opt" in text and "500 MiB free" in text
     assert ">= 864 MiB (wheels to push 200 MiB + new venv ~600 MiB + margin 64 MiB" in text
@@ -142,3 +142,63 @@ def test_a_process_started_before_a_switch_imports_from_one_stack_only(tmp_path:
     assert started.stdout.split()[:2] == ["2", "2"]  # a process started after sees the new one
     if pin:
         assert started.stdout.split()[2] == str(new)
+
+
+@pytest.fixture
+def overlay(tmp_path: Path) -> Any:
+    """``overlay(options) -> merged dir`` of a real overlayfs whose lower layer holds a venv
+    folder ``vllm`` (needs root and mount(8), as the lab does; unmounted at the end)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8)")
+    mounted: list[Path] = []
+
+    def mount(options: str = "") -> Path:
+        top = tmp_path / f"ovl{len(mounted)}"
+        for name in ("lower/vllm/bin", "upper", "work", "merged"):
+            (top / name).mkdir(parents=True)
+        (top / "lower/vllm/hand-made").write_text("")
+        opts = f"lowerdir={top / 'lower'},upperdir={top / 'upper'},workdir={top / 'work'}"
+        done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                               opts + (f",{options}" if options else ""), str(top / "merged")],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount an overlay here: {done.stderr.strip()}")
+        mounted.append(top / "merged")
+        return top / "merged"
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_first_switch_the_file_system_refuses_changes_nothing(overlay: Any) -> None:
+    """overlayfs without redirect_dir refuses to move a folder of its lower layer (EXDEV): the
+    first switch says what to do once by hand and leaves the venv folder, no .previous and no
+    link behind; cleanup keeps the folder."""
+    merged = overlay()
+    venv = merged / "vllm"
+    complete_stack(venv, "aaa")
+    answer = node("switch", venv, stack="aaa")
+    assert "EXDEV" in answer["error"] and "Nothing was switched" in answer["error"]
+    assert f"cp -a {venv} {venv}.stack-original" in answer["error"]
+    assert venv.is_dir() and not venv.is_symlink() and (venv / "hand-made").exists()
+    assert not Path(f"{venv}.previous").exists() and not Path(f"{venv}.previous").is_symlink()
+    # (.vllm.stack-lock is the lock that serialises the steps on a node)
+    assert sorted(p.name for p in merged.iterdir()) == [".vllm.stack-lock", "vllm",
+                                                        "vllm.stack-aaa"]
+    node("cleanup", venv)
+    assert (venv / "hand-made").exists()
+
+
+def test_a_first_switch_on_an_overlay_with_redirect_dir_swaps(overlay: Any) -> None:
+    """With redirect_dir=on (as the lab mounts its hosts: a disk where a folder can move, like
+    ext4 or xfs) the same first switch swaps the folder for the link."""
+    merged = overlay("redirect_dir=on")
+    venv = merged / "vllm"
+    a = complete_stack(venv, "aaa")
+    answer = node("switch", venv, stack="aaa")
+    assert answer["switched"] and venv.resolve() == a, answer
+    assert (merged / "vllm.stack-original" / "hand-made").exists()

@@ -78,15 +78,24 @@ def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
 
 @command.command("lock", epilog=examples(
     "provision stack lock -i inventory.yml                     # requirements.in beside the lock",
-    "provision stack lock -i inventory.yml -r requirements.in"))
+    "provision stack lock -i inventory.yml -r requirements.in",
+    "provision stack lock -i inventory.yml --excludes excludes.txt   # e.g. torchvision"))
 @shared_options(STACK_OPTIONS)
 @click.option("-r", "--requirements", "requirements", type=click.Path(path_type=Path),
               help="The short requirements list (default: requirements.in beside the lock).")
-def lock_command(requirements: Path | None, **kwargs: Any) -> None:
+@click.option("--excludes", type=click.Path(path_type=Path, dir_okay=False),
+              help="Names uv leaves out of the resolution even where a package depends on "
+                   "them (default: excludes.txt beside the lock, when there).")
+@click.option("--overrides", type=click.Path(path_type=Path, dir_okay=False),
+              help="Requirements that replace what packages ask for (default: overrides.txt "
+                   "beside the lock, when there).")
+def lock_command(requirements: Path | None, excludes: Path | None, overrides: Path | None,
+                 **kwargs: Any) -> None:
     """Resolve the requirements for the nodes' platform and Python and write the lock.
 
     Reads each node's machine, glibc and python3 (one round trip each) and refuses when the
-    replica's nodes differ. Prints what changed against the lock already there.
+    replica's nodes differ. Prints what changed against the lock already there. uv's
+    --excludes and --overrides files are passed on and named in the lock's header.
     """
     from vllm_provision import stack
     from vllm_provision.connection import close_all
@@ -107,9 +116,22 @@ def lock_command(requirements: Path | None, **kwargs: Any) -> None:
         finally:
             close_all(connections)
         target, python = stack.same_target(list(nodes.values()))
-        text = stack.compile_lock(source, target, python)
+        extra = {name: given or _beside(path, f"{name}.txt")
+                 for name, given in (("excludes", excludes), ("overrides", overrides))}
+        for name, given in extra.items():
+            if given is not None and not given.is_file():
+                raise ProvisionError.single(str(given), f"no {name} file",
+                                            fix=f"write one requirement per line there, or "
+                                                f"leave out --{name}")
+        text = stack.compile_lock(source, target, python, excludes=extra["excludes"],
+                                  overrides=extra["overrides"])
         new = stack.parse_lock(text, str(path))
         old = stack.read_lock(path) if path.exists() else None
+        old_text = path.read_text(encoding="utf-8") if path.exists() else ""
+        for name, given in extra.items():
+            if given is None and f"\n# {name}: " in old_text:
+                click.echo(f"warning: {path} was written with --{name}; this lock has none "
+                           f"(write {name}.txt beside it, or pass --{name} FILE)", err=True)
         replace_atomically(path, text, mode=0o644)
         changes = stack.diff_locks(old, new)
         click.echo(f"{path}: {len(new.pins)} packages for {target}, Python {python} "
@@ -118,6 +140,12 @@ def lock_command(requirements: Path | None, **kwargs: Any) -> None:
             click.echo(f"  {name}: {before or '(absent)'} -> {after or '(removed)'}")
         if not changes:
             click.echo("  no change")
+
+
+def _beside(lock: Path, name: str) -> Path | None:
+    """``name`` in the lock's folder when that file exists, else None."""
+    candidate = lock.with_name(name)
+    return candidate if candidate.is_file() else None
 
 
 @command.command("sync", epilog=examples(
@@ -131,9 +159,9 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
     """Install the lock on every node into a new venv, check it, and switch atomically.
 
     Pushes only the wheels a node lacks over SSH (checked by sha256), installs with pip
-    --no-index --require-hashes, checks versions and imports (and vllm --version), then points
-    vllm_venv at the new venv with one rename(2). The previous venv is kept for rollback. A
-    second run changes nothing; an interrupted run leaves the old venv active.
+    --no-index --no-deps --require-hashes, checks versions and imports (and vllm --version),
+    then points vllm_venv at the new venv with one rename(2). The previous venv is kept for
+    rollback. A second run changes nothing; an interrupted run leaves the old venv active.
     """
     from vllm_provision.errors import ProvisionError
 
@@ -179,7 +207,6 @@ def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
     from vllm_provision.errors import ProvisionError
 
     lock = stack.read_lock(path)
-    lock_text = path.read_text(encoding="utf-8")
     venv = stack.venv_of(replica)
     target = f"{venv}.stack-{lock.id}"
     connections = _connect(opts, replica)
@@ -196,7 +223,7 @@ def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
 
         def build(name: str) -> Any:
             try:
-                return stack.build_node(connections[name], nodes[name], lock, lock_text, wheels,
+                return stack.build_node(connections[name], nodes[name], lock, wheels,
                                         venv, progress=click.echo)
             except ProvisionError as exc:
                 return stack.NodeResult(name, active=nodes[name].active, error=exc.render())
