@@ -32,13 +32,19 @@ def host_run_dir(config: LabConfig, host: str) -> Path:
 
 def mount_root(config: LabConfig, host: str, base_dir: Path) -> Path:
     """Mount the host's overlay (read-only ``base_dir`` below, its own upper dir) and return the
-    merged root. The upper dir is kept across reboots and removed by :func:`remove_host`."""
+    merged root. The upper dir is kept across reboots and removed by :func:`remove_host`.
+
+    ``redirect_dir=on`` lets a folder of the base move, as it can on a server's ext4 or xfs
+    (kernel docs, ``filesystems/overlayfs.rst``, "Redirect dir"): without it rename(2) of
+    such a folder fails with EXDEV, and ``provision stack sync`` could not swap the base's
+    ``/opt/vllm`` folder for its symlink."""
     run_dir = host_run_dir(config, host)
     for name in ("upper", "work", "root"):
         (run_dir / name).mkdir(parents=True, exist_ok=True)
     root = run_dir / "root"
     run(["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir={base_dir},upperdir={run_dir / 'upper'},workdir={run_dir / 'work'}",
+         f"lowerdir={base_dir},upperdir={run_dir / 'upper'},workdir={run_dir / 'work'},"
+         "redirect_dir=on",
          str(root)])
     return root
 
