@@ -603,8 +603,8 @@ def _requirement_lines(path: Path) -> list[str]:
         raise ProvisionError.single(str(path), f"cannot read it: {exc}",
                                     fix="give a readable file of one requirement per line") \
             from None
-    return [line.split("#", 1)[0].strip() for line in text.splitlines()
-            if line.split("#", 1)[0].strip()]
+    entries = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [entry for entry in entries if entry]
 
 
 def index_options(text: str) -> list[tuple[str, str]]:

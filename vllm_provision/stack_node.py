@@ -256,6 +256,8 @@ def install(config):
         if out.returncode != 0:
             remove(links)
             text = out.stderr.strip() or out.stdout.strip()
+            # pip's ERROR lines, not its warnings (as stack.pip_errors on the controller; this
+            # script runs alone on the node and imports nothing of ours)
             errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
             detail = ("\n".join(errors) if errors else text)[-1500:]
             return {"error": f"{' '.join(argv[:4])} failed (exit {out.returncode}): {detail}"}

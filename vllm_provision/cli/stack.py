@@ -83,10 +83,12 @@ def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
 @shared_options(STACK_OPTIONS)
 @click.option("-r", "--requirements", "requirements", type=click.Path(path_type=Path),
               help="The short requirements list (default: requirements.in beside the lock).")
-@click.option("--excludes", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--excludes", type=click.Path(path_type=Path, dir_okay=False,
+                                                exists=True),
               help="Names uv leaves out of the resolution even where a package depends on "
                    "them (default: excludes.txt beside the lock, when there).")
-@click.option("--overrides", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--overrides", type=click.Path(path_type=Path, dir_okay=False,
+                                                exists=True),
               help="Requirements that replace what packages ask for (default: overrides.txt "
                    "beside the lock, when there).")
 def lock_command(requirements: Path | None, excludes: Path | None, overrides: Path | None,
@@ -118,16 +120,11 @@ def lock_command(requirements: Path | None, excludes: Path | None, overrides: Pa
         target, python = stack.same_target(list(nodes.values()))
         extra = {name: given or _beside(path, f"{name}.txt")
                  for name, given in (("excludes", excludes), ("overrides", overrides))}
-        for name, given in extra.items():
-            if given is not None and not given.is_file():
-                raise ProvisionError.single(str(given), f"no {name} file",
-                                            fix=f"write one requirement per line there, or "
-                                                f"leave out --{name}")
         text = stack.compile_lock(source, target, python, excludes=extra["excludes"],
                                   overrides=extra["overrides"])
         new = stack.parse_lock(text, str(path))
         old = stack.read_lock(path) if path.exists() else None
-        old_text = path.read_text(encoding="utf-8") if path.exists() else ""
+        old_text = path.read_text(encoding="utf-8") if old is not None else ""
         for name, given in extra.items():
             if given is None and f"\n# {name}: " in old_text:
                 click.echo(f"warning: {path} was written with --{name}; this lock has none "
