@@ -4,11 +4,20 @@ Lab tests (``@pytest.mark.lab``) are skipped with a reason when not run as root.
 instance comes from ``VLLM_PROVISION_LAB_*`` (docs/architecture.md "Lab instances"); if it is
 already up it is used as is and left up, otherwise it is brought up (2 hosts) and taken down
 at the end of the session.
+
+Under pytest-xdist (``-n N --dist loadfile``, docs/testing.md) each worker ``gw<i>`` gets a lab
+instance of its own (:meth:`vllm_provision_lab.config.LabConfig.worker`: name ``<name>w<i>``,
+the ``i+1``-th /24 after the configured one, state dir ``<dir>-w<i>``), sharing the base-image
+cache; the workers boot their labs at once, each on its first lab test. Test modules are
+collected in order of their stated cost (the ``Cost: about N s`` line of a lab module's
+docstring), dearest first, so the scheduler starts the long modules first and fills in with the
+short ones.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,15 +31,53 @@ NOT_ROOT_REASON = ("lab tests need root (the lab mounts overlays and creates net
                    "run them as root, e.g. `sudo .venv/bin/pytest -m lab`")
 
 
+COST_LINE = re.compile(r"^Cost: about (\d+) s\b", re.MULTILINE)
+
+
+def _use_worker_instance() -> None:
+    """In a pytest-xdist worker, select the worker's own lab instance for this process and
+    every ``provision`` it starts (``VLLM_PROVISION_LAB_*`` in ``os.environ``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not re.fullmatch(r"gw\d+", worker):
+        return
+    try:
+        from vllm_provision_lab.config import LabConfig
+    except ImportError:  # the lab distribution is not installed: unit tests only
+        return
+    os.environ.update(LabConfig.from_env().worker(int(worker[2:])).environ())
+
+
+_use_worker_instance()
+
+
+def module_cost_s(module: object) -> int:
+    """The seconds a test module says it costs (``Cost: about N s`` in its docstring), 0 when
+    it says nothing (unit test modules)."""
+    match = COST_LINE.search(getattr(module, "__doc__", None) or "")
+    return int(match.group(1)) if match else 0
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Options of the verify suite (tests/verify): the inventory of a deployed replica."""
+    """``--lab-vllm``, and the options of the verify suite (tests/verify): the inventory of a
+    deployed replica."""
     from vllm_provision.resources.verify import options
 
+    parser.addoption("--lab-vllm", choices=("standin", "real"), default="standin",
+                     help="the vLLM of a lab the session boots (docs/testing.md): standin, or "
+                          "real (vLLM's CPU build, for `-m real_vllm`); a lab already up is "
+                          "used as it is")
     options.pytest_addoption(parser)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip every ``lab``-marked test with a clear reason when not root."""
+    """Order the modules dearest first (stable: a module's tests keep their file order, and
+    every worker collects the same order); skip every ``lab``-marked test with a clear reason
+    when not root."""
+    costs: dict[str, int] = {}
+    for item in items:
+        if item.nodeid.split("::")[0] not in costs:
+            costs[item.nodeid.split("::")[0]] = module_cost_s(getattr(item, "module", None))
+    items.sort(key=lambda item: -costs[item.nodeid.split("::")[0]])
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason=NOT_ROOT_REASON)
@@ -40,8 +87,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def lab() -> Iterator[object]:
-    """The session's :class:`vllm_provision_lab.Lab`, up with at least 2 hosts."""
+def lab(pytestconfig: pytest.Config) -> Iterator[object]:
+    """The session's :class:`vllm_provision_lab.Lab`, up with at least 2 hosts (booted with
+    the vLLM of ``--lab-vllm`` when it is not up yet)."""
     if os.geteuid() != 0:
         pytest.skip(NOT_ROOT_REASON)
     from vllm_provision_lab import Lab
@@ -50,7 +98,8 @@ def lab() -> Iterator[object]:
     if instance.is_up():
         yield instance
         return
-    instance.up(hosts=2)
+    instance.up(hosts=2, vllm="real" if pytestconfig.getoption("--lab-vllm") == "real"
+                else "standin")
     try:
         yield instance
     finally:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision_lab import Lab
-from vllm_provision_lab.config import MAX_HOSTS
+from vllm_provision_lab import Lab, base
+from vllm_provision_lab.config import MAX_HOSTS, LabConfig
 from vllm_provision_lab.gpu.cli import occupy, xid
 from vllm_provision_lab.gpu.cli import set as set_gpu
 from vllm_provision_lab.system import require_root
@@ -64,6 +65,33 @@ def up(host_count: int, spec: Path | None, install_deps: bool, vllm: str, suite:
     else:
         click.echo(f"ssh: ssh -F {lab.ssh_config} h1    inventories: "
                    f"{lab.inventory_path('mp')}, {lab.inventory_path('ray')}")
+
+
+@command.command("build", epilog=examples(
+    'provision lab build',
+    'provision lab build --vllm real',
+    'provision lab build --suite bullseye,trixie'))
+@click.option("--vllm", "vllm", type=click.Choice(["standin", "real"]), default="standin",
+              show_default=True, help="Which base: the stand-in's, or real vLLM's CPU build.")
+@click.option("--suite", "suite", default="bookworm", show_default=True,
+              help="Debian releases to build, comma-separated (bullseye, bookworm, trixie).")
+def build(vllm: str, suite: str) -> None:
+    """Build the base images into the cache without booting a host (a cached one is kept).
+
+    The cache (VLLM_PROVISION_LAB_CACHE) may be shared by several instances; building ahead
+    takes the build out of the first `lab up` of each (CI builds while the unit tests run).
+    """
+    require_root("lab build")
+    config = LabConfig.from_env()
+    variant: base.Variant = "real" if vllm == "real" else "standin"
+    suites = [word.strip() for word in suite.split(",")]
+    for name in suites:
+        base.base_key(variant, name)  # refuses an unknown release, or real vLLM off bookworm
+    for name in suites:
+        started = time.monotonic()
+        tarball = base.ensure_tarball(config.cache, variant, name)
+        click.echo(f"{base.base_key(variant, name)}  {tarball}  "
+                   f"{time.monotonic() - started:.0f} s")
 
 
 @command.command("down", epilog=examples(

@@ -68,6 +68,36 @@ class LabConfig:
                    net=env.get("VLLM_PROVISION_LAB_NET") or DEFAULT_NET,
                    cache_dir=Path(cache) if cache else None)
 
+    def environ(self) -> dict[str, str]:
+        """The ``VLLM_PROVISION_LAB_*`` variables that select this instance (for a child
+        process, or ``os.environ.update``): the inverse of :meth:`from_env`."""
+        return {"VLLM_PROVISION_LAB_DIR": str(self.state_dir),
+                "VLLM_PROVISION_LAB_NAME": self.name, "VLLM_PROVISION_LAB_NET": self.net,
+                "VLLM_PROVISION_LAB_CACHE": str(self.cache)}
+
+    def worker(self, index: int) -> LabConfig:
+        """The instance of test worker ``index`` (0, 1, ...; pytest-xdist's ``gw<index>``)
+        beside this one: name ``<name>w<index>`` (the name cut to fit 10 characters), the
+        ``index + 1``-th /24 after this one (``10.213.0`` -> worker 0 on ``10.213.1``), state dir
+        ``<state_dir>-w<index>``, and this instance's base cache, shared (docs/testing.md).
+
+        Raises:
+            LabError: a negative index, or a /24 past ``.255``.
+        """
+        if index < 0:
+            raise LabError.single("worker", "a worker index is 0 or more", actual=str(index))
+        first, second, third = self.net.split(".")
+        if int(third) + 1 + index > 255:
+            raise LabError.single(
+                "VLLM_PROVISION_LAB_NET", f"worker {index} has no /24 left after {self.net}",
+                expected=f"a third octet of at most {254 - index}", actual=self.net,
+                fix="export VLLM_PROVISION_LAB_NET=10.213.0 (for example)")
+        suffix = f"w{index}"
+        return LabConfig(state_dir=Path(f"{self.state_dir}-{suffix}"),
+                         name=self.name[:10 - len(suffix)] + suffix,
+                         net=f"{first}.{second}.{int(third) + 1 + index}",
+                         cache_dir=self.cache)
+
     @property
     def cache(self) -> Path:
         """The base-image cache dir: ``VLLM_PROVISION_LAB_CACHE`` or ``<state_dir>/cache``."""

@@ -30,6 +30,26 @@ def test_instance_settings_come_from_env() -> None:
     assert config.run_dir == Path("/tmp/lab-t1/run")
 
 
+
+def test_each_test_worker_gets_its_own_instance_and_shares_the_base_cache() -> None:
+    base = LabConfig.from_env({})
+    first, second = base.worker(0), base.worker(1)
+    assert (first.name, first.net, first.state_dir) == (
+        "vpw0", "10.213.1", Path("/var/lib/vllm-provision/lab-w0"))
+    assert (second.name, second.net, second.state_dir) == (
+        "vpw1", "10.213.2", Path("/var/lib/vllm-provision/lab-w1"))
+    assert first.cache == second.cache == base.cache
+    assert LabConfig.from_env(second.environ()) == second
+
+
+def test_a_worker_name_fits_and_a_worker_past_the_last_net_is_refused() -> None:
+    assert LabConfig(name="abcdefghij").worker(12).name == "abcdefgw12"
+    long = LabConfig(name="abcdefghij", net="10.213.250")
+    assert long.worker(4).net == "10.213.255"
+    with pytest.raises(LabError) as caught:
+        long.worker(5)
+    assert caught.value.problems[0].where == "VLLM_PROVISION_LAB_NET"
+
 @pytest.mark.parametrize(("variable", "value"), [
     ("VLLM_PROVISION_LAB_NAME", "with-dash"),
     ("VLLM_PROVISION_LAB_NAME", "muchtoolongname"),  # "<name>-h16" would exceed IFNAMSIZ

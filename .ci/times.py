@@ -1,0 +1,67 @@
+"""Where CI's time went: the phases `.ci/run` marked, per tier its tests and their seconds, the
+30 slowest tests and the lab modules by cost (docs/testing.md keeps the budgets).
+
+    python .ci/times.py build/ci      # phases.tsv and unit.xml, standin.xml, real.xml in it
+
+phases.tsv has one line per phase: name, start and end (Unix seconds), exit code. A junit file
+holds one <testcase> per test with its seconds (set-up and tear-down included).
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real.xml"))
+
+
+def cases(path: Path) -> list[dict[str, object]]:
+    """Every test case of a junit file: ``{"id", "module", "s", "outcome"}``."""
+    if not path.is_file():
+        return []
+    found = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = "skipped" if child.tag == "skipped" else "failed"
+        found.append({"id": f"{module}::{case.get('name')}", "module": module,
+                      "s": float(case.get("time") or 0), "outcome": outcome})
+    return found
+
+
+def main(folder: Path) -> None:
+    """Print the tables for the CI output folder ``folder``."""
+    print("\n== where the time went ==")
+    print(f"{'phase':<16}{'wall s':>8}{'exit':>6}")
+    phases = folder / "phases.tsv"
+    for line in phases.read_text().splitlines() if phases.is_file() else []:
+        name, start, end, code = line.split("\t")
+        print(f"{name:<16}{float(end) - float(start):>8.0f}{code:>6}")
+    print(f"\n{'tier':<10}{'tests':>7}{'passed':>8}{'skipped':>8}{'failed':>8}{'test s':>9}")
+    everything = []
+    for tier, name in TIERS:
+        found = cases(folder / name)
+        everything += [(tier, c) for c in found]
+        count = defaultdict(int)
+        for c in found:
+            count[c["outcome"]] += 1
+        print(f"{tier:<10}{len(found):>7}{count['passed']:>8}{count['skipped']:>8}"
+              f"{count['failed']:>8}{sum(float(c['s']) for c in found):>9.0f}")
+    print("\n30 slowest tests (s):")
+    for tier, c in sorted(everything, key=lambda item: -float(item[1]["s"]))[:30]:
+        print(f"{float(c['s']):>7.1f}  {tier:<8} {c['id']}")
+    print("\nlab modules (s, tests):")
+    modules: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for tier, c in everything:
+        if tier != "unit":
+            modules[(tier, str(c["module"]))].append(float(c["s"]))
+    for (tier, module), seconds in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{sum(seconds):>7.0f}  {len(seconds):>3}  {tier:<8} {module}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "build/ci"))
