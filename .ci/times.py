@@ -14,7 +14,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real.xml"))
+TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real-a.xml"),
+         ("real", "real-b.xml"))
 
 
 def cases(path: Path) -> list[dict[str, object]]:
@@ -34,7 +35,8 @@ def cases(path: Path) -> list[dict[str, object]]:
 
 
 def main(folder: Path) -> None:
-    """Print the tables for the CI output folder ``folder``."""
+    """Print the tables for the CI output folder ``folder``, then one closing line counting
+    every tier's tests: ``all tiers: N passed, N failed, N skipped``."""
     print("\n== where the time went ==")
     print(f"{'phase':<16}{'wall s':>8}{'exit':>6}")
     phases = folder / "phases.tsv"
@@ -43,12 +45,12 @@ def main(folder: Path) -> None:
         print(f"{name:<16}{float(end) - float(start):>8.0f}{code:>6}")
     print(f"\n{'tier':<10}{'tests':>7}{'passed':>8}{'skipped':>8}{'failed':>8}{'test s':>9}")
     everything = []
-    for tier, name in TIERS:
-        found = cases(folder / name)
+    for tier in dict(TIERS):
+        found = [c for name, file in TIERS if name == tier for c in cases(folder / file)]
         everything += [(tier, c) for c in found]
-        count = defaultdict(int)
+        count: dict[str, int] = defaultdict(int)
         for c in found:
-            count[c["outcome"]] += 1
+            count[str(c["outcome"])] += 1
         print(f"{tier:<10}{len(found):>7}{count['passed']:>8}{count['skipped']:>8}"
               f"{count['failed']:>8}{sum(float(c['s']) for c in found):>9.0f}")
     print("\n30 slowest tests (s):")
@@ -61,6 +63,11 @@ def main(folder: Path) -> None:
             modules[(tier, str(c["module"]))].append(float(c["s"]))
     for (tier, module), seconds in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
         print(f"{sum(seconds):>7.0f}  {len(seconds):>3}  {tier:<8} {module}")
+    total: dict[str, int] = defaultdict(int)
+    for _tier, c in everything:
+        total[str(c["outcome"])] += 1
+    print(f"\nall tiers: {total['passed']} passed, {total['failed']} failed, "
+          f"{total['skipped']} skipped")
 
 
 if __name__ == "__main__":

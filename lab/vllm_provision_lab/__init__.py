@@ -275,12 +275,18 @@ class Lab:
         names = list(host_suites)
         public_key = self.key_file.with_suffix(".pub").read_text()
         booting = only if only is not None else names
-        for name in booting:
-            root = hosts.mount_root(self.config, name, self.suite_base_dir(host_suites[name]))
-            hosts.write_identity(self.config, root, name, names, public_key)
-            network.add_host_network(self.config, name)
-            gpu.prepare_host(root=root, host_name=name, state_dir=self.state_dir, vllm=vllm)
-            hosts.start_boot_loop(self.config, name)
+        # instances booting at once (one per test worker) take turns to set their hosts up:
+        # mounts, netns, veths, cgroups and the boot loop's start are quick, the waits below
+        # stay parallel
+        with base.machine_lock("boot"):
+            for name in booting:
+                root = hosts.mount_root(self.config, name,
+                                        self.suite_base_dir(host_suites[name]))
+                hosts.write_identity(self.config, root, name, names, public_key)
+                network.add_host_network(self.config, name)
+                gpu.prepare_host(root=root, host_name=name, state_dir=self.state_dir,
+                                 vllm=vllm)
+                hosts.start_boot_loop(self.config, name)
         self._write_access_files(host_suites, vllm)
         with ThreadPoolExecutor(max_workers=len(booting)) as pool:
             list(pool.map(lambda name: self.wait_ready(name, BOOT_TIMEOUT_S), booting))

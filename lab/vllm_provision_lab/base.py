@@ -148,6 +148,17 @@ def _locked(lock_file: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+MACHINE_LOCKS = Path("/run/vllm-provision-lab")
+
+
+@contextlib.contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """Hold the machine-wide lock ``name`` (flock on ``/run/vllm-provision-lab/<name>.lock``),
+    shared by every lab instance on this machine, for steps that must not interleave."""
+    with _locked(MACHINE_LOCKS / f"{name}.lock"):
+        yield
+
+
 def ensure_tarball(cache_dir: Path, variant: Variant = "standin",
                    suite: str = DEFAULT_SUITE) -> Path:
     """Return the cached base tarball ``<cache_dir>/base-<key>.tar.zst``, building it if absent.

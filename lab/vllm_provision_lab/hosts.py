@@ -113,11 +113,26 @@ def nspawn_pid(config: LabConfig, host: str) -> int | None:
 
 
 def console_tail(config: LabConfig, host: str, lines: int = 20) -> str:
-    """The last ``lines`` lines of the host's console log (for error messages)."""
+    """The last ``lines`` lines of the host's console log (for error messages); when the log is
+    empty or gone, what the pid files say of the boot loop and nspawn instead."""
     path = host_run_dir(config, host) / "console.log"
-    if not path.exists():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    text = path.read_text(errors="replace") if path.exists() else ""
+    if text.strip():
+        return "\n".join(text.splitlines()[-lines:])
+    facts = [f"{path}: {'empty' if path.exists() else 'missing'}"]
+    for name in ("boot.pid", "nspawn.pid"):
+        pid = _read_pid(host_run_dir(config, host) / name)
+        state = "no pid"
+        if pid is not None:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text().splitlines()
+                state = next((line for line in status if line.startswith("State:")), "?")
+                state += " cmdline " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(
+                    b"\0", b" ").decode(errors="replace")[:160]
+            except OSError:
+                state = "no such process"
+        facts.append(f"{name}: {pid} ({state})")
+    return "\n".join(facts)
 
 
 def request_poweroff(config: LabConfig, host: str) -> None:

@@ -5,8 +5,9 @@ One ``up`` of the fleet, then, in order: ``upgrade --serial 1`` with a changed e
 new version has an argument the stand-in rejects at start, with a drain hook (r1 and r2 upgraded,
 r3 rolled back to the unit it had and serving, r4 untouched, the hook called before and after
 each replica it touched with the name and endpoint); a drain hook that fails (the upgrade stops
-before the first replica is touched). The module boots the lab to 8 hosts when it has fewer, and
-back to its host count at the end (fresh hosts; else it takes the fleet down).
+before the first replica is touched). The module adds the hosts the lab lacks of h1-h8 to the
+running lab (``Lab.add_hosts``: the booted ones keep running), takes the fleet down at the end
+(``down``: every host is free again) and removes the hosts it added.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ def fleet(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         pytest.skip("needs the GPU stand-in lab (`provision lab up`)")
     from vllm_provision_lab.inventories import fleet_inventory_text
 
-    before = len(lab.hosts)
-    if before < len(HOSTS):
-        lab.up(hosts=len(HOSTS))
+    added = [name for name in HOSTS if name not in {host.name for host in lab.hosts}]
+    lab.add_hosts(added)
     folder = tmp_path_factory.mktemp("fleet")
     inventory = folder / "fleet.yml"
     base = yaml.safe_load(fleet_inventory_text(lab.config, HOSTS))
@@ -87,11 +87,10 @@ def fleet(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         assert [r["name"] for r in up["replicas"] if r["served"]] == list(REPLICAS)
         yield {"write": write, "run": run, "folder": folder, "lab": lab}
     finally:
-        if before < len(HOSTS):
-            lab.up(hosts=before)  # boots fresh hosts: nothing of the fleet is left
-        else:
-            lab_support.provision("down", "-i", str(inventory), "--yes",
-                                  state_home=folder / "state")
+        down = lab_support.provision("down", "-i", str(inventory), "--yes",
+                                     state_home=folder / "state")
+        lab.remove_hosts(added)
+        assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
 
 
 def _unit(lab_host: Any, host: str) -> str:
