@@ -6,29 +6,49 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PROVISION = str(Path(sys.executable).parent / "provision")
 
 
-def provision(*args: str, state_home: Path, timeout: float = 600, approve: bool = True,
-              stdin: int | None = None, cache_home: Path | None = None
-              ) -> subprocess.CompletedProcess[str]:
-    """Run ``provision ARGS`` with the lab's environment and its own controller state folder
-    (``XDG_STATE_HOME``); never raises on a non-zero exit.
+def provision(*args: str, state_home: Path | None = None, timeout: float | None = 600,
+              approve: bool = True, stdin: int | None = None, cache_home: Path | None = None,
+              env: Mapping[str, str | None] | None = None, cwd: Path | str | None = None,
+              executable: str | Sequence[str] = PROVISION) -> subprocess.CompletedProcess[str]:
+    """Run ``provision ARGS`` as an operator would, with the lab's environment; the one way lab
+    tests run the CLI. Never raises on a non-zero exit (``subprocess.TimeoutExpired`` after
+    ``timeout`` seconds, None: no limit); returns the finished process with text ``stdout``
+    and ``stderr``.
 
+    ``state_home``: the controller's state folder (``XDG_STATE_HOME``, where ``up`` keeps its
+    records); without it each call gets its own empty temporary one, removed after the call.
     ``approve=False`` removes ``VLLM_PROVISION_YES`` (which the test session sets), so a run
     that needs approval asks (``stdin``: a terminal's file descriptor) or is refused.
-    ``cache_home`` gives it its own ``XDG_CACHE_HOME`` (the stack sync's wheelhouse)."""
-    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    ``cache_home`` gives it its own ``XDG_CACHE_HOME`` (the stack sync's wheelhouse). ``env``:
+    variables added to (or replacing) the session's environment; a None value removes one.
+    ``cwd``: its working folder.
+    ``executable``: what to run instead of this checkout's ``provision`` console script, as a
+    path or an argv prefix (an installed wheel's ``provision``; ``[python, "-m", ...]``)."""
+    if state_home is None and env is not None and env.get("XDG_STATE_HOME"):
+        state_home = Path(str(env["XDG_STATE_HOME"]))
+    if state_home is None:
+        with tempfile.TemporaryDirectory(prefix="vp-state-") as temporary:
+            return provision(*args, state_home=Path(temporary), timeout=timeout,
+                             approve=approve, stdin=stdin, cache_home=cache_home, env=env,
+                             cwd=cwd, executable=executable)
+    merged = {**os.environ, **(env or {}), "XDG_STATE_HOME": str(state_home)}
+    environ = {name: value for name, value in merged.items() if value is not None}
     if cache_home is not None:
-        env["XDG_CACHE_HOME"] = str(cache_home)
+        environ["XDG_CACHE_HOME"] = str(cache_home)
     if not approve:
-        env.pop("VLLM_PROVISION_YES", None)
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, check=False, stdin=stdin)
+        environ.pop("VLLM_PROVISION_YES", None)
+    argv = [executable] if isinstance(executable, str) else list(executable)
+    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout,
+                          env=environ, check=False, stdin=stdin, cwd=cwd)
 
 
 def complete(base_url: str, model: str, timeout_s: float = 10) -> bool:
@@ -112,3 +132,4 @@ def shown_phases(text: str) -> list[str]:
             if label in line and label not in seen:
                 seen.append(label)
     return seen
+
