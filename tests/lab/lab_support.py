@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -9,8 +11,10 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROVISION = str(Path(sys.executable).parent / "provision")
 
@@ -133,3 +137,178 @@ def shown_phases(text: str) -> list[str]:
                 seen.append(label)
     return seen
 
+
+# --- The session's broker of deployed replicas (fixture ``replicas``, tests/lab/conftest.py) ---
+
+STATES = ("serving", "down", "purged", "unknown")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A replica of the lab that the broker handed out.
+
+    Attributes:
+        kind: the lab inventory it was deployed from (``"mp"`` or ``"ray"``).
+        extra: the extra arguments its ``up`` was given (e.g. ``("-e", "vllm_api_key=...")``).
+        inventory: the lab inventory's path, as a string for the CLI.
+        state_home: its private controller state folder (``XDG_STATE_HOME``), holding the
+            record of the ``up`` that deployed it; pass it to every run about this replica.
+        base_url: rank 0's API (``http://<h1's address>:8000``).
+        model: the model it serves (the lab's model path).
+    """
+
+    kind: str
+    extra: tuple[str, ...]
+    inventory: str
+    state_home: Path
+    base_url: str
+    model: str = "/srv/models/lab-model"
+
+    def provision(self, *args: str, **options: Any) -> subprocess.CompletedProcess[str]:
+        """:func:`provision` with this replica's ``state_home`` (``options`` as there)."""
+        return provision(*args, state_home=self.state_home, **options)
+
+
+class Lease:
+    """Exclusive use of the lab's replica hosts (``ReplicaBroker.exclusive``): ``replica`` is
+    the replica as it was handed over; the holder says what it leaves with :meth:`leave`."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.left = "unknown"
+
+    def leave(self, state: str) -> None:
+        """Say what the hosts hold when the lease ends: ``"serving"`` (this replica, as
+        deployed, serving), ``"down"`` (its units stopped), ``"purged"`` (nothing of ours) or
+        ``"unknown"`` (the default, also when the holder raised); ValueError on another."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; one of {STATES}")
+        self.left = state
+
+
+class ReplicaBroker:
+    """What is deployed on the session's lab hosts h1, h2 (both lab inventories use them), so
+    that a module reuses a serving replica instead of deploying its own, and nobody purges
+    defensively.
+
+    The broker knows the hosts' state as one of :data:`STATES` with the replica's
+    ``(kind, extra)``; it starts ``"unknown"`` (a lab reused from an earlier session may hold
+    anything) and purges only when the state is unknown. Modules that do not use the broker
+    may change the hosts between two of its users, so before reusing a serving replica it
+    checks cheaply that nobody deployed since (the hosts' state records are the ones its last
+    deploy saw) and that ``provision status`` says serving; when not, the state is unknown.
+    """
+
+    HOSTS = ("h1", "h2")
+    RECORD = "/var/lib/vllm-provision/state.json"
+
+    def __init__(self, lab: Any, root: Path) -> None:
+        """``lab``: the session's ``vllm_provision_lab.Lab``; ``root``: an empty folder for the
+        replicas' state folders (one per ``(kind, extra)``)."""
+        self.lab = lab
+        self.root = root
+        self.state = "unknown"
+        self.config: tuple[str, tuple[str, ...]] | None = None
+        self.records: list[str] = []
+        self.log: list[str] = []  # the broker's own runs, e.g. "up mp", for reports
+        self.last_output = ""
+
+    def replica(self, kind: str, extra: Sequence[str] = ()) -> Replica:
+        """The :class:`Replica` for ``kind`` and ``extra`` (its state folder is made on first
+        use); deploys nothing."""
+        extra = tuple(extra)
+        key = hashlib.sha256("\0".join([kind, *extra]).encode()).hexdigest()[:12]
+        state_home = self.root / f"{kind}-{key}"
+        state_home.mkdir(parents=True, exist_ok=True)
+        address = next(h.address for h in self.lab.hosts if h.name == "h1")
+        return Replica(kind, extra, str(self.lab.inventory_path(kind)), state_home,
+                       f"http://{address}:8000")
+
+    def serving(self, kind: str = "mp", extra: Sequence[str] = ()) -> Replica:
+        """The lab's ``kind`` replica (deployed with ``extra``), serving, for a module that
+        only reads it: reused when the broker knows it serving (and the check passes),
+        else deployed. The holder must leave it as it found it. AssertionError when it
+        cannot be deployed."""
+        replica = self.replica(kind, extra)
+        self._ensure(replica, "serving")
+        return replica
+
+    @contextlib.contextmanager
+    def exclusive(self, kind: str = "mp", extra: Sequence[str] = (), start: str = "serving"
+                  ) -> Iterator[Lease]:
+        """Hand the hosts to a module that changes or breaks things, as a :class:`Lease`.
+
+        ``start``: what the hosts hold when handed over: ``"serving"`` (the replica deployed
+        and serving), ``"stopped"`` (not serving: down or purged, e.g. for an ``up`` that
+        must start vLLM), ``"purged"`` (nothing of ours: a first install) or ``"any"``
+        (nothing is done). When the ``with`` block ends, the broker takes the lease's
+        :meth:`Lease.leave` as the hosts' state (``"unknown"`` when not said or on an error).
+        """
+        replica = self.replica(kind, extra)
+        if start != "any":
+            self._ensure(replica, start)
+        lease = Lease(replica)
+        self.state = "unknown"
+        try:
+            yield lease
+        except BaseException:
+            self.state = "unknown"
+            raise
+        self.state, self.config = lease.left, (replica.kind, replica.extra)
+        if self.state == "serving":
+            self.records = self._records()
+
+    def _records(self) -> list[str]:
+        """Each host's state record digest ("" where it has none)."""
+        return [self.lab.ssh(host, f"sha256sum {self.RECORD} 2>/dev/null").stdout
+                for host in self.HOSTS]
+
+    def _still_serving(self, replica: Replica) -> bool:
+        """True when the hosts hold what the broker's last deploy (or lease) left and
+        ``provision status`` says serving (exit 0)."""
+        if self._records() != self.records:
+            return False
+        status = replica.provision("status", "-i", replica.inventory, *replica.extra,
+                                   timeout=120)
+        return status.returncode == 0
+
+    def _run(self, replica: Replica, *args: str) -> bool:
+        """Run ``provision ARGS[0] -i <replica's inventory> ARGS[1:] <its extra>``; True when
+        it exited 0."""
+        self.log.append(" ".join([args[0], replica.kind, *args[1:], *replica.extra]))
+        run = replica.provision(args[0], "-i", replica.inventory, *args[1:], *replica.extra)
+        self.last_output = run.stdout[-3000:] + run.stderr[-3000:]
+        return run.returncode == 0
+
+    def _must(self, replica: Replica, *args: str) -> None:
+        """:meth:`_run` that must succeed: else the state is unknown and AssertionError."""
+        if not self._run(replica, *args):
+            self.state = "unknown"
+            raise AssertionError(f"broker: provision {' '.join(args)} -i {replica.inventory} "
+                                 f"failed:\n{self.last_output}")
+
+    def _ensure(self, replica: Replica, want: str) -> None:
+        """Bring the hosts to ``want`` (see :meth:`exclusive`) with as few runs as it can."""
+        config = (replica.kind, replica.extra)
+        if (self.state == "serving" and config == self.config
+                and not self._still_serving(replica)):
+            self.state = "unknown"  # changed behind the broker's back
+        if self.state == "unknown":
+            # The one purge: what is there cannot be named. Another inventory may own the
+            # hosts (a module that does not use the broker): take them over first.
+            if not self._run(replica, "down", "--purge"):
+                self._must(replica, "up", "--take-over")
+                self._must(replica, "down", "--purge")
+            self.state, self.config = "purged", None
+        owner = self.replica(*self.config) if self.config is not None else replica
+        if want == "purged" and self.state != "purged":
+            self._must(owner, "down", "--purge")
+            self.state, self.config = "purged", None
+        elif want == "stopped" and self.state == "serving":
+            self._must(owner, "down")
+            self.state = "down"
+        elif want == "serving" and not (self.state == "serving" and self.config == config):
+            other = self.config is not None and self.config[0] != replica.kind
+            self._must(replica, "up", *(("--take-over",) if other else ()))
+            self.state, self.config = "serving", config
+            self.records = self._records()

@@ -1,0 +1,20 @@
+"""Fixtures of the lab tests: the session's broker of deployed replicas (``replicas``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lab_support import ReplicaBroker
+
+
+@pytest.fixture(scope="session")
+def replicas(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaBroker]:
+    """The session's :class:`lab_support.ReplicaBroker` on ``lab``: ``replicas.serving("mp")``
+    for a module that only reads the lab's mp replica, ``replicas.exclusive(...)`` for one that
+    changes or breaks it (and says what it leaves). What it deployed stays on the hosts after
+    the session (the lab fixture takes a lab it brought up down whole)."""
+    broker = ReplicaBroker(lab, tmp_path_factory.mktemp("replicas"))
+    yield broker
+    print(f"\nreplica broker runs: {broker.log}")
