@@ -194,9 +194,13 @@ class ReplicaBroker:
     The broker knows the hosts' state as one of :data:`STATES` with the replica's
     ``(kind, extra)``; it starts ``"unknown"`` (a lab reused from an earlier session may hold
     anything) and purges only when the state is unknown. Modules that do not use the broker
-    may change the hosts between two of its users, so before reusing a serving replica it
-    checks cheaply that nobody deployed since (the hosts' state records are the ones its last
-    deploy saw) and that ``provision status`` says serving; when not, the state is unknown.
+    may change the hosts between two of its users, so before it acts on what it knows it checks
+    cheaply that nobody deployed or purged since (each host's state record is the one it saw
+    last: one ``sha256sum`` over SSH per host), and before it hands out a serving replica again
+    that ``provision status`` says serving; when not, the state is unknown.
+
+    ``log`` lists the broker's own runs (``"up mp"``, ``"down mp --purge"``), printed at the
+    end of the session.
     """
 
     HOSTS = ("h1", "h2")
@@ -255,7 +259,7 @@ class ReplicaBroker:
             self.state = "unknown"
             raise
         self.state, self.config = lease.left, (replica.kind, replica.extra)
-        if self.state == "serving":
+        if self.state != "unknown":
             self.records = self._records()
 
     def _records(self) -> list[str]:
@@ -263,11 +267,8 @@ class ReplicaBroker:
         return [self.lab.ssh(host, f"sha256sum {self.RECORD} 2>/dev/null").stdout
                 for host in self.HOSTS]
 
-    def _still_serving(self, replica: Replica) -> bool:
-        """True when the hosts hold what the broker's last deploy (or lease) left and
-        ``provision status`` says serving (exit 0)."""
-        if self._records() != self.records:
-            return False
+    def _serves(self, replica: Replica) -> bool:
+        """True when ``provision status`` says ``replica`` serves (exit 0)."""
         status = replica.provision("status", "-i", replica.inventory, *replica.extra,
                                    timeout=120)
         return status.returncode == 0
@@ -288,11 +289,30 @@ class ReplicaBroker:
                                  f"failed:\n{self.last_output}")
 
     def _ensure(self, replica: Replica, want: str) -> None:
-        """Bring the hosts to ``want`` (see :meth:`exclusive`) with as few runs as it can."""
-        config = (replica.kind, replica.extra)
-        if (self.state == "serving" and config == self.config
-                and not self._still_serving(replica)):
+        """Bring the hosts to ``want`` (see :meth:`exclusive`) with as few runs as it can.
+
+        What the broker knows is checked first: when a host's state record is not the one it
+        saw last (a module outside the broker deployed or purged since), or a replica it
+        knows serving does not, the state is unknown. When a step from a known state fails,
+        the broker takes the state as unknown and tries once more from there."""
+        if self.state != "unknown" and self._records() != self.records:
             self.state = "unknown"  # changed behind the broker's back
+        if (self.state == "serving" and self.config == (replica.kind, replica.extra)
+                and want == "serving" and not self._serves(replica)):
+            self.state = "unknown"
+        known = self.state != "unknown"
+        try:
+            self._step(replica, want)
+        except AssertionError:
+            if not known:
+                raise
+            self.state = "unknown"
+            self._step(replica, want)
+        self.records = self._records()
+
+    def _step(self, replica: Replica, want: str) -> None:
+        """The runs from the known state to ``want``; AssertionError when one fails."""
+        config = (replica.kind, replica.extra)
         if self.state == "unknown":
             # The one purge: what is there cannot be named. Another inventory may own the
             # hosts (a module that does not use the broker): take them over first.
@@ -308,7 +328,8 @@ class ReplicaBroker:
             self._must(owner, "down")
             self.state = "down"
         elif want == "serving" and not (self.state == "serving" and self.config == config):
-            other = self.config is not None and self.config[0] != replica.kind
+            # another inventory's replica that serves owns the hosts (a down one hands them back)
+            other = (self.state == "serving" and self.config is not None
+                     and self.config[0] != replica.kind)
             self._must(replica, "up", *(("--take-over",) if other else ()))
             self.state, self.config = "serving", config
-            self.records = self._records()
