@@ -18,3 +18,15 @@ def replicas(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rep
     broker = ReplicaBroker(lab, tmp_path_factory.mktemp("replicas"))
     yield broker
     print(f"\nreplica broker runs: {broker.log}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_broker_replica_serving_for_modules_outside_it(request: pytest.FixtureRequest) -> None:
+    """A lab module that does not ask for ``replicas`` starts, as before the broker, with no
+    replica of ours serving: the one the broker left serving is taken down first
+    (:meth:`ReplicaBroker.stop_serving`). Nothing is done for the broker's own users or for
+    modules that do not use the lab."""
+    used = [set(getattr(item, "fixturenames", ())) for item in request.session.items
+            if getattr(item, "module", None) is request.module]
+    if any("lab" in names for names in used) and not any("replicas" in names for names in used):
+        request.getfixturevalue("replicas").stop_serving()

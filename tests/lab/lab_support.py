@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,10 @@ def shown_phases(text: str) -> list[str]:
 # --- The session's broker of deployed replicas (fixture ``replicas``, tests/lab/conftest.py) ---
 
 STATES = ("serving", "down", "purged", "unknown")
+# The extra arguments of a replica the broker found on the hosts but did not deploy itself.
+UNNAMED_EXTRA = ("<extra arguments not known>",)
+# Our units on a host without a state record (docs/deploy.md, "What `down --purge` removes").
+DEFAULT_UNITS = ("vllm.service", "ray-head.service", "ray-worker.service", "vllm-watchdog.service")
 
 
 @dataclass(frozen=True)
@@ -191,13 +196,14 @@ class ReplicaBroker:
     that a module reuses a serving replica instead of deploying its own, and nobody purges
     defensively.
 
-    The broker knows the hosts' state as one of :data:`STATES` with the replica's
-    ``(kind, extra)``; it starts ``"unknown"`` (a lab reused from an earlier session may hold
-    anything) and purges only when the state is unknown. Modules that do not use the broker
-    may change the hosts between two of its users, so before it acts on what it knows it checks
-    cheaply that nobody deployed or purged since (each host's state record is the one it saw
-    last: one ``sha256sum`` over SSH per host), and before it hands out a serving replica again
-    that ``provision status`` says serving; when not, the state is unknown.
+    The broker knows the hosts' state as one of :data:`STATES` with the replica's ``(kind,
+    extra)``; it starts ``"unknown"`` (a lab reused from an earlier session may hold anything).
+    An unknown state is named from the hosts when it can be (:meth:`_name`: the lab's own
+    replica, down or serving); it purges only when it cannot name what is there. Modules that do
+    not use the broker may change the hosts between two of its users, so before it acts on what
+    it knows it checks cheaply that nobody deployed or purged since (each host's state record is
+    the one it saw last: one ``sha256sum`` over SSH per host), and before it hands out a serving
+    replica again that ``provision status`` says serving; when not, the state is unknown.
 
     ``log`` lists the broker's own runs (``"up mp"``, ``"down mp --purge"``), printed at the
     end of the session.
@@ -262,6 +268,21 @@ class ReplicaBroker:
         if self.state != "unknown":
             self.records = self._records()
 
+    def stop_serving(self) -> None:
+        """Before a lab module that does not use the broker: such a module expects no replica
+        of ours serving on the hosts (as every module used to leave them), so the replica the
+        broker left serving, if the hosts still hold it, is taken down (``down``). Anything
+        else is left as it is (no purge)."""
+        if self.state == "unknown":
+            return
+        if self._records() != self.records:
+            self.state = "unknown"  # changed behind the broker's back: not ours to stop
+        elif self.state == "serving":
+            assert self.config is not None
+            self._must(self.replica(self.config[0]), "down")
+            self.state = "down"
+            self.records = self._records()
+
     def _records(self) -> list[str]:
         """Each host's state record digest ("" where it has none)."""
         return [self.lab.ssh(host, f"sha256sum {self.RECORD} 2>/dev/null").stdout
@@ -300,6 +321,8 @@ class ReplicaBroker:
         if (self.state == "serving" and self.config == (replica.kind, replica.extra)
                 and want == "serving" and not self._serves(replica)):
             self.state = "unknown"
+        if self.state == "unknown":
+            self._name()
         known = self.state != "unknown"
         try:
             self._step(replica, want)
@@ -309,6 +332,48 @@ class ReplicaBroker:
             self.state = "unknown"
             self._step(replica, want)
         self.records = self._records()
+
+    def _name(self) -> None:
+        """Name an unknown state from the hosts, changing nothing: ``"purged"`` when no file
+        that the hosts' state records list (nor, without records, any of our default unit
+        files or ``/etc/vllm-provision``) is left; ``"down"`` when none of the recorded units
+        runs; ``"serving"`` when the records name a lab inventory and its ``provision status``
+        says serving (with extra arguments the broker cannot know, so the next ``serving``
+        runs ``up`` to converge). Else the state stays unknown."""
+        records = []
+        for host in self.HOSTS:
+            text = self.lab.ssh(host, f"cat {self.RECORD} 2>/dev/null").stdout
+            try:
+                record = json.loads(text) if text.strip() else None
+            except ValueError:
+                return
+            records.append(record)
+        kinds = {str(self.lab.inventory_path(kind)): kind for kind in ("mp", "ray")}
+        inventories = {str(r.get("inventory")) for r in records if isinstance(r, dict)}
+        kind = kinds.get(inventories.pop()) if len(inventories) == 1 else None
+        left, running = False, False
+        for host, record in zip(self.HOSTS, records, strict=True):
+            entry = (record or {}).get("hosts", {}).get(host, {}) if record else {}
+            files = set(entry.get("files", {})) | {"/etc/vllm-provision"}
+            units = set(entry.get("units", [])) | set(entry.get("started_from", {}))
+            if record is None:
+                files |= {f"/etc/systemd/system/{unit}" for unit in DEFAULT_UNITS}
+                units |= set(DEFAULT_UNITS)
+            probe = "; ".join([f"test -e {shlex.quote(f)} && echo file" for f in sorted(files)]
+                              + [f"systemctl is-active --quiet {shlex.quote(u)} && echo unit"
+                                 for u in sorted(units)] + ["true"])
+            out = self.lab.ssh(host, probe).stdout.split()
+            left, running = left or "file" in out, running or "unit" in out
+        config = (kind, UNNAMED_EXTRA) if kind else None
+        if not left:
+            self.state, self.config = "purged", None
+        elif not running:
+            self.state, self.config = "down", config
+        elif kind is not None:
+            status = provision("status", "-i", str(self.lab.inventory_path(kind)), timeout=120)
+            if status.returncode == 0:
+                self.state, self.config = "serving", config
+        self.log.append(f"named: {self.state}")
 
     def _step(self, replica: Replica, want: str) -> None:
         """The runs from the known state to ``want``; AssertionError when one fails."""
@@ -320,7 +385,8 @@ class ReplicaBroker:
                 self._must(replica, "up", "--take-over")
                 self._must(replica, "down", "--purge")
             self.state, self.config = "purged", None
-        owner = self.replica(*self.config) if self.config is not None else replica
+        # the replica on the hosts, named by its inventory (down and purge need no extras)
+        owner = self.replica(self.config[0]) if self.config is not None else replica
         if want == "purged" and self.state != "purged":
             self._must(owner, "down", "--purge")
             self.state, self.config = "purged", None
