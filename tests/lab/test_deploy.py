@@ -1,9 +1,12 @@
 """`provision up/down/restart/status` on the lab, mp and Ray backends.
 
 One deployment per backend is shared by the read-only tests of its class (class-scoped
-fixture: purge both backends, then one real first ``provision up``); tests that change the
-replica put it back as they found it, and the fixture takes the replica down at the end, so the
-tests are order-independent. The CLI runs as a subprocess, as an operator would run it; unit
+fixture: the hosts, held exclusively from the session's ``replicas`` broker, purged of our
+replicas, which the broker does unless it knows them purged; then one real first ``provision
+up``); tests that change the replica put it back as they found it, so the tests are
+order-independent. At the end the mp class leaves its replica serving for the broker's next
+user when none of its tests failed (else the broker is told it does not know the state); the Ray
+class takes its replica down. The CLI runs as a subprocess, as an operator would run it; unit
 states come from ``systemctl show`` over the lab's SSH and from pytest-testinfra.
 """
 
@@ -12,19 +15,17 @@ from __future__ import annotations
 import base64
 import json
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lab_support
 import pytest
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 MODEL = "/srv/models/lab-model"
 # Properties that change whenever systemd starts the unit's main process again.
 START_PROPS = ("ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic", "InvocationID",
@@ -67,34 +68,34 @@ class Run:
         return dict(json.loads(self.stdout))
 
 
-def provision(*args: str, timeout_s: float = 300) -> Run:
-    """Run the ``provision`` CLI; return its :class:`Run`."""
-    started = time.monotonic()
-    proc = subprocess.run([PROVISION, *args], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
-    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
-
-
 @dataclass
 class Deployment:
-    """A replica deployed by one real first ``provision up`` (``first``) on the lab."""
+    """A replica deployed by one real first ``provision up`` (``first``) on the lab, its
+    controller records in ``state_home``."""
 
     lab: Any
     backend: str
-    first: Run
+    state_home: Path
+    first: Run = field(init=False)  # set by the fixture right after construction
 
     @property
     def inventory(self) -> str:
         return str(self.lab.inventory_path(self.backend))
 
+    def provision(self, *args: str, timeout_s: float = 300) -> Run:
+        """Run ``provision ARGS`` (:func:`lab_support.provision`); return its :class:`Run`."""
+        started = time.monotonic()
+        proc = lab_support.provision(*args, state_home=self.state_home, timeout=timeout_s)
+        return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
     def up(self, *args: str, timeout_s: float = 300) -> Run:
-        return provision("up", "-i", self.inventory, *args, timeout_s=timeout_s)
+        return self.provision("up", "-i", self.inventory, *args, timeout_s=timeout_s)
 
     def down(self, *args: str) -> Run:
-        return provision("down", "-i", self.inventory, *args)
+        return self.provision("down", "-i", self.inventory, *args)
 
     def status(self) -> Run:
-        return provision("status", "-i", self.inventory, "--json", timeout_s=120)
+        return self.provision("status", "-i", self.inventory, "--json", timeout_s=120)
 
     def ssh(self, host: str, command: str, timeout_s: float = 60) -> str:
         result = self.lab.ssh(host, command, timeout_s=timeout_s)
@@ -126,23 +127,24 @@ def wait_a_second() -> int:
     return int(time.time())
 
 
-def _clean(lab: Any) -> None:
-    """Take both backends down and remove their units, so the next up is a first install."""
-    for backend in ("ray", "mp"):
-        run = provision("down", "-i", str(lab.inventory_path(backend)), "--purge")
-        assert run.code == 0, run.output
-
-
 @pytest.fixture(scope="class")
-def deployed(request: pytest.FixtureRequest, lab: Any) -> Iterator[Deployment]:
-    """The class's backend (``backend`` class attribute) deployed once from nothing; down after."""
+def deployed(request: pytest.FixtureRequest, lab: Any,
+             replicas: lab_support.ReplicaBroker) -> Iterator[Deployment]:
+    """The class's backend (``backend`` class attribute) deployed once from nothing (the broker
+    purges the hosts unless it knows them purged); mp is left serving when no test failed, Ray
+    is taken down."""
     backend = request.cls.backend
-    _clean(lab)
-    first = provision("up", "-i", str(lab.inventory_path(backend)), timeout_s=300)
-    deployment = Deployment(lab, backend, first)
-    assert first.code == 0, first.output
-    yield deployment
-    deployment.down()
+    failed = request.session.testsfailed
+    with replicas.exclusive(backend, start="purged") as lease:
+        deployment = Deployment(lab, backend, lease.replica.state_home)
+        deployment.first = first = deployment.up(timeout_s=300)
+        assert first.code == 0, first.output
+        yield deployment
+        if backend == "mp":
+            # every test put the replica back as it found it: serving, the inventory's arguments
+            lease.leave("serving" if request.session.testsfailed == failed else "unknown")
+        else:
+            lease.leave("down" if deployment.down().code == 0 else "unknown")
 
 
 def assert_serving_output(run: Run) -> None:
@@ -236,7 +238,7 @@ class TestMp:
     def test_restart_restarts_each_node_once_and_serves(self, deployed: Deployment) -> None:
         before = deployed.units()
         since = wait_a_second()
-        run = provision("restart", "-i", deployed.inventory)
+        run = deployed.provision("restart", "-i", deployed.inventory)
         assert_serving_output(run)
         after = deployed.units()
         for host in ("h1", "h2"):

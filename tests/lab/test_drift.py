@@ -1,11 +1,11 @@
 """`provision drift` on the lab: clean after a good `up`, then one kind of drift per test
 (a changed NCCL on h2, a hand-edited unit on h1, an inventory edit through -e), and no record
-at all. Each test undoes its own change; the replica is taken down at the end."""
+at all. The tests read the session's mp replica (the ``replicas`` broker's, deployed only when
+the broker does not know it serving) and each undoes its own change, so it is left serving."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,11 @@ UNIT = "/etc/systemd/system/vllm.service"
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """The mp replica after a good `provision up` (its record in a private XDG_STATE_HOME)."""
-    state_home = tmp_path_factory.mktemp("state")
-    inventory = str(lab.inventory_path("mp"))
-    up = provision("up", "-i", inventory, state_home=state_home)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield inventory, state_home
-    finally:
-        down = provision("down", "-i", inventory, state_home=state_home)
-        assert down.returncode == 0, down.stdout + down.stderr
+def deployed(replicas: Any) -> tuple[str, Path]:
+    """The serving mp replica after a good `provision up` (its record in the broker's private
+    XDG_STATE_HOME for it)."""
+    replica = replicas.serving("mp")
+    return replica.inventory, replica.state_home
 
 
 def drift(deployed: tuple[str, Path], *extra: str) -> tuple[int, dict[str, Any]]:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_support import provision
 
 from vllm_provision.connection import ConnectionOptions, HostConnection, HostKeyError
 from vllm_provision.results import Status, TaskResult
@@ -20,14 +19,12 @@ pytestmark = pytest.mark.lab
 
 PLAYBOOK = Path(__file__).resolve().parents[1] / "data" / "playbooks" / "engine_lab" / \
     "demo-unit.yml"
-PROVISION = [sys.executable, "-m", "vllm_provision.cli"]
 
 
 def play(lab: Any, *args: str, timeout: float = 180) -> tuple[int, dict[str, Any]]:
     """Run ``provision play --json`` on the lab's mp inventory; return (exit code, JSON)."""
-    command = [str(Path(sys.executable).parent / "provision"), "play", "-i",
-               str(lab.inventory_path("mp")), str(PLAYBOOK), "--json", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    proc = provision("play", "-i", str(lab.inventory_path("mp")), str(PLAYBOOK), "--json", *args,
+                     timeout=timeout)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -191,9 +188,8 @@ def test_same_playbook_as_deploy_user_with_become(converged: Any, tmp_path: Path
                                                         "ansible_user: deploy\n"
                                                         "    ansible_become: true")
     inventory.write_text(text)
-    command = [str(Path(sys.executable).parent / "provision"), "play", "-i", str(inventory),
-               str(PLAYBOOK), "--json", "-e", "demo_message=deploy"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    proc = provision("play", "-i", str(inventory), str(PLAYBOOK), "--json", "-e",
+                     "demo_message=deploy", timeout=180)
     summary = json.loads(proc.stdout)
     assert proc.returncode == 0, summary
     assert tasks(summary, "Install the demo environment file") == {"h1": "changed",

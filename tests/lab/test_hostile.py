@@ -1,26 +1,26 @@
 """Hostile values on the lab: a value refused at load never reaches a host, a legal value that
 looks hostile deploys inert, and ``down --purge`` removes only what the tool installed.
 
-One shared set-up (module fixture): a purge of the lab's mp replica, then ONE real ``up`` whose
-served model name is ``$(touch MARKER)``; the refused cases run ``up`` before it and ``down``
-after it, and the module ends with ``down --purge``. Hosts are read over the lab's SSH with
-pytest-testinfra, as an operator would look.
+One shared set-up (module fixture): the hosts, held exclusively, purged of our replicas (the
+session's ``replicas`` broker purges them unless it knows them purged), then ONE real ``up``
+whose served model name is ``$(touch MARKER)``; the refused cases run ``up`` before it and
+``down`` after it, and the module ends with ``down --purge`` (the broker is told so). Hosts are
+read over the lab's SSH with pytest-testinfra, as an operator would look.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from lab_support import provision
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 MARKER = "/tmp/vp-hostile-marker"
 INERT_NAME = f"$(touch {MARKER})`touch {MARKER}`"
 # One value per class that the loader refuses (tests/data/inventories/hostile has them all).
@@ -39,12 +39,6 @@ REFUSED = [
 ]
 PLANTED = ["/etc/systemd/system/planted-not-ours.service", "/etc/vllm-provision-planted",
            "/root/planted", "/usr/local/lib/planted"]
-
-
-def provision(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as an operator would."""
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
 
 
 def _variant(lab: Any, tmp: Path, change: dict[str, Any]) -> Path:
@@ -71,24 +65,25 @@ def _no_marker(lab_host: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def deployed(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Path]:
     """The lab's mp replica purged, then deployed once with the hostile-looking served name."""
     subprocess.run(["rm", "-f", MARKER], check=True)
-    run = provision("down", "-i", str(lab.inventory_path("mp")), "--purge")
-    assert run.returncode == 0, run.stdout + run.stderr
-    for host in ("h1", "h2"):
-        lab.ssh(host, f"rm -f {MARKER}")
-    inventory = _variant(lab, tmp_path_factory.mktemp("inert"),
-                         {"vllm_served_model_name": INERT_NAME})
-    yield inventory
-    provision("down", "-i", str(inventory), "--purge")
+    with replicas.exclusive("mp", start="purged") as lease:
+        for host in ("h1", "h2"):
+            lab.ssh(host, f"rm -f {MARKER}")
+        inventory = _variant(lab, tmp_path_factory.mktemp("inert"),
+                             {"vllm_served_model_name": INERT_NAME})
+        yield inventory
+        purged = provision("down", "-i", str(inventory), "--purge")
+        lease.leave("purged" if purged.returncode == 0 else "unknown")
 
 
 @pytest.mark.parametrize(("what", "change"), REFUSED, ids=[w for w, _ in REFUSED])
 def test_a_refused_value_never_reaches_a_host(what: str, change: dict[str, Any], lab: Any,
                                               lab_host: Any, deployed: Path,
                                               tmp_path: Path) -> None:
-    run = provision("up", "-i", str(_variant(lab, tmp_path, change)), timeout_s=60)
+    run = provision("up", "-i", str(_variant(lab, tmp_path, change)), timeout=60)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Traceback" not in run.stderr and "fix:" in run.stdout + run.stderr
     _no_marker(lab_host)
@@ -112,7 +107,7 @@ def test_purge_removes_only_what_the_tool_installed(deployed: Path, lab: Any,
     for host in ("h1", "h2"):
         lab.ssh(host, "touch " + " ".join(PLANTED))
     escape = provision("down", "-i", str(deployed), "--purge", "-e",
-                       "vllm_unit_name=../../../root.service", timeout_s=60)
+                       "vllm_unit_name=../../../root.service", timeout=60)
     assert escape.returncode == 1 and "vllm_unit_name has an invalid value" in escape.stdout + \
         escape.stderr
     run = provision("down", "-i", str(deployed), "--purge")

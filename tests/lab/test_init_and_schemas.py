@@ -1,8 +1,9 @@
 """`provision init` against the two lab hosts writes an inventory with which `up` serves at once,
 with no edit; then every lab-level command's --json (up, status, check, facts, drift, down,
 lab status) validates against its schema (vllm_provision/schemas/; the plan of `up --check` is
-checked in tests/unit/test_json_schemas.py). One `up`, shared by the module; the replica is
-taken down at the end."""
+checked in tests/unit/test_json_schemas.py). One `up` of the module's own inventory, shared by
+the module, on hosts the ``replicas`` broker hands over with no replica serving; the replica is
+taken down at the end and the broker told so."""
 
 from __future__ import annotations
 
@@ -32,11 +33,16 @@ def run_json(schema: str, *args: str, state_home: Path,
 
 
 @pytest.fixture(scope="module")
-def initialised(lab: Any, tmp_path_factory: pytest.TempPathFactory
+def initialised(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[tuple[Path, Path, dict[str, Any]]]:
     """The inventory `provision init` wrote for h1, h2 (by address, as an operator would give
     them), and the --json of the `up` run with it unchanged."""
-    folder = tmp_path_factory.mktemp("init")
+    with replicas.exclusive("mp", start="stopped") as lease:
+        yield from _initialised(lab, tmp_path_factory.mktemp("init"))
+        lease.leave("down")
+
+
+def _initialised(lab: Any, folder: Path) -> Iterator[tuple[Path, Path, dict[str, Any]]]:
     state_home = folder / "state"
     inventory = folder / "inventory.yml"
     addresses = [h.address for h in lab.hosts if h.name in ("h1", "h2")]

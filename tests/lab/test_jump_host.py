@@ -11,17 +11,15 @@ session came from h1.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_support import provision
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 PLAYBOOK = """\
 - name: Reach the host
   hosts: all
@@ -63,10 +61,8 @@ def through_h1(lab: Any, tmp_path: Path) -> dict[str, Path]:
 
 def reach_h2(paths: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
     """``provision play`` of the one-task playbook on h2 only, with the fresh ``$HOME``."""
-    env = dict(os.environ, HOME=str(paths["home"]))
-    return subprocess.run([PROVISION, "play", "-i", str(paths["inventory"]), str(paths["playbook"]),
-                           "-l", "h2", "--json", *args], capture_output=True, text=True,
-                          timeout=120, env=env, check=False)
+    return provision("play", "-i", str(paths["inventory"]), str(paths["playbook"]), "-l", "h2",
+                     "--json", *args, timeout=120, env={"HOME": str(paths["home"])})
 
 
 def test_unknown_jump_host_key_is_refused_then_learned_once_and_used(

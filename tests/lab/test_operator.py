@@ -2,7 +2,9 @@
 journals (`provision logs`, `-f`), and ad-hoc commands (`provision exec`).
 
 One `up` (under a pseudo-terminal, as an operator runs it) and one `restart` (to pipes) are
-shared by the module; the tests run in file order and the fixture takes the replica down.
+shared by the module. The module holds the session's mp replica exclusively (the ``replicas``
+broker's), handed over not serving so that its `up` starts vLLM; the tests run in file order
+and leave it serving, which the broker is told.
 """
 
 from __future__ import annotations
@@ -47,22 +49,19 @@ class Deployed:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    state_home = tmp_path_factory.mktemp("state")
-    inventory = str(lab.inventory_path("mp"))
-    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    before_up = datetime.datetime.now(datetime.UTC)
-    up_rc, screen = lab_support.run_in_pty([lab_support.PROVISION, "up", "-i", inventory],
-                                           env=env)
-    restart_began = datetime.datetime.now(datetime.UTC)
-    restart = lab_support.provision("restart", "-i", inventory, state_home=state_home)
-    try:
-        address = next(h.address for h in lab.hosts if h.name == "h1")
+def deployed(replicas: lab_support.ReplicaBroker) -> Iterator[Deployed]:
+    with replicas.exclusive("mp", start="stopped") as lease:
+        state_home, inventory = lease.replica.state_home, lease.replica.inventory
+        env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+        before_up = datetime.datetime.now(datetime.UTC)
+        up_rc, screen = lab_support.run_in_pty([lab_support.PROVISION, "up", "-i", inventory],
+                                               env=env)
+        restart_began = datetime.datetime.now(datetime.UTC)
+        restart = lab_support.provision("restart", "-i", inventory, state_home=state_home)
         yield Deployed(inventory, state_home, up_rc, screen, restart, before_up, restart_began,
-                       f"http://{address}:8000")
-    finally:
-        down = lab_support.provision("down", "-i", inventory, state_home=state_home)
-        assert down.returncode == 0, down.stdout + down.stderr
+                       lease.replica.base_url)
+        # the tests after the restart only read, run `exec` and send completions
+        lease.leave("serving" if (up_rc, restart.returncode) == (0, 0) else "unknown")
 
 
 def test_up_on_a_terminal_shows_vllm_phases_live(deployed: Deployed) -> None:

@@ -1,7 +1,9 @@
 """The dry run's plan, masked env-file diffs and `status` after `down`, on one mp replica.
 
-One `up` (with an API key) is shared by the module; the tests run in file order and the last
-one takes the replica down (the fixture's `down` then finds nothing to do).
+The module holds the session's mp replica exclusively (the ``replicas`` broker's), deployed
+with an API key: the broker reuses it when it knows it serving so, else runs its `up`. The tests
+run in file order and the last one takes the replica down (the fixture's `down` then finds
+nothing to do); the broker is told it is down.
 """
 
 from __future__ import annotations
@@ -24,26 +26,26 @@ ENV_FILE = "/etc/vllm-provision/vllm.env"
 RESTART = "Restart the replica's vLLM units"
 
 
-def provision(*args: str, state_home: Path, timeout: float = 600, approve: bool = True,
-              stdin: int | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with the lab's environment, the API key and a private controller state."""
-    return lab_support.provision(*args, "-e", f"vllm_api_key={KEY}", state_home=state_home,
-                                 timeout=timeout, approve=approve, stdin=stdin)
+WITH_KEY = ("-e", f"vllm_api_key={KEY}")
+
+
+def provision(*args: str, **options: Any) -> subprocess.CompletedProcess[str]:
+    """:func:`lab_support.provision` with the API key (``options`` as there)."""
+    return lab_support.provision(*args, *WITH_KEY, **options)
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """The mp replica after a good `up` (its record, with the start to serving, kept in a
-    private XDG_STATE_HOME)."""
-    state_home = tmp_path_factory.mktemp("state")
-    inventory = str(lab.inventory_path("mp"))
-    up = provision("up", "-i", inventory, state_home=state_home)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield inventory, state_home
-    finally:
-        down = provision("down", "-i", inventory, state_home=state_home)
-        assert down.returncode == 0, down.stdout + down.stderr
+def deployed(replicas: Any) -> Iterator[tuple[str, Path]]:
+    """The mp replica after a good `up` with the API key (its record, with the start to
+    serving, kept in the broker's private XDG_STATE_HOME for it)."""
+    with replicas.exclusive("mp", WITH_KEY) as lease:
+        inventory, state_home = lease.replica.inventory, lease.replica.state_home
+        try:
+            yield inventory, state_home
+        finally:
+            down = provision("down", "-i", inventory, state_home=state_home)
+            assert down.returncode == 0, down.stdout + down.stderr
+            lease.leave("down")
 
 
 def check_json(deployed: tuple[str, Path], *extra: str) -> tuple[int, dict[str, Any], str]:

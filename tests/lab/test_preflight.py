@@ -8,25 +8,19 @@ code never knows it talks to the lab.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+import lab_support
 import pytest
 
 pytestmark = pytest.mark.lab
 
-PROVISION = [str(Path(sys.executable).parent / "provision")]
-
-
 def provision(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with the lab instance's environment (VLLM_PROVISION_LAB_*)."""
-    return subprocess.run([*PROVISION, *args], capture_output=True, text=True, timeout=timeout,
-                          env=os.environ.copy(), check=False)
+    """:func:`lab_support.provision` with this module's 180 s limit."""
+    return lab_support.provision(*args, timeout=timeout)
 
 
 def check(lab: Any, kind: str = "mp", *extra: str) -> tuple[int, list[dict[str, Any]]]:

@@ -11,9 +11,9 @@ failure test brings the replica back with ``provision restart``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +39,7 @@ class Replica:
     lab: Any
     kind: str
     inventory: Path
+    state_home: Path  # the controller's records (XDG_STATE_HOME) for every run of the module
 
     @property
     def api(self) -> str:
@@ -51,10 +52,8 @@ class Replica:
 
     def provision(self, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str]:
         """Run ``provision ARGS -i <inventory>`` as a user would (a fresh process)."""
-        return subprocess.run(
-            [sys.executable, "-c", "from vllm_provision.cli import main; main()", *args,
-             "-i", str(self.inventory)], capture_output=True, text=True, timeout=timeout_s,
-            check=False)
+        return lab_support.provision(*args, "-i", str(self.inventory),
+                                     state_home=self.state_home, timeout=timeout_s)
 
     def ssh(self, host: str, command: str, timeout_s: float = 60) -> str:
         """Run ``command`` on ``host`` as root; return stdout (any exit status)."""
@@ -130,13 +129,15 @@ KINDS = [pytest.param("standin", id="standin"),
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def replica(request: pytest.FixtureRequest, lab: Any) -> Iterator[Replica]:
+def replica(request: pytest.FixtureRequest, lab: Any,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replica]:
     """The lab's replica of the parameter's kind, deployed by the first test; down at the end."""
     kind = str(request.param)
     if lab.vllm != kind:
         pytest.skip(f"the lab runs the {lab.vllm} vLLM; this needs `provision lab up --vllm "
                     f"{kind}`")
-    deployed = Replica(lab, kind, lab.inventory_path("real" if kind == "real" else "mp"))
+    deployed = Replica(lab, kind, lab.inventory_path("real" if kind == "real" else "mp"),
+                       tmp_path_factory.mktemp("state"))
     yield deployed
     deployed.provision("down")
 
@@ -161,7 +162,8 @@ def test_up_serves_a_completion_over_both_nodes_and_is_idempotent(replica: Repli
     # The first up runs on a terminal, as an operator runs it: before it serves, its live
     # progress rows show the phases vLLM announces in its own log (read from the journal).
     code, screen = lab_support.run_in_pty(
-        [lab_support.PROVISION, "up", "-i", str(replica.inventory)], timeout=900)
+        [lab_support.PROVISION, "up", "-i", str(replica.inventory)], timeout=900,
+        env={**os.environ, "XDG_STATE_HOME": str(replica.state_home)})
     text = lab_support.screen_text(screen)
     assert code == 0, f"provision up failed:\n{text[-3000:]}"
     phases = lab_support.shown_phases(text.split("completion from")[0])

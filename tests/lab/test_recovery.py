@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -44,18 +42,11 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 DETECT_S = 3.0  # the watchdog polls every 1 s; a peer's unit state is read within 2 polls
 UNITS = {"mp": {"h1": ["vllm.service", "vllm-watchdog.service"],
                 "h2": ["vllm.service", "vllm-watchdog.service"]},
          "ray": {"h1": ["ray-head.service", "vllm.service", "vllm-watchdog.service"],
                  "h2": ["ray-worker.service", "vllm-watchdog.service"]}}
-
-
-def provision(*args: str, timeout_s: float = 400) -> subprocess.CompletedProcess[str]:
-    """Run the ``provision`` CLI as an operator would."""
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
 
 
 @dataclass
@@ -199,13 +190,13 @@ def _deploy(lab: Any, backend: str, kind: str) -> Iterator[Replica]:
                     f"{kind}`")
     replica = Replica(lab, backend, kind)
     for other in ("mp", "ray", "real"):  # every inventory uses vllm.service: start clean
-        provision("down", "-i", str(lab.inventory_path(other)), "--purge")
-    result = provision("up", "-i", replica.inventory, timeout_s=900)
+        lab_support.provision("down", "-i", str(lab.inventory_path(other)), "--purge")
+    result = lab_support.provision("up", "-i", replica.inventory, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     try:
         yield replica
     finally:
-        down = provision("down", "-i", replica.inventory, "--purge")
+        down = lab_support.provision("down", "-i", replica.inventory, "--purge")
         assert down.returncode == 0, down.stdout + down.stderr
 
 
@@ -285,8 +276,8 @@ class TestMp:
             samples = mp.watch(cut_at, 12)
             assert not Recovery("cut", None, samples).healthy_but_failing(grace_s + DETECT_S), \
                 samples
-            status = provision("status", "-i", mp.inventory, "--json", "--timeout", "5",
-                               timeout_s=120)
+            status = lab_support.provision("status", "-i", mp.inventory, "--json", "--timeout",
+                                           "5", timeout=120)
             assert status.returncode == 1, status.stdout + status.stderr
             (info,) = json.loads(status.stdout)["replicas"]
             assert set(info["unreachable"]) == {"h2"}, info
@@ -326,7 +317,7 @@ class TestMp:
                 return {}
 
         before = invocations()
-        up = provision("up", "-i", mp.inventory, *short, timeout_s=900)
+        up = lab_support.provision("up", "-i", mp.inventory, *short, timeout=900)
         try:
             assert up.returncode == 0, up.stdout + up.stderr
             assert invocations() == before, "new probe settings must restart no vLLM unit"
@@ -357,7 +348,7 @@ class TestMp:
         finally:
             # a failed test must not leave h2 frozen (harmless when nothing is stopped)
             mp.lab.ssh("h2", "systemctl kill -s CONT vllm.service", timeout_s=30)
-            reset = provision("up", "-i", mp.inventory, timeout_s=900)
+            reset = lab_support.provision("up", "-i", mp.inventory, timeout=900)
             assert reset.returncode == 0, reset.stdout + reset.stderr
 
     def test_reboot_of_the_headless_host(self, mp: Replica) -> None:

@@ -13,9 +13,7 @@ preflight's parity rules: Python (and, for Ray, Ray) versions differ.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +25,6 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 MODEL = "/srv/models/lab-model"
 # suite -> (rank 0, headless), and what the release ships (vllm_provision_lab.base.RELEASES)
 HOSTS = {"bullseye": ("h3", "h4"), "trixie": ("h5", "h6")}
@@ -65,9 +62,8 @@ class Release:
         return HOSTS[self.suite]
 
     def provision(self, *args: str, timeout_s: float = 400) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "XDG_STATE_HOME": str(self.state_home)}
-        return subprocess.run([PROVISION, *args, "-i", str(self.inventory)], capture_output=True,
-                              text=True, timeout=timeout_s, env=env, check=False)
+        return lab_support.provision(*args, "-i", str(self.inventory),
+                                     state_home=self.state_home, timeout=timeout_s)
 
     def ssh(self, host: str, command: str) -> str:
         result = self.lab.ssh(host, command, timeout_s=30)
@@ -196,8 +192,7 @@ def test_a_mixed_release_replica_is_refused_by_the_parity_rules(
     """Ray backend on h3 (bullseye) + h5 (trixie): Python 3.9 vs 3.13 and Ray 2.51.2 vs 2.60.0
     differ, so preflight refuses it, naming both versions; each host's own platform checks pass."""
     inventory = _inventory(release_lab, ("h3", "h5"), "ray", tmp_path / "mixed.yml")
-    run = subprocess.run([PROVISION, "check", "-i", str(inventory), "--json"],
-                         capture_output=True, text=True, timeout=300, check=False)
+    run = lab_support.provision("check", "-i", str(inventory), "--json", timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr
     findings = json.loads(run.stdout)["findings"]
     errors = {f["check"]: f for f in findings if f["severity"] == "error"}

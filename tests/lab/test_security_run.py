@@ -12,7 +12,9 @@ One module-scoped sequence, four ``provision`` runs in all:
    record, the hosts' /etc, /var/lib/vllm-provision and /run/vllm-provision, and the whole
    journal: only the 0600 files that must hold it (the env file, the watchdog's config) may.
 
-At the end the replica is taken down (``down``), as the module found the lab: later modules
+The session's ``replicas`` broker hands the hosts over with no replica serving (held
+exclusively; the keyed inventory is another owner than the lab's). At the end the replica is
+taken down (``down``), as the module found the lab, and the broker is told so: later modules
 start vLLM stand-ins by hand on the same ports.
 """
 
@@ -23,22 +25,22 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
+from lab_support import PROVISION, provision
 
 from vllm_provision.runner.masking import encodings
 from vllm_provision.state import controller_state_path
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 HOLDER_FILE = "/var/lib/vllm-provision/run.lock.holder"
 # The files that must hold the key: 0600, root (roles vllm_mp and vllm_watchdog).
 KEY_FILES = {"/etc/vllm-provision/vllm.env", "/etc/vllm-provision/watchdog.json"}
@@ -57,6 +59,7 @@ class Outcome:
 
     key: str
     inventory: Path
+    state_home: Path
     outputs: dict[str, str] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)
     elapsed: dict[str, float] = field(default_factory=dict)
@@ -65,8 +68,7 @@ class Outcome:
 
 def _run(name: str, outcome: Outcome, *args: str) -> None:
     started = time.monotonic()
-    proc = subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=600,
-                          check=False)
+    proc = provision(*args, state_home=outcome.state_home)
     outcome.elapsed[name] = time.monotonic() - started
     outcome.codes[name] = proc.returncode
     outcome.outputs[name] = proc.stdout + proc.stderr
@@ -84,22 +86,30 @@ def _wait_for_holder(lab: Any, proc: subprocess.Popen[str], timeout_s: float = 6
 
 
 @pytest.fixture(scope="module")
-def outcome(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+def outcome(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Outcome]:
+    with replicas.exclusive("mp", start="stopped") as lease:
+        down = yield from _outcome(lab, tmp_path_factory.mktemp("security"))
+        lease.leave("down" if down == 0 else "unknown")
+
+
+def _outcome(lab: Any, folder: Path) -> Generator[Outcome, None, int]:
+    """The module's runs (see the module's docstring); returns the exit code of its `down`."""
     base = lab.inventory_path("mp")
     data = yaml.safe_load(base.read_text())
     key = 'k"e\\y<$%{x}&\'' + secrets.token_hex(4)  # new each session: the first up changes
     for replica in data["all"]["children"]["vllm_replicas"]["children"].values():
         replica["vars"]["vllm_api_key"] = key
-    folder = tmp_path_factory.mktemp("security")
     inventory = folder / "keyed-mp.yml"
     inventory.write_text(yaml.safe_dump(data))
     (folder / "slow.yml").write_text(SLOW_PLAY)
-    result = Outcome(key, inventory)
+    result = Outcome(key, inventory, folder / "state")
+    env = {**os.environ, "XDG_STATE_HOME": str(result.state_home)}
     inv = ["-i", str(inventory)]
     try:
         # 1. A real up holds the lock; a second up on the same hosts exits 1 at once.
         first = subprocess.Popen([PROVISION, "up", "--diff", *inv], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+                                 stderr=subprocess.STDOUT, text=True, env=env)
         _wait_for_holder(lab, first)
         _run("second", result, "up", "-i", str(base))
         result.first_still_running = first.poll() is None
@@ -107,19 +117,20 @@ def outcome(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outc
         result.outputs["first"], result.codes["first"] = out, first.returncode
         # 2. A run killed while it holds the lock leaves a stale lock; the next run takes it.
         killed = subprocess.Popen([PROVISION, "play", *inv, str(folder / "slow.yml")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         result.outputs["killed_holder"] = _wait_for_holder(lab, killed)
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(30)
         _run("check", result, "up", "--check", "--diff", "--json", *inv)
         _run("json", result, "up", "--json", *inv)
-        record = controller_state_path(inventory)
+        with mock.patch.dict(os.environ, {"XDG_STATE_HOME": str(result.state_home)}):
+            record = controller_state_path(inventory)
         result.outputs["state_record"] = record.read_text() if record.exists() else ""
         yield result
     finally:
         # the keyed inventory owns the hosts now (its up ran last): only it may take them down
-        subprocess.run([PROVISION, "down", *inv], capture_output=True, timeout=600,
-                       check=False)
+        down = provision("down", *inv, state_home=result.state_home)
+    return down.returncode
 
 
 def test_a_second_run_on_the_same_hosts_exits_1_naming_the_holder(outcome: Outcome) -> None:

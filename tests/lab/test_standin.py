@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 import time
 
 import pytest
+from lab_support import provision
 
 pytestmark = pytest.mark.lab
 
@@ -28,11 +27,6 @@ def _ssh(lab, host: str, command: str, timeout_s: float = 60) -> str:  # type: i
 
 def _address(lab, name: str) -> str:  # type: ignore[no-untyped-def]
     return next(h.address for h in lab.hosts if h.name == name)
-
-
-def _provision(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from vllm_provision.cli import main; main()",
-                           *args], capture_output=True, text=True, check=False)
 
 
 def _curl(lab, host: str, url: str, data: dict | None = None, max_time: int = 10) -> str:  # type: ignore[no-untyped-def]
@@ -67,11 +61,11 @@ def test_real_ray_imports_and_versions_follow_lab_set(lab) -> None:  # type: ign
     _ssh(lab, "h1", f"{VENV_PY} -c 'import ray'")
     code = f"{VENV_PY} -c \"import importlib.metadata as m; print(m.version('vllm'))\""
     try:
-        assert _provision("lab", "set", "h2", "vllm=0.33.1").returncode == 0
+        assert provision("lab", "set", "h2", "vllm=0.33.1").returncode == 0
         assert _ssh(lab, "h2", code).strip() == "0.33.1"
         assert _ssh(lab, "h1", code).strip() == "0.33.0"
     finally:
-        _provision("lab", "set", "h2", "vllm=default")
+        provision("lab", "set", "h2", "vllm=default")
     assert _ssh(lab, "h2", code).strip() == "0.33.0"
 
 
@@ -101,8 +95,8 @@ def test_mp_serves_only_after_both_nodes_joined(lab) -> None:  # type: ignore[no
 
 
 def test_mp_with_an_nccl_mismatch_never_serves(lab) -> None:  # type: ignore[no-untyped-def]
-    assert _provision("lab", "set", "h2", "nccl=2.27.3", "init_timeout_s=15").returncode == 0
-    _provision("lab", "set", "h1", "init_timeout_s=15")
+    assert provision("lab", "set", "h2", "nccl=2.27.3", "init_timeout_s=15").returncode == 0
+    provision("lab", "set", "h1", "init_timeout_s=15")
     try:
         _, common = _start_mp(lab)
         _ssh(lab, "h2", f"systemd-run -q --unit=standin-mp /opt/vllm/bin/vllm serve {common} "
@@ -114,8 +108,8 @@ def test_mp_with_an_nccl_mismatch_never_serves(lab) -> None:  # type: ignore[no-
     finally:
         _stop(lab, "h1", "standin-mp")
         _stop(lab, "h2", "standin-mp")
-        _provision("lab", "set", "h2", "nccl=default", "init_timeout_s=default")
-        _provision("lab", "set", "h1", "init_timeout_s=default")
+        provision("lab", "set", "h2", "nccl=default", "init_timeout_s=default")
+        provision("lab", "set", "h1", "init_timeout_s=default")
 
 
 def test_ray_with_nnodes_2_is_rejected_with_vllms_message(lab) -> None:  # type: ignore[no-untyped-def]
@@ -173,7 +167,7 @@ def test_ray_with_an_unknown_vllm_host_ip_stays_pending_until_timeout(lab, ray_c
 
 
 def test_streaming_returns_tokens_at_the_configured_pace(lab) -> None:  # type: ignore[no-untyped-def]
-    _provision("lab", "set", "h1", "token_s=0.2", "load_s=1")
+    provision("lab", "set", "h1", "token_s=0.2", "load_s=1")
     try:
         _ssh(lab, "h1", f"systemd-run -q --unit=standin-one /opt/vllm/bin/vllm serve {MODEL} "
                         "--served-model-name lab --port 8001")
@@ -191,4 +185,4 @@ def test_streaming_returns_tokens_at_the_configured_pace(lab) -> None:  # type: 
         assert times[-1] - times[0] >= 5 * 0.2 * 0.9
     finally:
         _stop(lab, "h1", "standin-one")
-        _provision("lab", "set", "h1", "token_s=default", "load_s=default")
+        provision("lab", "set", "h1", "token_s=default", "load_s=default")

@@ -3,7 +3,9 @@
 In order, on one deployment: a hand edit of an env file that the running process never read
 is reverted by `up` without restarting anything; a second inventory naming the same hosts
 (replica `llm`, its own unit name) is refused by `check` and `up`, then accepted with
-`--take-over`, after which no unit of the old replica is left. The module ends with `down`.
+`--take-over`, after which no unit of the old replica is left. The deployment is the session's
+mp replica, held exclusively (the ``replicas`` broker's: reused when it knows it serving, else
+deployed). The module ends with `down --purge` and tells the broker the hosts are purged.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ NODES = ("h1", "h2")
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+def deployed(replicas: Any, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[dict[str, Path]]:
     """The lab's mp replica after one good `up`, and a second inventory for the same hosts:
     replica `llm` with the unit `llm.service`. Ends with `down --purge` of whichever owns
     the hosts then."""
-    folder = tmp_path_factory.mktemp("ownership")
-    mine = Path(lab.inventory_path("mp"))
+    with replicas.exclusive("mp") as lease:
+        yield from _deployed(lease, tmp_path_factory.mktemp("ownership"))
+
+
+def _deployed(lease: Any, folder: Path) -> Iterator[dict[str, Path]]:
+    mine = Path(lease.replica.inventory)
     data = yaml.safe_load(mine.read_text())
     replicas = data["all"]["children"]["vllm_replicas"]["children"]
     group = replicas.pop("lab")
@@ -37,9 +44,7 @@ def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     replicas["llm"] = group
     other = folder / "llm.yml"
     other.write_text(yaml.safe_dump(data, sort_keys=False))
-    paths = {"mine": mine, "other": other, "state": folder / "state"}
-    up = provision("up", "-i", str(mine), state_home=paths["state"])
-    assert up.returncode == 0, up.stdout + up.stderr
+    paths = {"mine": mine, "other": other, "state": lease.replica.state_home}
     try:
         yield paths
     finally:
@@ -47,6 +52,7 @@ def deployed(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         if down.returncode != 0:
             down = provision("down", "-i", str(mine), "--purge", state_home=paths["state"])
         assert down.returncode == 0, down.stdout + down.stderr
+        lease.leave("purged")
 
 
 def invocations(lab_host: Any, unit: str = "vllm.service") -> dict[str, str]:

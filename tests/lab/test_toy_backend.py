@@ -4,24 +4,25 @@ The toy backend (tests/data/backends: one class, one role) is registered the way
 distribution would: through the ``vllm_provision.backends`` entry-point group of a distribution
 on the path of the ``provision`` process. ``up`` then installs and starts its stub unit on both
 lab hosts, and ``down --purge`` stops it and removes its unit (from the hosts' state records);
-the hosts are read over the lab's SSH.
+the hosts are read over the lab's SSH. The hosts are held exclusively from the session's
+``replicas`` broker, handed over purged of our replicas (the broker purges unless it knows them
+purged); the module ends with ``down`` and tells the broker so.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from lab_support import provision
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 BACKENDS = Path(__file__).resolve().parents[1] / "data" / "backends"
 UNIT = "toy-stub.service"
 PORT = 18080
@@ -39,12 +40,13 @@ def _plugin_path(root: Path) -> Path:
 
 
 def _provision(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True, env=env,
-                          timeout=600, check=False)
+    """:func:`lab_support.provision` with ``env`` added (the toy's PYTHONPATH)."""
+    return provision(*args, env=env)
 
 
 @pytest.fixture(scope="module")
-def toy(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def toy(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[dict[str, Any]]:
     """The lab's two hosts as one toy replica, and the environment that registers the toy."""
     root = tmp_path_factory.mktemp("toy")
     doc = yaml.safe_load(lab.inventory_path("mp").read_text())
@@ -52,12 +54,13 @@ def toy(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     replica["vars"]["vllm_backend"] = "toy"
     inventory = root / "toy.yml"
     inventory.write_text(yaml.safe_dump(doc))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {"PYTHONPATH": os.pathsep.join(
         [str(_plugin_path(root / "plugin")), str(BACKENDS), os.environ.get("PYTHONPATH", "")])}
-    for backend in ("mp", "ray"):  # nothing of another backend runs on the hosts
-        _provision(env, "down", "-i", str(lab.inventory_path(backend)), "--purge")
-    yield {"inventory": str(inventory), "env": env}
-    _provision(env, "down", "-i", str(inventory))
+    # nothing of another backend runs on the hosts
+    with replicas.exclusive("mp", start="purged") as lease:
+        yield {"inventory": str(inventory), "env": env}
+        down = _provision(env, "down", "-i", str(inventory))
+        lease.leave("down" if down.returncode == 0 else "unknown")
 
 
 def test_toy_backend_deploys_its_units_and_takes_them_down(toy: dict[str, Any], lab: Any,

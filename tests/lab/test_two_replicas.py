@@ -5,16 +5,15 @@ and ``bad`` on h2 (TP=8, more GPUs than the node has). One ``provision up --json
 serves, the bad one is reported failed with its own preflight finding and nothing started on h2,
 the JSON has both results, and the exit code is 1. Then, check only (no more ``up``): the lab's
 two-node replica without ``vllm_backend`` gets mp, and ``check`` says it chose mp and why.
-The module takes its replicas down at the end.
+The session's ``replicas`` broker hands the hosts over with no replica serving (held
+exclusively); the module takes its replicas down at the end and tells the broker so.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,15 +24,12 @@ import yaml
 
 pytestmark = pytest.mark.lab
 
-PROVISION = str(Path(sys.executable).parent / "provision")
 GPUS_PER_NODE = 4  # the stand-in's default (lab/vllm_provision_lab/gpu/spec.py)
 
 
-def provision(state: Path, *args: str, timeout_s: float = 400
-              ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI with the lab's environment and a private controller state folder."""
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "XDG_STATE_HOME": str(state)}, check=False)
+def provision(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`lab_support.provision` with the module's controller state folder ``state``."""
+    return lab_support.provision(*args, state_home=state, timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -78,15 +74,17 @@ def test_check_chooses_mp_for_a_two_node_replica_without_vllm_backend(workdir):
 
 
 @pytest.fixture(scope="module")
-def up_two(workdir) -> Iterator[tuple[int, dict[str, Any]]]:
+def up_two(workdir, replicas) -> Iterator[tuple[int, dict[str, Any]]]:
     """One `provision up --json` of both replicas; both taken down after the module."""
-    result = provision(workdir["state"], "up", "-i", str(workdir["two"]), "--json")
-    try:
-        assert result.stdout.strip(), result.stderr
-        yield result.returncode, json.loads(result.stdout)
-    finally:
-        down = provision(workdir["state"], "down", "-i", str(workdir["two"]))
-        assert down.returncode == 0, down.stdout + down.stderr
+    with replicas.exclusive("mp", start="stopped") as lease:
+        result = provision(workdir["state"], "up", "-i", str(workdir["two"]), "--json")
+        try:
+            assert result.stdout.strip(), result.stderr
+            yield result.returncode, json.loads(result.stdout)
+        finally:
+            down = provision(workdir["state"], "down", "-i", str(workdir["two"]))
+            assert down.returncode == 0, down.stdout + down.stderr
+            lease.leave("down")
 
 
 def test_the_invalid_replica_fails_alone_and_the_exit_code_is_1(up_two):

@@ -3,9 +3,11 @@
 The INI file is the lab's mp inventory (vllm_provision_lab.inventories) written as INI, h2 reached
 through the legacy ``ansible_ssh_host``/``ansible_ssh_user`` names; the directory holds the same
 hosts as INI with the connection in ``group_vars/all.yml`` and the engine in a
-``group_vars/lab/`` folder whose file has no extension. The first ``up`` installs the replica;
+``group_vars/lab/`` folder whose file has no extension. The session's ``replicas`` broker hands
+the hosts over with no replica serving (held exclusively); the first ``up`` deploys the replica;
 the second, from the directory, finds the same replica (same units, same engine arguments), so
-it changes nothing, and must still see it serve. One ``down`` at the end.
+it changes nothing, and must still see it serve. One ``down --purge`` at the end, of which the
+broker is told.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lab_support import complete
+from lab_support import complete, provision
 from vllm_provision_lab.inventories import (
     LAB_MODEL,
     PIPELINE_PARALLEL_SIZE,
@@ -28,14 +29,6 @@ from vllm_provision_lab.inventories import (
 )
 
 pytestmark = pytest.mark.lab
-
-PROVISION = str(Path(sys.executable).parent / "provision")
-
-
-def provision(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PROVISION, *args], capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
-
 
 def _connection(lab: Any) -> dict[str, str]:
     return {"ansible_user": "root", "ansible_port": "22",
@@ -82,20 +75,23 @@ def write_directory(lab: Any, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sources(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+def sources(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, Path]]:
     """Both inventories; the replica is taken down (and purged) after the module."""
     root = tmp_path_factory.mktemp("inventory-formats")
     found = {"ini": write_ini(lab, root / "hosts"),
              "dir": write_directory(lab, root / "inventory")}
-    yield found
-    done = provision("down", "-i", str(found["dir"]), "--purge")
-    if done.returncode != 0:  # the directory's up did not run: the INI file owns the hosts
-        done = provision("down", "-i", str(found["ini"]), "--purge")
-    assert done.returncode == 0, done.stdout + done.stderr
+    with replicas.exclusive("mp", start="stopped") as lease:
+        yield found
+        done = provision("down", "-i", str(found["dir"]), "--purge", timeout=300)
+        if done.returncode != 0:  # the directory's up did not run: the INI file owns the hosts
+            done = provision("down", "-i", str(found["ini"]), "--purge", timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lease.leave("purged")
 
 
 def _api_url(source: Path) -> str:
-    listed = provision("inventory", "-i", str(source), "--list", timeout_s=60)
+    listed = provision("inventory", "-i", str(source), "--list", timeout=60)
     assert listed.returncode == 0, listed.stderr
     return str(json.loads(listed.stdout)["_vllm_provision"]["replicas"][REPLICA_GROUP]["api_url"])
 
@@ -109,7 +105,7 @@ def _assert_served(run: subprocess.CompletedProcess[str], source: Path, lab_host
 
 
 def test_up_from_ini_inventory_serves(sources: dict[str, Path], lab_host: Any) -> None:
-    run = provision("up", "-i", str(sources["ini"]))
+    run = provision("up", "-i", str(sources["ini"]), timeout=300)
     _assert_served(run, sources["ini"], lab_host)
     # the legacy names took effect (h2 reached at its address) and each warned once, on stderr
     assert "ansible_ssh_host is deprecated; use ansible_host instead" in run.stderr
@@ -119,8 +115,8 @@ def test_up_from_ini_inventory_serves(sources: dict[str, Path], lab_host: Any) -
 def test_up_from_inventory_directory_serves_the_same_replica(sources: dict[str, Path],
                                                              lab_host: Any) -> None:
     # the INI file deployed the hosts: another inventory is refused without --take-over
-    refused = provision("up", "-i", str(sources["dir"]))
+    refused = provision("up", "-i", str(sources["dir"]), timeout=300)
     assert refused.returncode == 1 and "--take-over" in refused.stdout + refused.stderr
-    run = provision("up", "-i", str(sources["dir"]), "--take-over")
+    run = provision("up", "-i", str(sources["dir"]), "--take-over", timeout=300)
     _assert_served(run, sources["dir"], lab_host)
     assert "deprecated" not in run.stderr

@@ -2,7 +2,10 @@
 of its own, lab/) in a fresh venv outside the checkout, no editable install, no PYTHONPATH, run
 from a folder outside the repository, drives the lab (booted by this session's own install):
 ``--help``, ``--version``, ``check``, ``up`` (the replica serves), a second ``up`` (changed=0)
-and the packaged verify suite; ``provision lab`` there says the lab is not installed."""
+and the packaged verify suite; ``provision lab`` there says the lab is not installed. The lab's
+hosts are held exclusively from the session's ``replicas`` broker, handed over with no replica
+serving (the first ``up`` starts vLLM and measures it), and left serving the lab's mp replica,
+deployed with the broker's state folder for it, which the broker is told."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_support import ReplicaBroker, provision
 
 pytestmark = pytest.mark.lab
 
@@ -42,16 +46,18 @@ def installed(built_dists: dict[str, Any], tmp_path_factory: pytest.TempPathFact
 
 
 def _run(installed: dict[str, Any], *args: str, timeout: int = 600,
-         ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env["PATH"] = f"{installed['bin']}:{env.get('PATH', '/usr/bin:/bin')}"
-    return subprocess.run([str(installed["bin"] / "provision"), *args], cwd=installed["cwd"],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+         state_home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed wheel's ``provision ARGS`` (not this checkout's), from outside the
+    checkout, with none of this session's Python variables (``state_home`` as in
+    :func:`lab_support.provision`)."""
+    path = f"{installed['bin']}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    env = {"PYTHONPATH": None, "VIRTUAL_ENV": None, "PYTHONHOME": None, "PATH": path}
+    return provision(*args, executable=str(installed["bin"] / "provision"),
+                     cwd=installed["cwd"], env=env, timeout=timeout, state_home=state_home)
 
 
 def test_the_installed_wheel_deploys_and_verifies_the_lab_replica(
-        lab: object, installed: dict[str, Any]) -> None:
+        replicas: ReplicaBroker, installed: dict[str, Any]) -> None:
     site = installed["bin"].parent / "lib"
     assert REPO not in Path(installed["cwd"]).parents
     helped = _run(installed, "--help")
@@ -73,20 +79,23 @@ def test_the_installed_wheel_deploys_and_verifies_the_lab_replica(
     for folder in lines.values():  # from the venv's site-packages, not the checkout
         assert Path(folder).is_dir() and site in Path(folder).parents, version.stdout
 
-    inventory = str(lab.inventory_path("mp"))  # type: ignore[attr-defined]
-    check = _run(installed, "check", "-i", inventory)
-    assert check.returncode == 0, check.stdout + check.stderr
+    with replicas.exclusive("mp", start="stopped") as lease:
+        inventory, state = lease.replica.inventory, lease.replica.state_home
+        check = _run(installed, "check", "-i", inventory, state_home=state)
+        assert check.returncode == 0, check.stdout + check.stderr
 
-    first = _run(installed, "up", "-i", inventory, "--json")
-    assert first.returncode == 0, first.stdout + first.stderr
-    summary = json.loads(first.stdout)
-    assert summary["completion"] and summary["failed"] == 0
-    assert summary["start_to_serving_s"] is not None, summary["start_to_serving_reason"]
+        first = _run(installed, "up", "-i", inventory, "--json", state_home=state)
+        assert first.returncode == 0, first.stdout + first.stderr
+        summary = json.loads(first.stdout)
+        assert summary["completion"] and summary["failed"] == 0
+        assert summary["start_to_serving_s"] is not None, summary["start_to_serving_reason"]
 
-    again = _run(installed, "up", "-i", inventory, "--json")
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert json.loads(again.stdout)["changed"] == 0
+        again = _run(installed, "up", "-i", inventory, "--json", state_home=state)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert json.loads(again.stdout)["changed"] == 0
 
-    verified = _run(installed, "verify", "-i", inventory, "--", "-q", timeout=300)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert "11 passed" in verified.stdout
+        verified = _run(installed, "verify", "-i", inventory, "--", "-q", timeout=300,
+                        state_home=state)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "11 passed" in verified.stdout
+        lease.leave("serving")
