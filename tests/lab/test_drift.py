@@ -1,7 +1,10 @@
 """`provision drift` on the lab: clean after a good `up`, then one kind of drift per test
 (a changed NCCL on h2, a hand-edited unit on h1, an inventory edit through -e), and no record
 at all. The tests read the session's mp replica (the ``replicas`` broker's, deployed only when
-the broker does not know it serving) and each undoes its own change, so it is left serving."""
+the broker does not know it serving) and each undoes its own change, so it is left serving.
+
+Cost: about 70 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+"""
 
 from __future__ import annotations
 

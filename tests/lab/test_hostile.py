@@ -6,6 +6,8 @@ session's ``replicas`` broker purges them unless it knows them purged), then ONE
 whose served model name is ``$(touch MARKER)``; the refused cases run ``up`` before it and
 ``down`` after it, and the module ends with ``down --purge`` (the broker is told so). Hosts are
 read over the lab's SSH with pytest-testinfra, as an operator would look.
+
+Cost: about 90 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@ with no edit; then every lab-level command's --json (up, status, check, facts, d
 lab status) validates against its schema (vllm_provision/schemas/; the plan of `up --check` is
 checked in tests/unit/test_json_schemas.py). One `up` of the module's own inventory, shared by
 the module, on hosts the ``replicas`` broker hands over with no replica serving; the replica is
-taken down at the end and the broker told so."""
+taken down at the end and the broker told so.
+
+Cost: about 60 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ One `up` (under a pseudo-terminal, as an operator runs it) and one `restart` (to
 shared by the module. The module holds the session's mp replica exclusively (the ``replicas``
 broker's), handed over not serving so that its `up` starts vLLM; the tests run in file order
 and leave it serving, which the broker is told.
+
+Cost: about 60 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -110,9 +112,12 @@ def test_logs_merge_both_nodes_in_time_order_across_the_restart(deployed: Deploy
 def test_logs_follow_prints_new_lines_and_exits_0_on_sigint(deployed: Deployed,
                                                             lab_host: Any) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(deployed.state_home)}
+    # SIGINT as on an operator's terminal: a suite started in the background by a shell without
+    # job control (CI's script) inherits SIGINT ignored, and Python then installs no handler
     proc = subprocess.Popen([lab_support.PROVISION, "logs", "-i", deployed.inventory, "-l", "h1",
                              "--unit", "vllm", "-n", "0", "-f"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(proc.stdout or []), daemon=True)
     reader.start()
@@ -125,7 +130,12 @@ def test_logs_follow_prints_new_lines_and_exits_0_on_sigint(deployed: Deployed,
             time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=30)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # it ignored SIGINT: fail, and leave no follower
+            proc.kill()
+            proc.wait()
+            raise
     reader.join(5)
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert all(LINE.match(line.rstrip("\n")) for line in out), out

