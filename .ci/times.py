@@ -14,8 +14,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real-a.xml"),
-         ("real", "real-b.xml"))
+TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real.xml"))
 
 
 def cases(path: Path) -> list[dict[str, object]]:

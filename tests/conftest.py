@@ -8,8 +8,8 @@ at the end of the session.
 Under pytest-xdist (``-n N --dist loadfile``, docs/testing.md) each worker ``gw<i>`` gets a lab
 instance of its own (:meth:`vllm_provision_lab.config.LabConfig.worker`: name ``<name>w<i>``,
 the ``i+1``-th /24 after the configured one, state dir ``<dir>-w<i>``), sharing the base-image
-cache; the workers boot their labs at once, each on its first lab test. Test modules are
-collected in order of their stated cost (the ``Cost: about N s`` line of a lab module's
+cache; the workers boot their labs at once, each on its first lab test. The workers collect
+the test modules in order of their stated cost (the ``Cost: about N s`` line of a lab module's
 docstring), dearest first, so the scheduler starts the long modules first and fills in with the
 short ones.
 """
@@ -70,14 +70,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the modules dearest first (stable: a module's tests keep their file order, and
-    every worker collects the same order); skip every ``lab``-marked test with a clear reason
-    when not root."""
-    costs: dict[str, int] = {}
-    for item in items:
-        if item.nodeid.split("::")[0] not in costs:
-            costs[item.nodeid.split("::")[0]] = module_cost_s(getattr(item, "module", None))
-    items.sort(key=lambda item: -costs[item.nodeid.split("::")[0]])
+    """In a pytest-xdist worker, order the modules dearest first (stable: a module's tests keep
+    their file order, and every worker collects the same order; without workers the order is
+    the command line's); skip every ``lab``-marked test with a clear reason when not root."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        costs: dict[str, int] = {}
+        for item in items:
+            if item.nodeid.split("::")[0] not in costs:
+                costs[item.nodeid.split("::")[0]] = module_cost_s(getattr(item, "module", None))
+        items.sort(key=lambda item: -costs[item.nodeid.split("::")[0]])
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason=NOT_ROOT_REASON)
