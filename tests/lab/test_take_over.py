@@ -7,7 +7,7 @@ is reverted by `up` without restarting anything; a second inventory naming the s
 mp replica, held exclusively (the ``replicas`` broker's: reused when it knows it serving, else
 deployed). The module ends with `down --purge` and tells the broker the hosts are purged.
 
-Cost: about 45 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 85 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

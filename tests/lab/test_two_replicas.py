@@ -8,7 +8,7 @@ two-node replica without ``vllm_backend`` gets mp, and ``check`` says it chose m
 The session's ``replicas`` broker hands the hosts over with no replica serving (held
 exclusively); the module takes its replicas down at the end and tells the broker so.
 
-Cost: about 35 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 30 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

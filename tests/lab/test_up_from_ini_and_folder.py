@@ -9,7 +9,7 @@ the second, from the directory, finds the same replica (same units, same engine 
 it changes nothing, and must still see it serve. One ``down --purge`` at the end, of which the
 broker is told.
 
-Cost: about 45 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 40 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
