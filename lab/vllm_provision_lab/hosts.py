@@ -189,14 +189,32 @@ def _read_pid(pid_file: Path) -> int | None:
         return None
 
 
+EXEC_WINDOW_S = 10.0
+
+
 def _alive(pid_file: Path, marker: str) -> bool:
+    """True when the pid in ``pid_file`` runs a command line holding ``marker``.
+
+    A process in the middle of execve(2) has an empty command line: the kernel closes the
+    parent's close-on-exec pipe (so ``subprocess.Popen`` has returned) before it sets up the new
+    image's arguments (fs/binfmt_elf.c: ``begin_new_exec`` comes before ``create_elf_tables``),
+    and on a loaded machine that window lasts. An empty command line of a live process is
+    therefore read again until it shows one (at most :data:`EXEC_WINDOW_S` seconds); a zombie,
+    a gone process or another command line is not alive.
+    """
     pid = _read_pid(pid_file)
     if pid is None:
         return False
-    try:
-        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
+    deadline = time.monotonic() + EXEC_WINDOW_S
+    while True:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        if cmdline or "\nState:\tZ" in status or time.monotonic() > deadline:
+            return marker in cmdline.decode(errors="replace")
+        time.sleep(0.05)
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -93,3 +93,25 @@ def test_delayer_ignores_other_messages_and_truncation() -> None:
     ack = delayer.NLMSG_HEADER.pack(20, delayer.NLMSG_ERROR, 0, 0, 0) + b"\0" * 4
     assert list(delayer.packet_ids(ack + _packet_message(3))) == [3]
     assert list(delayer.packet_ids(_packet_message(3)[:10])) == []
+
+
+def test_a_process_is_alive_by_its_command_line_and_one_mid_exec_is_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boot loop's liveness check (vllm_provision_lab.hosts._alive): this process holds
+    "pytest" in its command line; pid 2 (kthreadd, a kernel thread) has an empty one, as a
+    process in the middle of execve(2) does, so it is read again until the window ends."""
+    import os
+    import sys
+    import time
+
+    from vllm_provision_lab import hosts
+
+    pid_file = tmp_path / "boot.pid"
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert hosts._alive(pid_file, os.path.basename(sys.argv[0]) or "python")
+    assert not hosts._alive(pid_file, "bootloop.py")
+    monkeypatch.setattr(hosts, "EXEC_WINDOW_S", 0.3)
+    pid_file.write_text("2\n")
+    started = time.monotonic()
+    assert not hosts._alive(pid_file, "bootloop.py")
+    assert time.monotonic() - started >= 0.3
