@@ -86,9 +86,12 @@ def remove(subtree: str, host: str | None = None) -> None:
         base = root / subtree if host is None else root / subtree / host
         if not base.is_dir():
             continue
-        for directory in sorted((p for p in base.rglob("*") if p.is_dir()),
-                                key=lambda p: len(p.parts), reverse=True):
-            _rmdir(directory)
+        # os.walk, not Path.rglob: a guest's systemd removes its own cgroups while it stops,
+        # and a folder gone mid-walk is skipped instead of raising (rglob raised
+        # FileNotFoundError, and `lab down` ended in an internal error); bottom-up order
+        for folder, children, _files in os.walk(base, topdown=False):
+            for child in children:
+                _rmdir(Path(folder) / child)
         _rmdir(base)
     if host is not None:
         for root in hierarchy_roots():

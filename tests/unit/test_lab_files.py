@@ -115,3 +115,27 @@ def test_a_process_is_alive_by_its_command_line_and_one_mid_exec_is_read_again(
     started = time.monotonic()
     assert not hosts._alive(pid_file, "bootloop.py")
     assert time.monotonic() - started >= 0.3
+
+
+def test_cgroup_removal_goes_bottom_up_and_skips_a_folder_gone_mid_walk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lab down`` removes a host's cgroup folders deepest first while the guest's systemd may
+    remove some of its own: one that is gone by the time it is reached is skipped."""
+    import os
+
+    from vllm_provision_lab import cgroups
+
+    (tmp_path / "sub" / "h1" / "payload" / "system.slice" / "gone.service").mkdir(parents=True)
+    (tmp_path / "sub" / "h2").mkdir()
+    walk = os.walk
+
+    def walk_and_vanish(top: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        for folder, children, files in walk(top, **kwargs):  # type: ignore[call-overload]
+            if folder.endswith("system.slice"):
+                (Path(folder) / "gone.service").rmdir()  # the guest removed it meanwhile
+            yield folder, children, files
+
+    monkeypatch.setattr(cgroups, "hierarchy_roots", lambda: [tmp_path])
+    monkeypatch.setattr(cgroups.os, "walk", walk_and_vanish)
+    cgroups.remove("sub")
+    assert list(tmp_path.iterdir()) == []
