@@ -14,7 +14,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real.xml"))
+TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real-sync.xml"),
+         ("real", "real.xml"))
 
 
 def cases(path: Path) -> list[dict[str, object]]:
