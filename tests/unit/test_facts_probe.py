@@ -25,6 +25,16 @@ from vllm_provision.facts.gather import (
 from vllm_provision.models import EngineArgs, Group, Host, Inventory, Node, Replica
 
 
+def free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 holds now: a fixed one can be held by another test."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+MASTER_PORT = free_port()
+
+
 def make_inventory(tmp_path: Path) -> Inventory:
     model = tmp_path / "model"
     model.mkdir()
@@ -33,7 +43,7 @@ def make_inventory(tmp_path: Path) -> Inventory:
     hosts = {name: Host(name, "127.0.0.1", vars={"vllm_venv": venv, "vllm_service_user": "root"})
              for name in ("h1", "h2")}
     nodes = (Node(hosts["h1"], 0, "127.0.0.1"), Node(hosts["h2"], 1, "127.0.0.1"))
-    replica = Replica("r", "mp", nodes, EngineArgs(model=str(model), master_port=29777))
+    replica = Replica("r", "mp", nodes, EngineArgs(model=str(model), master_port=MASTER_PORT))
     return Inventory(tmp_path / "inv.yml", hosts, {"all": Group("all", ("h1", "h2"))},
                      (replica,))
 
@@ -43,11 +53,11 @@ def test_probe_config_asks_master_to_listen_and_follower_to_connect(tmp_path):
     replica = inventory.replicas[0]
     master = probe_config(inventory.hosts["h1"], replica, ProbeOptions())
     follower = probe_config(inventory.hosts["h2"], replica, ProbeOptions())
-    assert master["listen"]["port"] == 29777 and master["listen"]["expect"] == 1
+    assert master["listen"]["port"] == MASTER_PORT and master["listen"]["expect"] == 1
     timeout = ProbeOptions().reach_timeout_s
     # the rendezvous first, then the peer's API and watchdog ports
     assert follower["connect"] == [{"address": "127.0.0.1", "port": port, "timeout_s": timeout}
-                                   for port in (29777, 8000, 29510)]
+                                   for port in (MASTER_PORT, 8000, 29510)]
     assert [(x["port"], x["expect"]) for x in master["listens"]] == [(8000, 1), (29510, 1)]
     assert [x["port"] for x in follower["listens"]] == [29510]
     assert [x["port"] for x in master["connect"]] == [29510]
@@ -76,7 +86,7 @@ def test_gather_facts_is_one_call_per_host_and_proves_reachability(tmp_path):
     assert [f.name for f in facts["h1"].model_files or ()] == ["config.json"]
     assert facts["h1"].listener is not None and facts["h1"].listener.bound
     assert facts["h2"].reachability[0].ok
-    assert not any(s.port == 29777 for s in facts["h1"].listening)  # the probe's own listener
+    assert not any(s.port == MASTER_PORT for s in facts["h1"].listening)  # the probe's own listener
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="the probe lists sockets with ss")
