@@ -19,18 +19,22 @@ TIERS = (("unit", "unit.xml"), ("stand-in", "standin.xml"), ("real", "real-sync.
 
 
 def cases(path: Path) -> list[dict[str, object]]:
-    """Every test case of a junit file: ``{"id", "module", "s", "outcome"}``."""
+    """Every test case of a junit file: ``{"id", "module", "s", "outcome", "why"}`` (``why``: the
+    start of a failure's message, empty otherwise)."""
     if not path.is_file():
         return []
     found = []
     for case in ET.parse(path).getroot().iter("testcase"):
         module = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-        outcome = "passed"
+        outcome, why = "passed", []
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = "skipped" if child.tag == "skipped" else "failed"
+                if child.tag != "skipped":
+                    why = (child.get("message") or child.text or "").strip().splitlines()
         found.append({"id": f"{module}::{case.get('name')}", "module": module,
-                      "s": float(case.get("time") or 0), "outcome": outcome})
+                      "s": float(case.get("time") or 0), "outcome": outcome,
+                      "why": " ".join(why[:3])[:400] if outcome == "failed" else ""})
     return found
 
 
@@ -63,6 +67,11 @@ def main(folder: Path) -> None:
             modules[(tier, str(c["module"]))].append(float(c["s"]))
     for (tier, module), seconds in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
         print(f"{sum(seconds):>7.0f}  {len(seconds):>3}  {tier:<8} {module}")
+    failed = [(tier, c) for tier, c in everything if c["outcome"] == "failed"]
+    if failed:
+        print("\nfailed (the tier's log in the folder has the whole report):")
+        for tier, c in failed:
+            print(f"  {tier:<8} {c['id']}\n           {c['why']}")
     total: dict[str, int] = defaultdict(int)
     for _tier, c in everything:
         total[str(c["outcome"])] += 1
