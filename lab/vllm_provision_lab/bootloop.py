@@ -60,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--netns", required=True)
     parser.add_argument("--cgroup", action="append", default=[], help="cgroup dir to join")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="niceness for the guest's processes (inherited through nspawn)")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     join_cgroups(args.cgroup)
+    if args.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     write_pid(run_dir / "boot.pid", os.getpid())
     # the guest sees a pure cgroup2 tree, as a real bookworm host does (gotcha 3)
     env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")

@@ -30,12 +30,20 @@ class LabConfig:
             cgroup subtree ``vllm-provision-<name>/h1``.
         net: the /24 prefix (three octets, ``10.213.0``): bridge ``.1``, host hN ``.(10+N)``.
         cache_dir: where built base images are cached (tarballs); may be shared by instances.
+        nice: the scheduling niceness (-20 to 19, nice(1)) every process of the instance's
+            hosts starts with: the boot loop sets it before it starts systemd-nspawn, and the
+            guest's systemd, services and SSH sessions inherit it (systemd changes it only for
+            a unit with ``Nice=``, systemd.exec(5)). 0 (the default) leaves it as it is. On a
+            machine that runs several instances, a lower value for the instance whose tests have
+            timing windows gives its processes more of the CPUs when all want them
+            (docs/testing.md, "CPU shares").
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
     name: str = DEFAULT_NAME
     net: str = DEFAULT_NET
     cache_dir: Path | None = None
+    nice: int = 0
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -53,33 +61,48 @@ class LabConfig:
             raise LabError.single(
                 "VLLM_PROVISION_LAB_DIR", "the lab state dir must be an absolute path",
                 actual=str(self.state_dir), fix="export VLLM_PROVISION_LAB_DIR=/var/lib/...")
+        if not -20 <= self.nice <= 19:
+            raise LabError.single(
+                "VLLM_PROVISION_LAB_NICE", "the niceness is out of range",
+                expected="an integer from -20 to 19 (nice(1))", actual=str(self.nice),
+                fix="export VLLM_PROVISION_LAB_NICE=-5 (for example), or unset it")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> LabConfig:
-        """Read ``VLLM_PROVISION_LAB_{DIR,NAME,NET,CACHE}`` (docs/architecture.md, "Lab instances").
+        """Read ``VLLM_PROVISION_LAB_{DIR,NAME,NET,CACHE,NICE}`` (docs/architecture.md, "Lab
+        instances").
 
         Raises:
-            LabError: a value cannot be used (bad name, network or relative path).
+            LabError: a value cannot be used (bad name, network, relative path, or a niceness
+                that is not an integer from -20 to 19).
         """
         env = os.environ if environ is None else environ
         state_dir = Path(env.get("VLLM_PROVISION_LAB_DIR") or DEFAULT_STATE_DIR)
         cache = env.get("VLLM_PROVISION_LAB_CACHE")
+        nice = (env.get("VLLM_PROVISION_LAB_NICE") or "0").strip()
+        if not re.fullmatch(r"[+-]?\d{1,2}", nice):
+            raise LabError.single(
+                "VLLM_PROVISION_LAB_NICE", "the niceness is not an integer",
+                expected="an integer from -20 to 19 (nice(1))", actual=nice,
+                fix="export VLLM_PROVISION_LAB_NICE=-5 (for example), or unset it")
         return cls(state_dir=state_dir, name=env.get("VLLM_PROVISION_LAB_NAME") or DEFAULT_NAME,
                    net=env.get("VLLM_PROVISION_LAB_NET") or DEFAULT_NET,
-                   cache_dir=Path(cache) if cache else None)
+                   cache_dir=Path(cache) if cache else None, nice=int(nice))
 
     def environ(self) -> dict[str, str]:
         """The ``VLLM_PROVISION_LAB_*`` variables that select this instance (for a child
         process, or ``os.environ.update``): the inverse of :meth:`from_env`."""
         return {"VLLM_PROVISION_LAB_DIR": str(self.state_dir),
                 "VLLM_PROVISION_LAB_NAME": self.name, "VLLM_PROVISION_LAB_NET": self.net,
-                "VLLM_PROVISION_LAB_CACHE": str(self.cache)}
+                "VLLM_PROVISION_LAB_CACHE": str(self.cache),
+                "VLLM_PROVISION_LAB_NICE": str(self.nice)}
 
     def worker(self, index: int) -> LabConfig:
         """The instance of test worker ``index`` (0, 1, ...; pytest-xdist's ``gw<index>``)
         beside this one: name ``<name>w<index>`` (the name cut to fit 10 characters), the
         ``index + 1``-th /24 after this one (``10.213.0`` -> worker 0 on ``10.213.1``), state dir
-        ``<state_dir>-w<index>``, and this instance's base cache, shared (docs/testing.md).
+        ``<state_dir>-w<index>``, and this instance's base cache, shared (docs/testing.md); the
+        niceness is this instance's.
 
         Raises:
             LabError: a negative index, or a /24 past ``.255``.
@@ -96,7 +119,7 @@ class LabConfig:
         return LabConfig(state_dir=Path(f"{self.state_dir}-{suffix}"),
                          name=self.name[:10 - len(suffix)] + suffix,
                          net=f"{first}.{second}.{int(third) + 1 + index}",
-                         cache_dir=self.cache)
+                         cache_dir=self.cache, nice=self.nice)
 
     @property
     def cache(self) -> Path:

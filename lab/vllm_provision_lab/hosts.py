@@ -85,7 +85,8 @@ def _passwd_entry(root: Path, user: str) -> tuple[int, int, str]:
 
 
 def start_boot_loop(config: LabConfig, host: str) -> None:
-    """Start the host's boot loop (:mod:`vllm_provision_lab.bootloop`) in its own session."""
+    """Start the host's boot loop (:mod:`vllm_provision_lab.bootloop`) in its own session, at
+    the instance's niceness (``config.nice``)."""
     run_dir = host_run_dir(config, host)
     (run_dir / "stop").unlink(missing_ok=True)
     cgroup_dirs = [str(root / config.cgroup_subtree / host) for root in cgroups.hierarchy_roots()]
@@ -93,6 +94,8 @@ def start_boot_loop(config: LabConfig, host: str) -> None:
             "--machine", config.netns(host), "--hostname", host, "--netns", config.netns(host)]
     for directory in cgroup_dirs:
         argv += ["--cgroup", directory]
+    if config.nice:
+        argv += ["--nice", str(config.nice)]
     with open(run_dir / "console.log", "ab") as console:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console,
                                    stderr=subprocess.STDOUT, start_new_session=True)

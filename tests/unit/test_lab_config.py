@@ -28,6 +28,7 @@ def test_instance_settings_come_from_env() -> None:
         "t1-h2", "t1br0", "10.213.1.12")
     assert config.cache == Path("/tmp/cache")
     assert config.run_dir == Path("/tmp/lab-t1/run")
+    assert config.nice == 0 and LabConfig.from_env({"VLLM_PROVISION_LAB_NICE": "-5"}).nice == -5
 
 
 
@@ -40,6 +41,8 @@ def test_each_test_worker_gets_its_own_instance_and_shares_the_base_cache() -> N
         "vpw1", "10.213.2", Path("/var/lib/vllm-provision/lab-w1"))
     assert first.cache == second.cache == base.cache
     assert LabConfig.from_env(second.environ()) == second
+    favoured = LabConfig.from_env({"VLLM_PROVISION_LAB_NICE": "-5"}).worker(2)
+    assert favoured.nice == -5 and LabConfig.from_env(favoured.environ()) == favoured
 
 
 def test_a_worker_name_fits_and_a_worker_past_the_last_net_is_refused() -> None:
@@ -56,6 +59,8 @@ def test_a_worker_name_fits_and_a_worker_past_the_last_net_is_refused() -> None:
     ("VLLM_PROVISION_LAB_NET", "10.213"),
     ("VLLM_PROVISION_LAB_NET", "10.300.0"),
     ("VLLM_PROVISION_LAB_DIR", "relative/dir"),
+    ("VLLM_PROVISION_LAB_NICE", "-25"),
+    ("VLLM_PROVISION_LAB_NICE", "low"),
 ])
 def test_unusable_setting_names_the_variable(variable: str, value: str) -> None:
     with pytest.raises(LabError) as caught:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from vllm_provision_lab import base, delayer, deps
+from vllm_provision_lab import base, bootloop, delayer, deps
 from vllm_provision_lab.errors import LabError
 from vllm_provision_lab.keys import known_hosts_text, ssh_config_text
 
@@ -139,3 +142,17 @@ def test_cgroup_removal_goes_bottom_up_and_skips_a_folder_gone_mid_walk(
     monkeypatch.setattr(cgroups.os, "walk", walk_and_vanish)
     cgroups.remove("sub")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_boot_loop_sets_the_instances_niceness_before_it_boots(tmp_path: Path) -> None:
+    """``--nice`` is applied to the boot loop itself, so nspawn and every guest process inherit
+    it; with a stop file there the loop boots nothing and returns."""
+    (tmp_path / "stop").touch()
+    script = ("import os, sys; sys.path.insert(0, sys.argv[1]); import bootloop; "
+              "code = bootloop.main(['--run-dir', sys.argv[2], '--machine', 'm', '--hostname', "
+              "'h1', '--netns', 'n', '--nice', '19']); print(os.getpriority(os.PRIO_PROCESS, 0), "
+              "code)")
+    out = subprocess.run([sys.executable, "-c", script, str(Path(bootloop.__file__).parent),
+                          str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["19", "0"]  # raising the niceness needs no privilege
+    assert (tmp_path / "boot.pid").read_text().strip().isdigit()
