@@ -172,6 +172,21 @@ class Replica:
         print(f"\nrecovery [{self.kind}] {name}: {recovery.seconds} s (bound {bound_s:g} s)")
         return recovery
 
+    def serve_again_if_broken(self) -> None:
+        """Each test starts from a serving replica: when the one before it failed and left it
+        broken (a unit stopped, failed or frozen), ``provision up`` puts it back, so that one
+        failure does not fail the tests after it."""
+        if self.complete():
+            return
+        print(f"\n[{self.kind}] {self.backend}: not serving at the start; provision up")
+        self.lab.ssh("h2", "systemctl kill -s CONT vllm.service", timeout_s=30)
+        result = lab_support.provision("up", "-i", self.inventory, timeout=900)
+        assert result.returncode == 0, result.stdout + result.stderr
+        deadline = time.monotonic() + self.bound(120, 420)
+        while not self.complete():
+            assert time.monotonic() < deadline, "provision up did not bring the replica back"
+            time.sleep(1)
+
     def assert_no_start_limit_and_all_active(self) -> None:
         """Every unit of ours is active (running) and none hit its start limit."""
         deadline = time.monotonic() + 60
@@ -224,6 +239,10 @@ def _kill_main(replica: Replica, host: str, unit: str = "vllm.service") -> Calla
 
 class TestMp:
     """mp replica: h1 is rank 0 (HTTP), h2 runs --headless."""
+
+    @pytest.fixture(autouse=True)
+    def _serving(self, mp: Replica) -> None:
+        mp.serve_again_if_broken()
 
     def test_kill_9_of_the_headless_node_recovers_and_rank0_never_lies(self, mp: Replica
                                                                        ) -> None:
@@ -378,6 +397,10 @@ class TestMp:
 
 class TestRay:
     """Ray replica: h1 runs the Ray head and vLLM, h2 a Ray worker."""
+
+    @pytest.fixture(autouse=True)
+    def _serving(self, ray: Replica) -> None:
+        ray.serve_again_if_broken()
 
     def test_kill_9_of_the_workers_raylet(self, ray: Replica) -> None:
         # Bound: the raylet's death ends `ray start --block` (Restart=always, 5 s) and the vLLM
