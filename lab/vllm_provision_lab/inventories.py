@@ -119,7 +119,11 @@ def real_inventory_text(config: LabConfig) -> str:
     ``VLLM_CPU_OMP_THREADS_BIND`` per node in ``vllm_node_env`` (core 0 on h1, core 1 on h2:
     the two guests share the machine's 2 cores); ``TORCHDYNAMO_DISABLE=1`` (no C++ compiler in
     the guests for the TP>1 embedding's torch.compile); ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB);
-    GLOO_SOCKET_IFNAME from ``vllm_cluster_interface``; ``--enforce-eager``, float32.
+    GLOO_SOCKET_IFNAME from ``vllm_cluster_interface``; ``--enforce-eager``, float32;
+    ``vllm_timeout_stop_sec: 30`` (the role's 15 s is too short for a healthy headless node on
+    the lab's loaded shared cores: vLLM's executor gives its worker 5 s, then 4 s after SIGTERM,
+    before its own clean-up; under the full suite's load a clean stop took past 15 s and systemd
+    SIGKILLed it, docs/real-vllm.md, "Failure behaviours").
     """
     hosts = "".join(
         f"            {name}:\n"
@@ -145,6 +149,7 @@ def real_inventory_text(config: LabConfig) -> str:
         "            vllm_extra_args: [--enforce-eager, --dtype, float32]\n"
         "            vllm_cluster_interface: eth0\n"
         "            vllm_ready_timeout_s: 600\n"
+        "            vllm_timeout_stop_sec: 30\n"
         "            vllm_env:\n"
         "              TORCHDYNAMO_DISABLE: '1'\n"
         "              VLLM_CPU_KVCACHE_SPACE: '1'\n"
