@@ -579,6 +579,11 @@ class HostConnection:
             transport = self._fabric.client.get_transport()
             if transport is None or not transport.is_active():
                 raise EOFError("SSH transport closed")
+            # paramiko waits at most clear_to_send_timeout (30 s) for a re-key to finish before
+            # it sends, then fails the transport ("Key-exchange timed out waiting for key
+            # negotiation"); a re-key comes every 512 MiB (paramiko.packet REKEY_BYTES), and on
+            # a host whose CPUs are busy it can take longer: this command's limit bounds it too
+            transport.clear_to_send_timeout = max(30.0, limit)
             channel = transport.open_session(timeout=max(1.0, min(limit, 30.0)))
             STATS.add(self.name, commands=1, round_trips=COMMAND_ROUND_TRIPS)
             channel.exec_command(line)
