@@ -139,7 +139,9 @@ def test_a_second_run_on_the_same_hosts_exits_1_naming_the_holder(outcome: Outco
     second = outcome.outputs["second"]
     assert outcome.codes["second"] == 1, second
     assert outcome.first_still_running, "the first run ended before the second was refused"
-    assert outcome.elapsed["second"] < 15
+    # "at once": refused while the first still runs (above), not after waiting for its lock;
+    # the CLI's start, facts and lock read took 19.9 s under the full suite's load (15 s failed)
+    assert outcome.elapsed["second"] < 60
     assert "another run holds this host's run lock: provision up by" in second
     for part in ("(PID ", "started ", " on "):
         assert part in second
