@@ -84,13 +84,17 @@ class Deployment:
     def inventory(self) -> str:
         return str(self.lab.inventory_path(self.backend))
 
-    def provision(self, *args: str, timeout_s: float = 300) -> Run:
-        """Run ``provision ARGS`` (:func:`lab_support.provision`); return its :class:`Run`."""
+    def provision(self, *args: str, timeout_s: float = 900) -> Run:
+        """Run ``provision ARGS`` (:func:`lab_support.provision`); return its :class:`Run`.
+
+        ``timeout_s`` only guards against a hang: it is longer than the product's own bounds
+        (``ray_cluster_timeout_s`` 300 s, then the readiness wait), so that a slow start under
+        the full suite's load ends with the product's own error, never the test's kill."""
         started = time.monotonic()
         proc = lab_support.provision(*args, state_home=self.state_home, timeout=timeout_s)
         return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
-    def up(self, *args: str, timeout_s: float = 300) -> Run:
+    def up(self, *args: str, timeout_s: float = 900) -> Run:
         return self.provision("up", "-i", self.inventory, *args, timeout_s=timeout_s)
 
     def down(self, *args: str) -> Run:
@@ -139,7 +143,7 @@ def deployed(request: pytest.FixtureRequest, lab: Any,
     failed = request.session.testsfailed
     with replicas.exclusive(backend, start="purged") as lease:
         deployment = Deployment(lab, backend, lease.replica.state_home)
-        deployment.first = first = deployment.up(timeout_s=300)
+        deployment.first = first = deployment.up()
         assert first.code == 0, first.output
         yield deployment
         if backend == "mp":
