@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 PROVISION = str(Path(sys.executable).parent / "provision")
 
 
@@ -261,7 +263,10 @@ class ReplicaBroker:
         self.state = "unknown"
         try:
             yield lease
-        except BaseException:
+        except (Exception, pytest.fail.Exception):
+            self._stop_after_failure(replica)
+            raise
+        except BaseException:  # interrupted, or skipped: nothing is run
             self.state = "unknown"
             raise
         self.state, self.config = lease.left, (replica.kind, replica.extra)
@@ -282,6 +287,22 @@ class ReplicaBroker:
             self._must(self.replica(self.config[0]), "down")
             self.state = "down"
             self.records = self._records()
+
+    def _stop_after_failure(self, replica: Replica) -> None:
+        """A lease ended by an error (a deploy that timed out, a failed test in the holder's
+        fixture): ``provision down`` of the lease's replica, so that none of its processes
+        (a Ray cluster half started, a vLLM unit crash-looping) runs on into the next module and
+        fails it, which does not use the broker and only takes its own inventory down. The
+        state is ``"down"`` when that worked, else unknown (the next user names it). Not a
+        purge: what the replica installed stays for the next ``up``."""
+        self.state = "unknown"
+        try:
+            if self._run(replica, "down"):
+                self.state, self.config = "down", (replica.kind, replica.extra)
+                self.records = self._records()
+        except Exception as exc:  # noqa: BLE001 - the lease's own error is the one to report
+            self.state = "unknown"
+            self.log.append(f"down after a failure did not finish: {exc!r}"[:200])
 
     def _records(self) -> list[str]:
         """Each host's state record digest ("" where it has none)."""
