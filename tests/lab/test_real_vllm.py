@@ -4,8 +4,12 @@ Each test body runs against the lab's vLLM: the stand-in (``provision lab up``, 
 ``lab-mp``) or real vLLM 0.32.0 on CPU (``provision lab up --vllm real``, inventory
 ``lab-real``, marker ``real_vllm``). A parameter whose vLLM the running lab does not have is
 skipped, so one lab tier runs one half: ``pytest -m real_vllm`` on a real lab, ``-m lab`` on a
-stand-in lab. The tests of a module share one deployed replica and run in file order; each
-failure test brings the replica back with ``provision restart``.
+stand-in lab. The tests of a module share one deployed replica and run in file order. A
+failure test leaves the replica as its fault left it; the next test that needs it serving brings
+it back first (``provision restart``, :meth:`Replica.serving`), and a test that takes it down
+first does not pay for a restore it would undo (a real vLLM start costs about 100 CPU-seconds).
+On the real tier the module ends with the replica serving: the module after it there,
+test_recovery, starts from it instead of deploying its own.
 
 Cost: about 255 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
@@ -125,6 +129,14 @@ class Replica:
                                      f"{proc.stderr[-2000:]}"
         assert self.complete() == 200
 
+    def serving(self) -> None:
+        """Start the test from a serving replica: when the test before it left a fault behind
+        (a node killed or stopped, the watchdogs held), :meth:`restore` (which also releases
+        the hold); nothing when it serves."""
+        if self.health() == 200 and self.complete() == 200:
+            return
+        self.restore()
+
 
 KINDS = [pytest.param("standin", id="standin"),
          pytest.param("real", id="real", marks=pytest.mark.real_vllm)]
@@ -133,7 +145,9 @@ KINDS = [pytest.param("standin", id="standin"),
 @pytest.fixture(scope="module", params=KINDS)
 def replica(request: pytest.FixtureRequest, lab: Any,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replica]:
-    """The lab's replica of the parameter's kind, deployed by the first test; down at the end."""
+    """The lab's replica of the parameter's kind, deployed by the first test; down at the end
+    on the stand-in tier, left as the last test left it (serving) on the real tier, where
+    test_recovery runs next and starts from it."""
     kind = str(request.param)
     if lab.vllm != kind:
         pytest.skip(f"the lab runs the {lab.vllm} vLLM; this needs `provision lab up --vllm "
@@ -141,7 +155,8 @@ def replica(request: pytest.FixtureRequest, lab: Any,
     deployed = Replica(lab, kind, lab.inventory_path("real" if kind == "real" else "mp"),
                        tmp_path_factory.mktemp("state"))
     yield deployed
-    deployed.provision("down")
+    if kind != "real":
+        deployed.provision("down")
 
 
 def _wait(predicate: Any, timeout_s: float, every_s: float = 0.5) -> float | None:
@@ -189,6 +204,7 @@ def test_up_serves_a_completion_over_both_nodes_and_is_idempotent(replica: Repli
 
 
 def test_status_shows_both_units_and_the_replica_serving(replica: Replica) -> None:
+    replica.serving()
     proc = replica.provision("status", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (info,) = json.loads(proc.stdout)["replicas"]
@@ -199,6 +215,7 @@ def test_status_shows_both_units_and_the_replica_serving(replica: Replica) -> No
 
 
 def test_restart_serves_again(replica: Replica) -> None:
+    replica.serving()
     before = replica.show("h2")["MainPID"]
     started = time.monotonic()
     replica.restore()
@@ -210,6 +227,7 @@ def test_headless_node_killed_rank0_fails_the_next_request_and_exits_0(
         replica: Replica) -> None:
     """kill -9 of the headless main process: its worker lingers (SIGTERM-deaf) until systemd's
     stop timeout; rank 0 notices only at a request: that request fails, then rank 0 exits 0."""
+    replica.serving()
     replica.hold_watchdog()
     rank0_pid = replica.show("h1")["MainPID"]
     pid = replica.show("h2")["MainPID"]
@@ -240,11 +258,11 @@ def test_headless_node_killed_rank0_fails_the_next_request_and_exits_0(
             rank0_exit_s_after_failed_request=round(exited_after, 1), rank0=last)
     if last["MainPID"] == "0":  # still between exit and restart: the exit status is readable
         assert last["ExecMainStatus"] == "0", last
-    replica.restore()
 
 
 def test_rank0_killed_the_headless_node_stays_up(replica: Replica) -> None:
     """kill -9 of rank 0's main process: the headless node never exits on its own."""
+    replica.serving()
     replica.hold_watchdog()
     follower_pid = replica.show("h2")["MainPID"]
     replica.ssh("h1", f"kill -9 {replica.show('h1')['MainPID']}")
@@ -253,12 +271,12 @@ def test_rank0_killed_the_headless_node_stays_up(replica: Replica) -> None:
     state = replica.show("h2")
     _record(replica, "rank 0 killed", follower_after_45s=state)
     assert state["ActiveState"] == "active" and state["MainPID"] == follower_pid, state
-    replica.restore()
 
 
 def test_stop_of_the_headless_unit_rank0_fails_at_the_next_request(replica: Replica) -> None:
     """``systemctl stop`` of the headless unit is clean and quick; rank 0 keeps /health 200
     until a request, which fails."""
+    replica.serving()
     replica.hold_watchdog()
     started = time.monotonic()
     replica.ssh("h2", f"systemctl stop {UNIT}", timeout_s=120)
@@ -274,7 +292,6 @@ def test_stop_of_the_headless_unit_rank0_fails_at_the_next_request(replica: Repl
     assert stopped["Result"] == "success", stopped
     assert stop_s >= 2, "a healthy headless node takes seconds to stop (real vLLM: 4-8 s)"
     assert status != 200 or _wait(lambda: replica.complete(timeout_s=30) != 200, 30, 3)
-    replica.restore()
 
 
 def test_rank0_alone_ignores_sigterm_and_down_leaves_no_process(replica: Replica) -> None:
@@ -310,7 +327,7 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
     (journal). The record is printed (docs/real-vllm-record.md is one, committed)."""
     if replica.kind != "real":
         pytest.skip("the stand-in's bench and fault run in tests/lab/test_bench_fault_record.py")
-    if replica.complete() != 200:
+    if replica.complete() != 200:  # taken down by the test before it
         replica.up()
     out = tmp_path / "bench.json"
     proc = replica.provision("bench", "--requests", "8", "--concurrency", "2", "--max-tokens",
