@@ -241,6 +241,28 @@ class TestMp:
         finally:
             assert_serving_output(deployed.up())  # back to the inventory's arguments
 
+    def test_changed_argument_after_rank0_restarted_alone_serves_with_it_on_both_nodes(
+            self, deployed: Deployment) -> None:
+        """rank 0 restarted on its own while the watchdogs are held (as a crash-looping unit
+        auto-restarts after the fixing ``up``'s daemon-reload) waits with its rendezvous open;
+        the old follower stays in its orphaned group. The ``up`` that changes an argument
+        restarts the master first, so the follower joins the new rank 0, not the one the
+        handler restarts away (docs/deploy.md, "A restart after a crash loop"); followers first,
+        it would wait here until its readiness timeout."""
+        for host in ("h1", "h2"):
+            deployed.ssh(host, "mkdir -p /run/vllm-provision && echo $(( $(date +%s) + 300 )) "
+                               "> /run/vllm-provision/watchdog.hold")
+        deployed.ssh("h1", "systemctl restart vllm.service")
+        try:
+            run = deployed.up("-e", "vllm_max_model_len=4096", "-e", "vllm_ready_timeout_s=120")
+            assert_serving_output(run)
+            for host in ("h1", "h2"):
+                command = deployed.ssh(host, "ps -o args= -p $(systemctl show -p MainPID "
+                                             "--value vllm.service)")
+                assert "--max-model-len 4096" in command, (host, command)
+        finally:
+            assert_serving_output(deployed.up())  # back to the inventory's arguments
+
     def test_restart_restarts_each_node_once_and_serves(self, deployed: Deployment) -> None:
         before = deployed.units()
         since = wait_a_second()
@@ -283,11 +305,9 @@ class TestMp:
             assert "unrecognized arguments: --no-such-flag" in run.output  # its journal lines
             assert "Traceback" not in run.output
         finally:
-            # stop the crash loop before the restoring up: a rank 0 that auto-restarts with the
-            # restored unit between the install's daemon-reload and the handler's ordered
-            # restart lets the headless node join that short-lived group and stay orphaned when
-            # the handler restarts rank 0 (docs/testing.md, "A restore that did not serve")
-            assert deployed.down().code == 0
+            # the fixing up, straight over the crash loop, as an operator runs it: its handler
+            # restarts the master first, so a rank 0 that auto-restarted with the fixed unit at
+            # the daemon-reload cannot capture the follower (docs/deploy.md)
             assert_serving_output(deployed.up())
 
 

@@ -68,7 +68,7 @@ def test_engine_change_plans_the_restart_in_order_with_the_outage(
     plan = summary["plan"]
     steps = {step["handler"]: step for step in plan["steps"]}
     assert list(steps) == [RESTART], plan  # the watchdog's config does not change
-    assert steps[RESTART]["hosts"] == ["h2", "h1"]  # followers first, then the master
+    assert steps[RESTART]["hosts"] == ["h1", "h2"]  # the master first (docs/deploy.md)
     assert steps[RESTART]["replicas"] == ["lab"]
     assert plan["replicas"] == [{"replica": "lab", "unavailable": True, "stopped": False,
                                  "last_start_s": last}]
