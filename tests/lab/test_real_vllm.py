@@ -215,6 +215,12 @@ def test_status_shows_both_units_and_the_replica_serving(replica: Replica) -> No
 
 
 def test_restart_serves_again(replica: Replica) -> None:
+    if replica.kind == "real":
+        # On the real tier every fault test after this one starts with the same `provision
+        # restart` (Replica.serving) and asserts that it serves; from a serving replica the
+        # playbook is the stand-in's (test_deploy's restart test), so a fourth real start here
+        # (about 100 CPU-seconds, 134 s under the full suite's load) proves nothing more.
+        pytest.skip("the real tier's restarts run in each fault test's Replica.serving")
     replica.serving()
     before = replica.show("h2")["MainPID"]
     started = time.monotonic()
