@@ -305,9 +305,11 @@ class TestMp:
             assert "unrecognized arguments: --no-such-flag" in run.output  # its journal lines
             assert "Traceback" not in run.output
         finally:
-            # the fixing up, straight over the crash loop, as an operator runs it: its handler
-            # restarts the master first, so a rank 0 that auto-restarted with the fixed unit at
-            # the daemon-reload cannot capture the follower (docs/deploy.md)
+            # stop the crash loop before the restoring up: units in auto-restart start by
+            # themselves with the restored unit after the install's daemon-reload, and one that
+            # starts between two steps of the handler's ordered restart joins a group the handler
+            # then breaks (docs/testing.md, "A restore that did not serve")
+            assert deployed.down().code == 0
             assert_serving_output(deployed.up())
 
 
