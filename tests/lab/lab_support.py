@@ -193,6 +193,16 @@ class Lease:
         self.left = state
 
 
+def hold_watchdogs(lab: Any, seconds: int = 600, hosts: Sequence[str] = ("h1", "h2")) -> None:
+    """Hold the peer watchdogs of ``hosts`` for ``seconds`` (the hold file of docs/recovery.md,
+    the role's default path), so that what follows is vLLM's and systemd's own behaviour;
+    ``provision up`` and ``restart`` release the hold."""
+    for host in hosts:
+        held = lab.ssh(host, "mkdir -p /run/vllm-provision && echo $(( $(date +%s) + "
+                             f"{int(seconds)} )) > /run/vllm-provision/watchdog.hold")
+        assert held.returncode == 0, f"{host}: the hold file was not written: {held.stderr}"
+
+
 class ReplicaBroker:
     """What is deployed on the session's lab hosts h1, h2 (both lab inventories use them), so
     that a module reuses a serving replica instead of deploying its own, and nobody purges
@@ -301,7 +311,6 @@ class ReplicaBroker:
                 self.state, self.config = "down", (replica.kind, replica.extra)
                 self.records = self._records()
         except Exception as exc:  # noqa: BLE001 - the lease's own error is the one to report
-            self.state = "unknown"
             self.log.append(f"down after a failure did not finish: {exc!r}"[:200])
 
     def _records(self) -> list[str]:

@@ -249,9 +249,7 @@ class TestMp:
         restarts the master first, so the follower joins the new rank 0, not the one the
         handler restarts away (docs/deploy.md, "A restart after a crash loop"); followers first,
         it would wait here until its readiness timeout."""
-        for host in ("h1", "h2"):
-            deployed.ssh(host, "mkdir -p /run/vllm-provision && echo $(( $(date +%s) + 300 )) "
-                               "> /run/vllm-provision/watchdog.hold")
+        lab_support.hold_watchdogs(deployed.lab, 300)
         deployed.ssh("h1", "systemctl restart vllm.service")
         try:
             run = deployed.up("-e", "vllm_max_model_len=4096", "-e", "vllm_ready_timeout_s=120")

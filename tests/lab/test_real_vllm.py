@@ -118,9 +118,7 @@ class Replica:
     def hold_watchdog(self, seconds: int = 600) -> None:
         """Hold the peer watchdogs (docs/recovery.md hold file) so what follows is vLLM's own
         behaviour; ``provision restart``/``up`` release the hold."""
-        for host in ("h1", "h2"):
-            self.ssh(host, "mkdir -p /run/vllm-provision && echo $(( $(date +%s) + "
-                           f"{seconds} )) > /run/vllm-provision/watchdog.hold")
+        lab_support.hold_watchdogs(self.lab, seconds)
 
     def restore(self) -> None:
         """``provision restart`` until the replica serves again (asserting that it does)."""
