@@ -178,10 +178,13 @@ class Replica:
 
 class Lease:
     """Exclusive use of the lab's replica hosts (``ReplicaBroker.exclusive``): ``replica`` is
-    the replica as it was handed over; the holder says what it leaves with :meth:`leave`."""
+    the replica as it was handed over, ``handed`` what the hosts then held (one of :data:`STATES`;
+    a holder that changed nothing leaves ``lease.handed``); the holder says what it leaves with
+    :meth:`leave`."""
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, handed: str = "unknown") -> None:
         self.replica = replica
+        self.handed = handed  # what the hosts held when handed over (one of STATES)
         self.left = "unknown"
 
     def leave(self, state: str) -> None:
@@ -269,7 +272,7 @@ class ReplicaBroker:
         replica = self.replica(kind, extra)
         if start != "any":
             self._ensure(replica, start)
-        lease = Lease(replica)
+        lease = Lease(replica, self.state)
         self.state = "unknown"
         try:
             yield lease

@@ -6,7 +6,8 @@ serves, the bad one is reported failed with its own preflight finding and nothin
 the JSON has both results, and the exit code is 1. Then, check only (no more ``up``): the lab's
 two-node replica without ``vllm_backend`` gets mp, and ``check`` says it chose mp and why.
 The session's ``replicas`` broker hands the hosts over with no replica serving (held
-exclusively); the module takes its replicas down at the end and tells the broker so.
+exclusively, for the check as for the ``up``); the module takes its replicas down at the end
+and tells the broker so.
 
 Cost: about 30 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
@@ -61,14 +62,20 @@ def workdir(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     return paths
 
 
-def test_check_chooses_mp_for_a_two_node_replica_without_vllm_backend(workdir):
-    human = provision(workdir["state"], "check", "-i", str(workdir["no_backend"]), "--quiet-ok",
-                      "--timeout", "10")
+def test_check_chooses_mp_for_a_two_node_replica_without_vllm_backend(workdir, replicas):
+    # Held with no replica serving (the ports are free); the hosts may still be owned by the
+    # lab's own inventory (a replica the broker took down), which is not this inventory, so the
+    # ownership check is skipped: the backend choice is what is checked here.
+    with replicas.exclusive("mp", start="stopped") as lease:
+        human = provision(workdir["state"], "check", "-i", str(workdir["no_backend"]),
+                          "--quiet-ok", "--timeout", "10", "--skip-check", "ownership")
+        result = provision(workdir["state"], "check", "-i", str(workdir["no_backend"]), "--json",
+                           "--skip-check", "ownership")
+        lease.leave(lease.handed)  # check changes nothing on the hosts
     assert human.returncode == 0, human.stdout + human.stderr
     assert ("replica lab: backend mp (chosen: vllm_backend is not set, so vLLM's own default "
             "applies (ParallelConfig.__post_init__, vllm/config/parallel.py): mp when nnodes > 1 "
             "on CUDA; this replica has 2 nodes)") in " ".join(human.stdout.split())
-    result = provision(workdir["state"], "check", "-i", str(workdir["no_backend"]), "--json")
     [replica] = json.loads(result.stdout)["replicas"]
     assert (replica["name"], replica["backend"], replica["backend_source"]) == (
         "lab", "mp", "default")
