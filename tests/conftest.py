@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-# Every run of the suite approves the runs that would ask for approval (vllm_provision.approval:
+# Every run of the suite approves the runs that would ask for approval
+# (vllm_provision.operations.approval:
 # up restarting a serving replica, down, --take-over), as CI would with --yes; the tests of the
 # approval itself (tests/unit/test_approval.py, tests/lab/test_plan_status.py) remove it.
 os.environ.setdefault("VLLM_PROVISION_YES", "1")

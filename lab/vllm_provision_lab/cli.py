@@ -109,7 +109,7 @@ def down() -> None:
               help="Print a JSON object instead of a table (provision schema lab status).")
 def status(as_json: bool) -> None:
     """Show each host's address and `systemctl is-system-running` (exit 1 if any is not running)."""
-    from vllm_provision import report
+    from vllm_provision.output import report
 
     report.set_json_mode(as_json)  # an error is then the JSON error object too
     require_root("lab status")
@@ -162,8 +162,13 @@ def delay(peer: str | None, host: str, milliseconds: float) -> None:
     'provision lab cut h2 && provision status -i inventory/lab-mp.yml'))
 @click.argument("host")
 def cut(host: str) -> None:
-    """Drop all traffic of HOST (as if its cable were pulled) until `lab heal`."""
-    Lab.from_env().cut(host)
+    """Drop all traffic of HOST (as if its cable were pulled) until `lab heal`.
+
+    HOST is a lab host's name or address, so that `provision fault --partition` can use it as
+    its hook: --partition-command 'provision lab cut' --heal-command 'provision lab heal'."""
+    lab = Lab.from_env()
+    host = lab.config.host_named(host)
+    lab.cut(host)
     click.echo(f"{host}: traffic cut")
 
 
@@ -171,8 +176,10 @@ def cut(host: str) -> None:
     'provision lab heal h2'))
 @click.argument("host")
 def heal(host: str) -> None:
-    """Restore the traffic of HOST after `lab cut`."""
-    Lab.from_env().heal(host)
+    """Restore the traffic of HOST after `lab cut` (a lab host's name or address)."""
+    lab = Lab.from_env()
+    host = lab.config.host_named(host)
+    lab.heal(host)
     click.echo(f"{host}: traffic restored")
 
 

@@ -158,6 +158,20 @@ class LabConfig:
         """
         return f"{self.net}.{10 + host_index(host)}"
 
+    def host_named(self, word: str) -> str:
+        """The host name for ``word``: a host name as it is, or a host's address in this
+        instance's /24 (``10.213.0.12`` -> ``h2``), as ``provision fault --partition-command``
+        appends it.
+
+        Raises:
+            LabError: neither a lab host name nor an address of this instance's hosts.
+        """
+        prefix = f"{self.net}."
+        if word.startswith(prefix) and word[len(prefix):].isdigit():
+            word = f"h{int(word[len(prefix):]) - 10}"
+        host_index(word)
+        return word
+
 
 def host_index(host: str) -> int:
     """Return N for a lab host name ``hN`` (1..64).

@@ -122,13 +122,13 @@ def screen_text(raw: bytes) -> str:
 
 
 def shown_phases(text: str) -> list[str]:
-    """The vLLM phase labels (``vllm_provision.phases.PHASES``) that a captured ``up`` or
+    """The vLLM phase labels (``vllm_provision.output.phases.PHASES``) that a captured ``up`` or
     ``restart`` showed on its progress rows, in the order they first appear: the live rows
     (``  h1  7 s vllm.service active (running) loading weights``) and the plain ones
     (``[replica lab: waiting until rank 0 serves] h1 7 s ...: loading weights``)."""
     import re
 
-    from vllm_provision.phases import PHASES
+    from vllm_provision.output.phases import PHASES
 
     seen: list[str] = []
     for line in text.splitlines():

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from vllm_provision.connection import ConnectionOptions, HostConnection
+from vllm_provision.transport.connection import ConnectionOptions, HostConnection
 
 pytestmark = pytest.mark.lab
 

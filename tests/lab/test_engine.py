@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from lab_support import provision
 
-from vllm_provision.connection import ConnectionOptions, HostConnection, HostKeyError
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.transport.connection import ConnectionOptions, HostConnection, HostKeyError
 
 pytestmark = pytest.mark.lab
 

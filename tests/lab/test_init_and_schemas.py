@@ -19,7 +19,7 @@ import pytest
 import yaml
 from lab_support import complete, provision
 
-from vllm_provision import json_schemas
+from vllm_provision.cli import json_schemas
 
 pytestmark = pytest.mark.lab
 

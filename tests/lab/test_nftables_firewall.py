@@ -23,9 +23,9 @@ import lab_support
 import pytest
 import yaml
 
-from vllm_provision import firewall
 from vllm_provision.facts.gather import host_var
 from vllm_provision.inventory import load_inventory
+from vllm_provision.settings import firewall
 
 pytestmark = pytest.mark.lab
 

@@ -38,7 +38,7 @@ import pytest
 import yaml
 from lab_support import PROVISION, provision
 
-from vllm_provision.runner.masking import encodings
+from vllm_provision.settings.masking import encodings
 from vllm_provision.state import controller_state_path
 
 pytestmark = pytest.mark.lab

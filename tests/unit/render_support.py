@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from vllm_provision import variables
-from vllm_provision.models import Inventory, Replica
+from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.runner.templating import Templar, make_environment
+from vllm_provision.settings import variables
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"

@@ -1,4 +1,4 @@
-"""Approval before a run that stops a serving replica (vllm_provision.approval)."""
+"""Approval before a run that stops a serving replica (vllm_provision.operations.approval)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vllm_provision import approval
 from vllm_provision.cli import cli
+from vllm_provision.operations import approval
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventory" / "lab-mp.yml"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from vllm_provision.checks import topology
 from vllm_provision.checks.finding import Severity
 from vllm_provision.cli.check import backend_lines, findings_json
+from vllm_provision.core.models import Replica
 from vllm_provision.inventory import load_inventory
-from vllm_provision.models import Replica
 
 TEMPLATE = """\
 all:

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_provision import backends, variables
-from vllm_provision.errors import ProvisionError
+from vllm_provision import backends
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 from vllm_provision.inventory import load_inventory
-from vllm_provision.models import EngineArgs, Host, Node, Replica
 from vllm_provision.runner.playbook import load_playbook
 from vllm_provision.runner.templating import Templar, make_environment
+from vllm_provision.settings import variables
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "backends"))
 from render_support import ROLES  # noqa: E402
@@ -123,7 +124,7 @@ def test_the_first_lookups_from_many_threads_all_see_the_built_in_backends(monke
     # thread that looked it up while another was still filling it
     import threading
 
-    import vllm_provision.backends as registry
+    import vllm_provision.backends.base as registry
 
     monkeypatch.setattr(registry, "_REGISTRY", {})
     monkeypatch.setattr(registry, "_LOADED", False)

@@ -9,6 +9,7 @@ import pytest
 from vllm_provision.checks import host, network, parity
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import check_replica, is_skipped, load_defaults, settings_for
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 from vllm_provision.facts.model import (
     Gpu,
     GpuProcess,
@@ -19,7 +20,6 @@ from vllm_provision.facts.model import (
     Reachability,
     ServiceUser,
 )
-from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 POLICY = load_defaults()["preflight_parity"]
 

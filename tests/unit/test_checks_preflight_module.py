@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 from test_facts_probe import make_inventory
 
-from vllm_provision.connection import LocalConnection
+from vllm_provision.core.results import Status
 from vllm_provision.modules import vllm_preflight
-from vllm_provision.results import Status
+from vllm_provision.transport.connection import LocalConnection
 
 
 def make_ctx(tmp_path, vars=None):

@@ -6,7 +6,7 @@ import pytest
 
 from vllm_provision.checks import placement, topology
 from vllm_provision.checks.finding import Severity
-from vllm_provision.models import EngineArgs, Host, Node, Replica
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 
 
 def make_replica(tp: int = 4, pp: int = 2, ranks: tuple[int, ...] = (0, 1), backend: str = "mp",

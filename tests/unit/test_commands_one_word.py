@@ -111,7 +111,7 @@ def test_wait_for_passes_the_address_as_its_own_word(tmp_path: Path) -> None:
 @pytest.mark.parametrize("address", ["10.0.0.1';touch /tmp/x;'", "$(id)", "a b", "-x",
                                      "fe80::1%$(id)"])
 def test_wait_for_refuses_an_address_that_is_not_one(address: str) -> None:
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
 
     ctx = SimpleNamespace(host=SimpleNamespace(address="10.0.0.1"), conn=None, check_mode=False)
     with pytest.raises(ProvisionError, match="invalid address"):

@@ -1,4 +1,5 @@
-"""OpenSSH-style ServerAlive for a running command (vllm_provision.connection._AliveProbe): a
+"""OpenSSH-style ServerAlive for a running command
+(vllm_provision.transport.connection._AliveProbe): a
 silent host that answers the keepalive request stays alive; one that answers nothing is lost
 after ALIVE_COUNT_MAX intervals. The lab's `lab cut` mid-install case is in
 tests/lab/test_stack_sync.py."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from vllm_provision.connection import ALIVE_COUNT_MAX, _AliveProbe
+from vllm_provision.transport.connection import ALIVE_COUNT_MAX, _AliveProbe
 
 
 class _Transport:

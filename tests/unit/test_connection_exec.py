@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from vllm_provision.connection import ConnectionOptions, HostConnection, UnreachableError
-from vllm_provision.models import Host
+from vllm_provision.core.models import Host
+from vllm_provision.transport.connection import ConnectionOptions, HostConnection, UnreachableError
 
 
 class FakeChannel:
@@ -130,7 +130,7 @@ def test_a_command_whose_output_never_ends_returns_after_the_grace_period(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A background process left holding stdout keeps the channel open: the command returns
     with its exit status after EOF_GRACE_S, the connection stays usable."""
-    import vllm_provision.connection as connection
+    import vllm_provision.transport.connection as connection
 
     monkeypatch.setattr(connection, "EOF_GRACE_S", 0.2)
     channel = FakeChannel([b"started\n"], 0, finish_after_s=0.05, eof=False)

@@ -17,8 +17,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from vllm_provision import connection
-from vllm_provision.connection import (
+from vllm_provision.core.models import Host
+from vllm_provision.transport import connection
+from vllm_provision.transport.connection import (
     ConnectionOptions,
     HostConnection,
     HostKeyError,
@@ -26,7 +27,6 @@ from vllm_provision.connection import (
     UnreachableError,
     fingerprint_sha256,
 )
-from vllm_provision.models import Host
 
 # TEST-NET-1 (RFC 5737): never routed, so a test that reached the target would hang, not pass
 TARGET_ADDRESS = "192.0.2.10"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from test_connection_exec import FakeChannel, connected
 
-from vllm_provision import report
-from vllm_provision.connection import COMMAND_ROUND_TRIPS, STATS, ConnectionStats
+from vllm_provision.output import report
 from vllm_provision.runner.prefetch import PrefetchingConnection
+from vllm_provision.transport.connection import COMMAND_ROUND_TRIPS, STATS, ConnectionStats
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """The docs name only variables the code knows, and state the defaults the code has.
 
-Sources of truth: ``vllm_provision/variables.py`` (inventory variables) and
+Sources of truth: ``vllm_provision/settings/variables.py`` (inventory variables) and
 ``roles/*/defaults/main.yml`` (role defaults an inventory may override), and the unit templates
 (``Directive={{ variable }}`` or a literal). Checked in README.md and docs/*.md:
 
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_provision import variables
 from vllm_provision.inventory.replicas import synthetic_groups
 from vllm_provision.modules import find_module
+from vllm_provision.settings import variables
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -139,9 +139,9 @@ def test_the_checks_see_what_they_check() -> None:
 
 
 def test_vllm_hf_token_is_accepted_as_a_secret_and_masked(tmp_path: Path) -> None:
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
     from vllm_provision.inventory import load_inventory
-    from vllm_provision.runner.masking import Masker
+    from vllm_provision.settings.masking import Masker
 
     def write(token: str) -> Path:
         path = tmp_path / "inventory.yml"

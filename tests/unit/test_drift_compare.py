@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_provision import drift, state
-from vllm_provision.errors import ProvisionError
+from vllm_provision import state
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import EngineArgs, Host, Inventory, Node, Replica
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.facts.model import Gpu, HostFacts, ModelFile
-from vllm_provision.models import EngineArgs, Host, Inventory, Node, Replica
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.runner import managed
+from vllm_provision.state import drift
 
 
 def _facts(name: str, nccl: str = "2.28.9", gpus: int = 4, model_size: int = 10) -> HostFacts:
@@ -168,7 +170,7 @@ def test_install_plays_are_the_template_plays_of_up() -> None:
     from vllm_provision.runner.playbook import load_playbook
 
     plays = load_playbook(Path(__file__).resolve().parents[2] / "playbooks" / "up.yml")
-    chosen = state.install_plays(plays)
+    chosen = managed.install_plays(plays)
     assert chosen, "up.yml has install plays"
     assert all(any(t.module == "template" for t in p.tasks) for p in chosen)
     assert not any(t.module in ("vllm_preflight", "vllm_verify", "wait_for")
@@ -181,8 +183,8 @@ def test_managed_files_name_the_unit_and_env_file_of_every_mp_node() -> None:
 
     root = Path(__file__).resolve().parents[2]
     inventory = load_inventory(root / "inventory" / "lab-mp.yml")
-    plays = state.install_plays(load_playbook(root / "playbooks" / "up.yml"))
-    files = state.managed_files(inventory, plays)
+    plays = managed.install_plays(load_playbook(root / "playbooks" / "up.yml"))
+    files = managed.managed_files(inventory, plays)
     for node in inventory.replicas[0].nodes:
         paths = set(files[node.name].values())
         assert "/etc/systemd/system/vllm.service" in paths

@@ -14,7 +14,7 @@ import pytest
 
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import check_replica, settings_for
-from vllm_provision.connection import LocalConnection
+from vllm_provision.core.models import EngineArgs, Group, Host, Inventory, Node, Replica
 from vllm_provision.facts.gather import (
     ProbeOptions,
     gather_facts,
@@ -22,7 +22,7 @@ from vllm_provision.facts.gather import (
     probe_command,
     probe_config,
 )
-from vllm_provision.models import EngineArgs, Group, Host, Inventory, Node, Replica
+from vllm_provision.transport.connection import LocalConnection
 
 
 def free_port() -> int:

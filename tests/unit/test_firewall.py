@@ -1,5 +1,5 @@
 """The replica's nftables table, the pinned Ray ports and their checks, and the public-address
-warning (vllm_provision/firewall.py, docs/security.md "Network exposure")."""
+warning (vllm_provision/settings/firewall.py, docs/security.md "Network exposure")."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 from render_support import rendered_files
 from test_checks_parity_host import clean_facts, make_replica
 
-from vllm_provision import firewall
 from vllm_provision.checks import network
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import check_replica, settings_for
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.facts.model import Interface
 from vllm_provision.inventory import load_inventory
+from vllm_provision.settings import firewall
 
 INVENTORY = """\
 all:

@@ -1,4 +1,5 @@
-"""The pure parts of a rolling upgrade (vllm_provision.fleet): batches, the stop rule, the
+"""The pure parts of a rolling upgrade (vllm_provision.operations.fleet): batches, the stop rule,
+the
 /metrics reading, the hook's argv, the recap and the capacity record; the hook runs without a
 shell, and the schema accepts the recap's shape."""
 
@@ -17,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_provision import fleet
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.operations import fleet
 
 
 @given(st.lists(st.text(min_size=1, max_size=4), unique=True, max_size=20),
@@ -157,8 +158,7 @@ def test_status_watch_prints_the_capacity_record(health_server: int, tmp_path: P
     from click.testing import CliRunner
     from referencing import Registry, Resource
 
-    from vllm_provision import json_schemas
-    from vllm_provision.cli import cli
+    from vllm_provision.cli import cli, json_schemas
 
     inventory = tmp_path / "fleet.yml"
     replicas = {name: {"vars": {"vllm_api_port": port}, "hosts": {

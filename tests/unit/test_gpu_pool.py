@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from vllm_provision import gpu_pool
-from vllm_provision.models import EngineArgs, Host, Node, Replica
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
+from vllm_provision.core.results import Status
+from vllm_provision.facts import gpu_pool
 from vllm_provision.modules import vllm_gang_start
 from vllm_provision.modules.ray_wait_cluster import (
     RaySnapshot,
@@ -23,7 +24,6 @@ from vllm_provision.modules.ray_wait_cluster import (
     pending_placement_problem,
     pending_resources,
 )
-from vllm_provision.results import Status
 
 DATA = Path(__file__).parents[1] / "data" / "nvidia-smi-real"
 UUID_A = "GPU-e13d18b6-ccfb-6676-668a-cd489ad01b55"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from render_support import env_values, exec_words, rendered_files, shape, write_inventory
 
-from vllm_provision.errors import InventoryError
+from vllm_provision.core.errors import InventoryError
 from vllm_provision.inventory import load_inventory
 
 HOSTILE = Path(__file__).resolve().parents[1] / "data" / "inventories" / "hostile"

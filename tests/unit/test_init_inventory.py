@@ -12,11 +12,11 @@ import yaml
 from click.testing import CliRunner
 
 from vllm_provision.cli import cli
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.facts.gather import parse_probe_output
 from vllm_provision.facts.model import HostFacts, Route, VenvFound
 from vllm_provision.inventory import load_inventory
-from vllm_provision.scaffold import InitRequest, plan_inventory, render_inventory
+from vllm_provision.operations.scaffold import InitRequest, plan_inventory, render_inventory
 
 DATA = Path(__file__).parent.parent / "data" / "init"
 H1, H2 = "10.213.18.11", "10.213.18.12"

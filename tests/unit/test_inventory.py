@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_provision.errors import InventoryError
+from vllm_provision.core.errors import InventoryError
 from vllm_provision.inventory import load_inventory
 
 GOOD = Path(__file__).resolve().parents[1] / "data" / "inventories" / "good"

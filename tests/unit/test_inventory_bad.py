@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from vllm_provision.cli.options import parse_extra_vars
-from vllm_provision.errors import InventoryError, ProvisionError
+from vllm_provision.core.errors import InventoryError, ProvisionError
 from vllm_provision.inventory import load_inventory, require_replicas, select_hosts, yaml_limits
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "inventories" / "bad"

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from render_support import exec_words, rendered_files
 
 from vllm_provision.cli import cli
-from vllm_provision.errors import InventoryError, ProvisionError
+from vllm_provision.core.errors import InventoryError, ProvisionError
 from vllm_provision.inventory import load_inventory
 from vllm_provision.inventory.ini import parse_value
 from vllm_provision.inventory.view import node_argv

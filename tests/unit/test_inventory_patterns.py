@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_provision.errors import InventoryError
+from vllm_provision.core.errors import InventoryError
+from vllm_provision.core.models import Inventory
 from vllm_provision.inventory import load_inventory, select_hosts
-from vllm_provision.models import Inventory
 
 GOOD = Path(__file__).resolve().parents[1] / "data" / "inventories" / "good"
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_provision import resources, variables
+from vllm_provision import resources
+from vllm_provision.core.models import EngineArgs
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.values import check_setting
-from vllm_provision.models import EngineArgs
+from vllm_provision.settings import variables
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "inventory.md"
 ORIGIN = Origin(Path("inventory.yml"), ("all", "vars", "x"))
@@ -118,7 +119,7 @@ def test_a_role_default_override_of_the_wrong_kind_is_refused() -> None:
 
     import pytest
 
-    from vllm_provision.errors import InventoryError
+    from vllm_provision.core.errors import InventoryError
     from vllm_provision.inventory import load_inventory
 
     lab = Path(__file__).resolve().parents[2] / "inventory" / "lab-mp.yml"
@@ -140,7 +141,8 @@ def test_every_watchdog_knob_can_be_set_in_the_inventory(tmp_path: Path, name: s
 
     good = Path(__file__).resolve().parents[1] / "data" / "inventories" / "good"
     default = WATCHDOG_DEFAULTS[name]
-    # A value of the knob's kind (vllm_provision.kinds): a number, a unit name or a path below
+    # A value of the knob's kind (vllm_provision.settings.kinds): a number, a unit name or a path
+    # below
     # a prefix the tool owns.
     value = default * 2 if isinstance(default, (int, float)) else (
         "vp-watchdog.service" if name.endswith("_unit_name") else f"/srv/vllm-vp/{name}")

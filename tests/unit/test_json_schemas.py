@@ -20,11 +20,10 @@ from test_plan import playbook as playbook  # noqa: F401  (the fixture)
 from test_runner import run
 from test_runner_support import make_inventory
 
-from vllm_provision import json_schemas
 from vllm_provision.checks.finding import Finding, Severity
-from vllm_provision.cli import cli, main
+from vllm_provision.cli import cli, json_schemas, main
 from vllm_provision.cli.check import findings_json
-from vllm_provision.plan import build_plan
+from vllm_provision.operations.plan import build_plan
 
 GOOD = Path(__file__).parent.parent / "data" / "inventories" / "good"
 
@@ -69,7 +68,7 @@ def test_facts_schema_is_generated_from_the_facts_dataclasses() -> None:
     written = Path(json_schemas.path_of("facts")).read_text()
     assert written == json_schemas.facts_text(), (
         "vllm_provision/schemas/facts.json is stale: run "
-        "`python -m vllm_provision.json_schemas --write`")
+        "`python -m vllm_provision.cli.json_schemas --write`")
 
 
 def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -155,8 +154,8 @@ def test_a_run_summary_with_its_plan_validates_and_a_new_key_needs_the_schema(
 
 
 def test_an_exec_summary_validates_and_needs_its_exit_codes() -> None:
-    from vllm_provision import report
-    from vllm_provision.results import Status, TaskResult
+    from vllm_provision.core.results import Status, TaskResult
+    from vllm_provision.output import report
 
     results = [TaskResult("h1", "exec", Status.CHANGED, "up 3 days",
                           data={"rc": 0, "stdout": "up 3 days", "stderr": ""}),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_provision import kinds, variables
+from vllm_provision.settings import kinds, variables
 
 
 def test_every_variable_and_role_default_has_a_kind() -> None:

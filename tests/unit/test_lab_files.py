@@ -103,7 +103,6 @@ def test_a_process_is_alive_by_its_command_line_and_one_mid_exec_is_read_again(
     """The boot loop's liveness check (vllm_provision_lab.hosts._alive): this process holds
     "pytest" in its command line; pid 2 (kthreadd, a kernel thread) has an empty one, as a
     process in the middle of execve(2) does, so it is read again until the window ends."""
-    import os
     import sys
     import time
 
@@ -124,7 +123,6 @@ def test_cgroup_removal_goes_bottom_up_and_skips_a_folder_gone_mid_walk(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``lab down`` removes a host's cgroup folders deepest first while the guest's systemd may
     remove some of its own: one that is gone by the time it is reached is skipped."""
-    import os
 
     from vllm_provision_lab import cgroups
 

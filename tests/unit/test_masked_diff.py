@@ -8,10 +8,10 @@ import jinja2
 from test_runner import run, write_playbook
 from test_runner_support import make_inventory
 
-from vllm_provision import quoting
+from vllm_provision.core import quoting
 from vllm_provision.modules import unified_diff
-from vllm_provision.runner.masking import HIDDEN_ONLY_SECRETS, Masker, mask_diff
-from vllm_provision.variables import MASK
+from vllm_provision.settings.masking import HIDDEN_ONLY_SECRETS, Masker, mask_diff
+from vllm_provision.settings.variables import MASK
 
 KEY = "sk-lab-0123456789"
 

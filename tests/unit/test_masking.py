@@ -9,9 +9,9 @@ import urllib.parse
 import jinja2
 import pytest
 
-from vllm_provision import quoting
-from vllm_provision.runner.masking import Masker
-from vllm_provision.variables import MASK
+from vllm_provision.core import quoting
+from vllm_provision.settings.masking import Masker
+from vllm_provision.settings.variables import MASK
 
 # Characters that JSON, Jinja's tojson, the shell, systemd and URLs each escape differently.
 KEY = 'k"e\\y<$%{x}\'&>é-9'

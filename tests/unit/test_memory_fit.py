@@ -16,9 +16,9 @@ import pytest
 
 from vllm_provision.checks import memory
 from vllm_provision.checks.finding import Severity
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 from vllm_provision.facts import probe_script, weights
 from vllm_provision.facts.model import Gpu, HostFacts
-from vllm_provision.models import EngineArgs, Host, Node, Replica
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 GIB = 1024 ** 3
@@ -293,7 +293,7 @@ def test_gpu_memory_utilization_is_read_as_a_number_and_rendered(tmp_path, value
 @pytest.mark.parametrize("value", ["0", "1.5", "lots", "nan", "-0.2"])
 def test_gpu_memory_utilization_outside_0_1_is_refused_naming_it(tmp_path, value):
     from vllm_provision.cli.options import parse_extra_vars
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
     from vllm_provision.inventory import load_inventory
 
     path = tmp_path / "inv.yml"

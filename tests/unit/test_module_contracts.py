@@ -13,12 +13,12 @@ import pytest
 from test_runner_support import FakeHost, make_inventory
 
 from vllm_provision.cli.up import serving_summary
-from vllm_provision.errors import ProvisionError
-from vllm_provision.models import Host
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import file_module_names, find_module
 from vllm_provision.modules import reference as module_reference
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner import Runner, RunOptions, load_playbook
 from vllm_provision.runner.engine import Notifier
 
@@ -276,7 +276,7 @@ def test_a_handler_note_comes_from_the_notifier_not_from_message_text() -> None:
 
 def test_connection_imports_no_module() -> None:
     """The connection layer sits below the modules: importing it loads none of them."""
-    code = ("import sys, vllm_provision.connection; "
+    code = ("import sys, vllm_provision.transport.connection; "
             "print(sorted(m for m in sys.modules if m.startswith('vllm_provision.modules')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()

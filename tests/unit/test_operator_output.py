@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from vllm_provision import logs, progress
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.inventory import load_inventory
-from vllm_provision.phases import PHASES, JournalTail, label_of, phase_of, split_output
+from vllm_provision.output import logs, progress
+from vllm_provision.output.phases import PHASES, JournalTail, label_of, phase_of, split_output
 
 # Lines as vLLM 0.32.0 prints them (texts from the installed package, see phases.py), with the
 # process prefix its logger adds.

@@ -13,14 +13,15 @@ import pytest
 from test_runner import statuses, write_playbook
 from test_runner_support import FakeHost, make_inventory
 
-from vllm_provision import state, takeover
+from vllm_provision import state
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.ownership import check_ownership, conflict
-from vllm_provision.connection import CommandResult
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.facts.gather import parse_owner
 from vllm_provision.facts.model import HostFacts, HostOwner, UnitStart
+from vllm_provision.operations import takeover
 from vllm_provision.runner import Runner, RunOptions
+from vllm_provision.transport.connection import CommandResult
 
 RUNNING = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "active", "inv-1")}
 STOPPED = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "inactive", "")}

@@ -20,8 +20,9 @@ from click.testing import CliRunner
 from setuptools import find_namespace_packages
 
 import vllm_provision.cli
-from vllm_provision import resources, variables
-from vllm_provision.errors import ProvisionError
+from vllm_provision import resources
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.settings import variables
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "lab"  # the second distribution, vllm-provision-lab

@@ -11,7 +11,7 @@ from test_runner import run, write_playbook
 from test_runner_support import make_inventory
 
 from vllm_provision import state
-from vllm_provision.plan import build_plan, plan_lines
+from vllm_provision.operations.plan import build_plan, plan_lines
 
 # stands in for systemctl: `show` reports the unit as $FAKE_ACTIVE; anything else is logged
 FAKE_SYSTEMCTL = """#!/bin/sh
@@ -167,7 +167,7 @@ def test_serving_record_keeps_the_last_measured_start() -> None:
 
 
 def test_plan_summary_without_a_measured_start() -> None:
-    from vllm_provision.plan import summary_line
+    from vllm_provision.operations.plan import summary_line
 
     assert summary_line(1, 2, [{"replica": "llm", "unavailable": True, "last_start_s": None}]) \
         == "1 to change, 2 restarts, replica 'llm' would be unavailable (last start not measured)"
@@ -206,7 +206,7 @@ def test_down_plan_stops_the_master_then_the_followers_together(tmp_path: Path,
 
 
 def test_summary_of_an_incomplete_plan_claims_nothing_about_the_unread_replica() -> None:
-    from vllm_provision.plan import summary_line
+    from vllm_provision.operations.plan import summary_line
 
     line = summary_line(0, 0, [{"replica": "llm", "unavailable": False, "stopped": False,
                                 "last_start_s": 7.0, "unknown": ["h2"]},

@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from render_support import env_values, exec_words, rendered_files, shape, unit_words
 
-from vllm_provision import kinds, quoting, variables
-from vllm_provision.errors import InventoryError
+from vllm_provision.core import quoting
+from vllm_provision.core.errors import InventoryError
 from vllm_provision.inventory import load_inventory
+from vllm_provision.settings import kinds, variables
 
 HOSTILE = Path(__file__).resolve().parents[1] / "data" / "inventories" / "hostile"
 BASE = yaml.safe_load((HOSTILE / "base.yml").read_text())

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 from test_runner_support import make_inventory
 
-from vllm_provision import prune
 from vllm_provision.checks import network
 from vllm_provision.checks.host import check_foreign_gpu_processes
 from vllm_provision.checks.run import own_units
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.facts.gather import parse_owner
 from vllm_provision.facts.model import GpuProcess, HostFacts, HostOwner, ListeningSocket
-from vllm_provision.plan import build_plan, plan_lines
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.operations.plan import build_plan, plan_lines
+from vllm_provision.state import prune
 
 U = "/etc/systemd/system/"
 WATCHDOG = (f"{U}vllm-watchdog.service", "/etc/vllm-provision/watchdog.json")

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from vllm_provision.errors import ProvisionError
-from vllm_provision.quoting import (
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.quoting import (
     env_file_line,
     find_control_chars,
     reject_control_chars,

@@ -12,9 +12,8 @@ import pytest
 from test_runner import run, statuses
 from test_runner_support import make_inventory
 
-from vllm_provision import state
-from vllm_provision.errors import ProvisionError
-from vllm_provision.runner import load_playbook
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.runner import load_playbook, managed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,7 +122,7 @@ def test_the_watchdog_is_copied_and_its_file_is_hashed_in_the_state_record() -> 
     task = next(t for p in plays for t in p.tasks if t.name == "Install the watchdog script")
     assert task.module == "copy" and task.role == "vllm_watchdog"
     assert task.role_path is not None and (task.role_path / "files" / "vllm_watchdog.py").is_file()
-    assert any(task in p.tasks for p in state.install_plays(plays))
+    assert any(task in p.tasks for p in managed.install_plays(plays))
 
 
 # --- meta/main.yml dependencies -----------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_provision.runlock import Holder, RunLock, RunLockError
+from vllm_provision.transport.runlock import Holder, RunLock, RunLockError
 
 
 class _Channel:

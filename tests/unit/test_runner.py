@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from test_runner_support import FakeHost, make_inventory
 
-from vllm_provision import report
-from vllm_provision.errors import ProvisionError
-from vllm_provision.models import Host
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, register_module
-from vllm_provision.results import Status
+from vllm_provision.output import report
 from vllm_provision.runner import Runner, RunOptions, load_playbook
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "playbooks" / "engine"

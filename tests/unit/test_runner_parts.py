@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from test_runner_support import FakeHost, make_inventory
 
+from vllm_provision.core.models import Inventory
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.inventory.loader import load_inventory
-from vllm_provision.models import Inventory
 from vllm_provision.modules import UNAFFECTED_KEY, ModuleResult
-from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.executor import TaskExecutor
 from vllm_provision.runner.handlers import HandlerQueue, persist
-from vllm_provision.runner.masking import Masker
 from vllm_provision.runner.outcome import NullReporter, RunOptions, RunOutcome, RunState
 from vllm_provision.runner.playbook import Play, load_playbook
 from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.variables import VariableResolver
+from vllm_provision.settings.masking import Masker
 
 PLAYBOOK = """
 - hosts: all

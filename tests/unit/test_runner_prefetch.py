@@ -9,9 +9,9 @@ import pytest
 from test_runner import run, write_playbook
 from test_runner_support import FakeHost, make_inventory
 
-from vllm_provision.connection import CommandResult, LocalConnection
 from vllm_provision.runner import prefetch
 from vllm_provision.runner.prefetch import PrefetchingConnection, batch_script, split_batch
+from vllm_provision.transport.connection import CommandResult, LocalConnection
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 # stands in for systemctl: `show` prints a running, enabled unit; anything else is logged

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_provision.connection import CommandResult, LocalConnection, UnreachableError
-from vllm_provision.models import EngineArgs, Group, Host, Inventory, Node, Replica
+from vllm_provision.core.models import EngineArgs, Group, Host, Inventory, Node, Replica
+from vllm_provision.transport.connection import CommandResult, LocalConnection, UnreachableError
 
 
 class FakeHost:

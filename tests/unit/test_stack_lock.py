@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_provision import drift, stack
+from vllm_provision import stack
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.stack import check_lock
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.inventory import load_inventory
+from vllm_provision.state import drift
 
 SIX_A = "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926"
 SIX_B = "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"

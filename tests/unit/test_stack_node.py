@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from vllm_provision import stack
-from vllm_provision.connection import CommandResult
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.transport.connection import CommandResult
 
 
 def node(action: str, venv: Path, **config: Any) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def test_sync_refuses_with_the_numbers_when_the_disk_is_too_small(tmp_path: Path
 
 def _stack_with(venv: Path, stack_id: str, version: str, pin: bool) -> Path:
     """A real venv ``<venv>.stack-<id>`` holding modules ``a`` and ``b`` at ``version``."""
-    from vllm_provision import stack_node
+    from vllm_provision.stack import node as stack_node
 
     folder = Path(f"{venv}.stack-{stack_id}")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)

@@ -12,8 +12,8 @@ import jinja2
 import pytest
 import yaml
 
-from vllm_provision import variables
-from vllm_provision.models import EngineArgs, Host, Node, Replica
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
+from vllm_provision.settings import variables
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from vllm_provision.errors import Problem, ProvisionError
-from vllm_provision.verify import (
+from vllm_provision.core.errors import Problem, ProvisionError
+from vllm_provision.transport.api import (
     Endpoint,
     Observation,
     UnitState,

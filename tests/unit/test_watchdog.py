@@ -26,7 +26,7 @@ import jinja2
 import pytest
 import yaml
 
-from vllm_provision.models import EngineArgs, Host, Node, Replica
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "vllm_watchdog"
 SCRIPT = ROLE / "files" / "vllm_watchdog.py"

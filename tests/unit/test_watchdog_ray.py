@@ -13,8 +13,8 @@ from test_templates import _replica, env_values, render
 from test_watchdog import wd
 from vllm_provision_lab.gpu.guest.vllm_lab_standin import ray_engine
 
-from vllm_provision import kinds
 from vllm_provision.backends.ray import RayBackend, health_check_bound_s, ray_environment
+from vllm_provision.settings import kinds
 
 WORKER = "ray-worker.service"
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 
-from vllm_provision.recovery_status import (
+from vllm_provision.state.recovery import (
     NodeRecovery,
     describe_probe,
     node_command,
     parse_node,
     replica_whole,
 )
-from vllm_provision.verify import UnitState, verdict
+from vllm_provision.transport.api import UnitState, verdict
 
 SAMPLE = (
     "== vllm-provision unit vllm.service\n"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from vllm_provision.models import Host, Inventory, Node, Replica
+from vllm_provision.core.models import Host, Inventory, Node, Replica
 
 DEFAULT_KNOWN_HOSTS = (Path("/etc/ssh/ssh_known_hosts"), Path("~/.ssh/known_hosts").expanduser())
 

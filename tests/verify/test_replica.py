@@ -12,8 +12,8 @@ import urllib.request
 from typing import Any
 
 from vllm_provision import settings as resolver
-from vllm_provision.models import Node, Replica
-from vllm_provision.verify import Endpoint
+from vllm_provision.core.models import Node, Replica
+from vllm_provision.transport.api import Endpoint
 
 
 def settings(replica: Replica) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_provision.backends import Backend, unit_var
+from vllm_provision.backends.base import Backend, unit_var
 
 if TYPE_CHECKING:
-    from vllm_provision.models import Node, Replica
+    from vllm_provision.core.models import Node, Replica
 
 
 class MpBackend(Backend):

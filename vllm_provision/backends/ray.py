@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllm_provision.backends import Backend, unit_var
+from vllm_provision.backends.base import Backend, unit_var
 
 if TYPE_CHECKING:
     from vllm_provision.checks.finding import Finding
-    from vllm_provision.errors import Problem
+    from vllm_provision.core.errors import Problem
+    from vllm_provision.core.models import Node, Replica
     from vllm_provision.facts.model import HostFacts
-    from vllm_provision.models import Node, Replica
 
 HEAD_UNIT = ("ray_head_unit_name", "ray-head.service")
 # The ports `ray start` is told to listen on besides the GCS (roles/ray/templates/ray-unit.j2;
@@ -183,7 +183,7 @@ class RayBackend(Backend):
 
     def flag_finding(self, flag: str) -> tuple[str, str]:
         """``--nnodes`` gets vLLM's own error text."""
-        from vllm_provision.checks.topology import NNODES_BACKEND_ERROR
+        from vllm_provision.backends.choice import NNODES_BACKEND_ERROR
 
         text = NNODES_BACKEND_ERROR if flag in ("--nnodes", "-n") else \
             f"{flag} is rendered from the inventory"
@@ -245,7 +245,7 @@ class RayBackend(Backend):
         import sys
         import time
 
-        from vllm_provision.errors import Problem
+        from vllm_provision.core.errors import Problem
         from vllm_provision.modules.ray_wait_cluster import (
             pending_placement_problem,
             pending_resources,
@@ -310,9 +310,9 @@ class RayBackend(Backend):
                     connections: Mapping[str, Any], vars_: Mapping[str, Any]) -> dict[str, Any]:
         """``ray``: the alive nodes' IPs and the cluster's GPUs, read on the head, or an
         error."""
-        from vllm_provision.cli.status import one_line
-        from vllm_provision.connection import UnreachableError
+        from vllm_provision.core.text import one_line
         from vllm_provision.modules.ray_wait_cluster import read_head_snapshot
+        from vllm_provision.transport.connection import UnreachableError
 
         head_unit = str(vars_.get(HEAD_UNIT[0], HEAD_UNIT[1]))
         head_active = any(s.host == replica.master.name and s.unit == head_unit
@@ -346,13 +346,13 @@ class RayBackend(Backend):
     def placement(self, replica: Replica, connections: Mapping[str, Any],
                   vars_: Mapping[str, Any]) -> dict[str, Any]:
         """``{"kind": "bundles", "bundles": [...]}``: each bundle index of vLLM's placement
-        group with its node and GPU ids (:func:`vllm_provision.evidence.placement.
+        group with its node and GPU ids (:func:`vllm_provision.backends.placement.
         ray_placement`: Ray's placement-group and actor tables, read on the head).
 
         Raises:
             ProvisionError: Ray's tables could not be read. UnreachableError: a connection
                 failed.
         """
-        from vllm_provision.evidence.placement import ray_placement
+        from vllm_provision.backends.placement import ray_placement
 
         return {"kind": "bundles", "bundles": ray_placement(replica, connections, vars_)}

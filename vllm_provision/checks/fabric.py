@@ -10,8 +10,8 @@ from collections.abc import Mapping
 
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.network import interface_of
+from vllm_provision.core.models import Node, Replica
 from vllm_provision.facts.model import HostFacts, Interface
-from vllm_provision.models import Node, Replica
 
 MTU_SOURCE = ("NCCL docs: Troubleshooting (network MTU must match end to end); NVIDIA "
               "networking: MTU troubleshooting for RoCE/IB")

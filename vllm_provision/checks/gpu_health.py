@@ -9,8 +9,8 @@ visible devices). Each names its source.
 from __future__ import annotations
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Node
 from vllm_provision.facts.model import Gpu, HostFacts, pci_key
-from vllm_provision.models import Node
 
 XID_SOURCE = "NVIDIA GPU deployment guide: Xid Errors; nvidia-smi(1) ECC error counts"
 # Above this, merged logs of the nodes cannot be ordered and timings across nodes mislead.

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from vllm_provision import backends
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Node
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Node
 
 MIB = 1024 * 1024
 
@@ -48,7 +48,8 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequenc
                                 shared_pool_wait_s: float | None = None, *,
                                 leaving: Sequence[str] = ()) -> list[Finding]:
     """No process outside our own units holds a GPU of the node. ``leaving``: units of an
-    earlier plan that ``provision up`` stops before the start (``vllm_provision.prune``); their
+    earlier plan that ``provision up`` stops before the start (``vllm_provision.state.prune``);
+    their
     processes pass, and the finding says they go first.
 
     The shared-pool failure (docs/preflight.md): one node sits on its GPUs waiting for the other

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts, ModelWeights
 from vllm_provision.facts.weights import DTYPE_BYTES, FLOAT_DTYPES
-from vllm_provision.models import Replica
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2

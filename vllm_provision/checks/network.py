@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Node, Replica
 from vllm_provision.facts.model import HostFacts, Interface
-from vllm_provision.models import Node, Replica
 
 
 def interface_of(facts: HostFacts, address: str) -> Interface | None:
@@ -195,7 +195,7 @@ def check_ports(node: Node, facts: HostFacts, ports: Sequence[tuple[int, str]],
         ports: ``(port, what)`` pairs to check on this node.
         own_units: unit names that may hold them (``vllm.service``, ``ray-head.service``).
         leaving: units the host's state record lists that this plan no longer has: stopped
-            and removed before anything starts (``vllm_provision.prune``), so they may hold
+            and removed before anything starts (``vllm_provision.state.prune``), so they may hold
             them now.
         alternative: the fix besides stopping the holder (``"set vllm_watchdog_port ..."``).
         source: the source cited by an error finding.
@@ -253,7 +253,8 @@ def check_exposure(node: Node, facts: HostFacts, replica: Replica,
     The inter-node ports (vLLM's TCP store, Ray's GCS and the other Ray ports, the peer
     watchdog) have no authentication: Ray's security docs say a Ray cluster must not be
     reachable from untrusted networks (unauthenticated job submission, CVE-2023-48022). Public
-    means ``ipaddress``'s ``is_global`` (:func:`vllm_provision.firewall.is_public`): not RFC
+    means ``ipaddress``'s ``is_global`` (:func:`vllm_provision.settings.firewall.is_public`): not
+    RFC
     1918, ULA, loopback, link-local, CGNAT or documentation space.
 
     Args:
@@ -266,7 +267,7 @@ def check_exposure(node: Node, facts: HostFacts, replica: Replica,
         one ``network.exposure`` warning naming the public addresses and every exposed port, or
         nothing (firewall on, interface unknown, no public address).
     """
-    from vllm_provision import firewall
+    from vllm_provision.settings import firewall
 
     if replica.vars.get("vllm_firewall", "off") == "nftables":
         return []

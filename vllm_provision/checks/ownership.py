@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostOwner
-from vllm_provision.models import Replica
 
 CHECK = "ownership"
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Replica
 
 # NVIDIA CUDA minor-version compatibility: minimum driver branch per CUDA major
 # (docs.nvidia.com/deploy/cuda-compatibility: "CUDA 12.x >= 525", "CUDA 13.x >= 580").

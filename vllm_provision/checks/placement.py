@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_provision.checks.finding import Finding, Severity
-from vllm_provision.models import Replica
+from vllm_provision.core.models import Replica
 
 Bundle = Mapping[str, float]
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Node
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Node
 
 # systemd 247: the oldest the lab proves. The units need Type=exec (systemd 240,
 # systemd.service(5)); readiness reads ExecMainStartTimestampMonotonic (verify.show_command).

@@ -26,10 +26,10 @@ from vllm_provision.checks import (
 )
 from vllm_provision.checks import host as host_checks
 from vllm_provision.checks.finding import Finding, Severity
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Inventory, Node, Replica
 from vllm_provision.facts.gather import ProbeOptions, host_var
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Inventory, Node, Replica
 
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
@@ -153,11 +153,12 @@ def own_units(replica: Replica, node: Node, facts: HostFacts,
     (pure).
 
     Only these may hold the node's ports and GPUs. A unit that is leaving counts only because
-    ``provision up`` stops it before anything starts (``vllm_provision.prune``, the play before
+    ``provision up`` stops it before anything starts (``vllm_provision.state.prune``, the play
+    before
     the install plays), not because it is ours: a unit of the same name that no record of ours
     lists is another job's.
     """
-    from vllm_provision.prune import unit_names
+    from vllm_provision.state.prune import unit_names
 
     planned = list(replica.backend_type.node_units(replica, node, node.host.vars))
     owner = facts.owner

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from vllm_provision.checks.finding import Finding, Severity
+from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Replica
 from vllm_provision.stack import Lock, compare
 
 SOURCE = "docs/stack.md (the lock is the expected state)"

@@ -1,6 +1,6 @@
 """Topology rules: parallel sizes, node ranks, GPUs per node and backend arguments of a replica.
 
-Pure functions from a :class:`~vllm_provision.models.Replica` (and per-node GPU counts) to
+Pure functions from a :class:`~vllm_provision.core.models.Replica` (and per-node GPU counts) to
 findings. Each rule names its source: vLLM's ``ParallelConfig`` (``vllm/config/parallel.py``),
 the multi-node mp executor (PR #23691), the Ray executor (``vllm/v1/executor/ray_utils.py``).
 """
@@ -9,83 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from vllm_provision.backends.choice import (  # noqa: F401 - the rules' names, checked here
+    DEFAULT_BACKEND_RULE,
+    NNODES_BACKEND_ERROR,
+    WORLD_SIZE_ERROR,
+    backend_choice,
+    default_backend,
+)
 from vllm_provision.checks.finding import Finding, Severity
-from vllm_provision.models import Replica
-
-# ParallelConfig.__post_init__ (vllm/config/parallel.py, PR #30140): the error vLLM raises when
-# the backend is unset and the world size does not fit on this node.
-WORLD_SIZE_ERROR = (
-    "World size ({world}) is larger than the number of available GPUs ({gpus}) in this node. "
-    "If this is intentional and you are using:\n"
-    "- ray, set '--distributed-executor-backend ray'.\n"
-    "- multiprocessing, set '--nnodes' appropriately."
-)
-# ParallelConfig.__post_init__ (vllm/config/parallel.py): nnodes > 1 with any other backend.
-NNODES_BACKEND_ERROR = (
-    "nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher."
-)
+from vllm_provision.core.models import Replica
 
 
 def local_world_size(replica: Replica) -> int:
     """GPU workers per node: world size / nnodes (mp: ``world_size // nnodes``)."""
     return replica.engine.world_size // max(1, replica.nnodes)
-
-
-# Where vLLM's default backend rule lives, cited wherever the tool applies it.
-DEFAULT_BACKEND_RULE = "ParallelConfig.__post_init__, vllm/config/parallel.py"
-
-
-def default_backend(world_size: int, nnodes: int, local_gpus: int) -> tuple[str | None, str]:
-    """The executor backend vLLM picks when ``--distributed-executor-backend`` is unset (CUDA).
-
-    Source: ``ParallelConfig.__post_init__`` in ``vllm/config/parallel.py`` (>= v0.11.1, PR
-    #25775 removed the silent fallback to Ray; PR #30140 added the two-bullet error): with a
-    world size above 1 the backend starts as ``mp``; on CUDA ``nnodes > 1`` keeps ``mp``; a
-    single node with fewer GPUs than the world size raises; Ray is chosen only for Ray data
-    parallelism or inside a Ray placement group (neither applies to a replica started by its
-    systemd unit). A world size of 1 gets ``uni``.
-
-    Args:
-        world_size: TP x PP.
-        nnodes: ``--nnodes``.
-        local_gpus: GPUs visible on the node.
-
-    Returns:
-        ``(backend, "")`` or ``(None, vLLM's error text)``.
-    """
-    if world_size <= 1:
-        return "uni", ""
-    if nnodes > 1:
-        return "mp", ""
-    if local_gpus < world_size:
-        return None, WORLD_SIZE_ERROR.format(world=world_size, gpus=local_gpus)
-    return "mp", ""
-
-
-def backend_choice(world_size: int, nnodes: int) -> tuple[str, str]:
-    """The backend a replica without ``vllm_backend`` gets, and why, in words.
-
-    vLLM's rule (:func:`default_backend`) gives ``mp`` whenever the replica can run at all
-    without Ray: several nodes, or one node holding the whole world size (whether it does is
-    checked by preflight, :func:`check_default_backend`, once the GPUs are counted). For a world
-    size of 1 vLLM runs ``uni`` (one process); the mp units run that single worker the same way.
-
-    Args:
-        world_size: TP x PP.
-        nnodes: the replica's node count.
-
-    Returns:
-        ``("mp", reason)``; the reason cites :data:`DEFAULT_BACKEND_RULE`.
-    """
-    if nnodes > 1:
-        why = f"mp when nnodes > 1 on CUDA; this replica has {nnodes} nodes"
-    elif world_size > 1:
-        why = (f"mp when the world size ({world_size}) fits on the node's GPUs, else vLLM "
-               "refuses to start (preflight counts the GPUs)")
-    else:
-        why = "uni for world size 1 (one process); the mp unit runs that single worker alike"
-    return "mp", (f"vllm_backend is not set, so vLLM's own default applies "
-                  f"({DEFAULT_BACKEND_RULE}): {why}")
 
 
 def check_default_backend(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:

@@ -153,7 +153,7 @@ def _load_entry_point(entry: EntryPoint) -> click.Command:
         ProvisionError: it cannot be imported, or it is no click command; naming the entry point
             and its distribution (a broken plug-in is an error of its own, not a traceback).
     """
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
 
     where = f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP})"
     owner = entry.dist.name if entry.dist is not None else "the distribution that declares it"
@@ -180,7 +180,7 @@ def _not_installed(cmd_name: str) -> click.Command:
     distribution, what, how = SEPARATE[cmd_name]
 
     def refuse(args: tuple[str, ...]) -> None:
-        from vllm_provision.errors import ProvisionError
+        from vllm_provision.core.errors import ProvisionError
 
         raise ProvisionError.single(
             f"provision {cmd_name}", f"{what} is not installed: it is the separate "
@@ -231,7 +231,7 @@ def cli() -> None:
 
 def main() -> None:
     """Console entry point: run the CLI and turn every known error into a message and exit code."""
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
 
     # paramiko logs transport-thread failures (with tracebacks) through logging's last-resort
     # handler; connection errors reach the user as `unreachable` results instead.
@@ -247,7 +247,7 @@ def main() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except ProvisionError as exc:
-        from vllm_provision.report import render_error
+        from vllm_provision.output.report import render_error
 
         render_error(exc)
         sys.exit(exc.exit_code)

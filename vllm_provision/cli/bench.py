@@ -11,7 +11,7 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 
 def pick_replica(inventory: Any, name: str | None) -> Any:
@@ -40,7 +40,7 @@ def connect(opts: CommonOptions, replica: Any) -> dict[str, Any]:
     Raises:
         ProvisionError: a node cannot be reached (every reason, one per host).
     """
-    from vllm_provision.connection import close_all, open_connections
+    from vllm_provision.transport.connection import close_all, open_connections
 
     connections, errors = open_connections([n.host for n in replica.nodes],
                                            opts.connection_options())
@@ -132,8 +132,8 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
     from rich.progress import Progress
 
     from vllm_provision import state
-    from vllm_provision.connection import close_all
     from vllm_provision.evidence import bench, store
+    from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory(require_replica=True)

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from vllm_provision.approval import YES_HELP
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
 from vllm_provision.cli.up import TAKE_OVER_HELP, run_deploy_playbook
+from vllm_provision.operations.approval import YES_HELP
 
 
 @click.command("down", epilog=examples(

@@ -19,6 +19,7 @@ import click
 from vllm_provision import resources
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.runner import managed
 
 NO_RECORD = "no record of a good `provision up`; run it first"
 
@@ -57,14 +58,16 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
     Raises:
         ProvisionError: invalid inventory, or no record anywhere (exit 1).
     """
-    from vllm_provision import drift, report, state
-    from vllm_provision.connection import close_all, open_connections
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision import state
+    from vllm_provision.core.errors import ProvisionError
     from vllm_provision.facts.gather import gather_facts
     from vllm_provision.inventory import select_hosts
-    from vllm_provision.runlock import lending_factory
+    from vllm_provision.output import report
     from vllm_provision.runner.engine import Runner, RunOptions
     from vllm_provision.runner.playbook import load_playbook
+    from vllm_provision.state import drift
+    from vllm_provision.transport.connection import close_all, open_connections
+    from vllm_provision.transport.runlock import lending_factory
 
     inventory = opts.load_inventory()
     nodes = {node.name for replica in inventory.replicas for node in replica.nodes}
@@ -100,8 +103,8 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
                                           hosts=list(connections))
         errors.update({name: exc.render() for name, exc in fact_errors.items()})
 
-        plays = state.install_plays(load_playbook(resources.playbook("up")))
-        files = state.managed_files(inventory, plays, opts.limit)
+        plays = managed.install_plays(load_playbook(resources.playbook("up")))
+        files = managed.managed_files(inventory, plays, opts.limit)
         reload_tasks = [t.name for p in plays for t in p.tasks
                         if t.module == "systemd" and isinstance(t.args, dict)
                         and set(t.args) <= {"daemon_reload"}]
@@ -147,7 +150,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
 
 def render_plan(outcome: dict[str, Any]) -> str:
     """The human plan: one line per change, errors, then the summary line."""
-    from vllm_provision.drift import Change, summary_line
+    from vllm_provision.state.drift import Change, summary_line
 
     changes = [Change(**c) for c in outcome["changes"]]
     lines = [f"comparing with the last good `provision up` of {outcome['record']['time']} "
@@ -187,7 +190,7 @@ def command(**kwargs: Any) -> None:
     else:
         click.echo(render_plan(outcome))
     if opts.verbosity >= 2:
-        from vllm_provision.report import stats_lines
+        from vllm_provision.output.report import stats_lines
 
         for line in stats_lines(outcome["stats"]):
             click.echo(line, err=True)

@@ -13,8 +13,8 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
-from vllm_provision.errors import ProvisionError
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status, TaskResult
 
 EXEC_TASK = "exec"
 
@@ -29,7 +29,7 @@ def run_on_hosts(connections: dict[str, Any], command: str, forks: int,
         when the connection failed or the command ran past ``timeout_s``; ``data`` holds
         ``rc``, ``stdout``, ``stderr`` (``rc`` None when unreachable).
     """
-    from vllm_provision.connection import UnreachableError
+    from vllm_provision.transport.connection import UnreachableError
 
     def one(name: str) -> TaskResult:
         started = time.monotonic()
@@ -54,7 +54,7 @@ def run_on_hosts(connections: dict[str, Any], command: str, forks: int,
 def print_host(result: TaskResult) -> None:
     """One host's block: ``h1 | CHANGED | rc=0 >>`` then its output (Ansible's layout); every
     character a host sent is made printable first."""
-    from vllm_provision.progress import printable
+    from vllm_provision.output.progress import printable
 
     data = result.data or {}
     head = f"{result.host} | {result.status.value.upper()}"
@@ -88,9 +88,9 @@ def command(words: Sequence[str], **kwargs: Any) -> None:
     inventory order once all are done, then a recap with each host's exit code. --timeout (30 s)
     bounds the command. Exit code: 0 when it exited 0 everywhere, 1 otherwise.
     """
-    from vllm_provision import report
-    from vllm_provision.connection import close_all, open_connections
     from vllm_provision.inventory import select_hosts
+    from vllm_provision.output import report
+    from vllm_provision.transport.connection import close_all, open_connections
 
     opts = CommonOptions.from_kwargs(kwargs)
     inventory = opts.load_inventory()
@@ -130,7 +130,7 @@ def _recap(results: Sequence[TaskResult], duration_s: float) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from vllm_provision.report import STATUS_STYLE, shared_console
+    from vllm_provision.output.report import STATUS_STYLE, shared_console
 
     console = shared_console(sys.stdout)
     table = Table(title="EXEC RECAP", title_justify="left", box=None, pad_edge=False)

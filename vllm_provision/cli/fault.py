@@ -11,7 +11,7 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 
 def parse_target(replica: Any, text: str) -> tuple[Any, str]:
@@ -74,8 +74,8 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
     stored for ``provision record``. Exit 0 when the replica served again, 3 otherwise.
     """
     from vllm_provision.cli.bench import connect, pick_replica
-    from vllm_provision.connection import close_all
     from vllm_provision.evidence import fault, store
+    from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory(require_replica=True)

@@ -12,8 +12,8 @@ import click
 
 from vllm_provision import backends
 from vllm_provision.cli.options import CommonOptions, shared_options
-from vllm_provision.errors import Problem, ProvisionError
-from vllm_provision.scaffold import DEFAULT_BACKEND
+from vllm_provision.core.errors import Problem, ProvisionError
+from vllm_provision.operations.scaffold import DEFAULT_BACKEND
 
 EPILOG = """\b
 Examples:
@@ -30,7 +30,7 @@ def _split_hosts(value: str) -> tuple[str, ...]:
     Raises:
         click.BadParameter: empty, a bad address or one given twice.
     """
-    from vllm_provision import kinds
+    from vllm_provision.settings import kinds
 
     addresses = tuple(part.strip() for part in value.split(","))
     if not all(addresses):
@@ -51,7 +51,7 @@ def _checked(option: str, name: str, value: Any) -> Any:
     Raises:
         ProvisionError: it is not a valid value of that variable (naming the option).
     """
-    from vllm_provision import kinds
+    from vllm_provision.settings import kinds
 
     problem = kinds.check(name, value)
     if problem:
@@ -119,10 +119,10 @@ def probe_hosts(addresses: tuple[str, ...], conn_vars: dict[str, Any], venv: str
     Raises:
         ProvisionError: a host is unreachable or its probe failed (every such host named).
     """
-    from vllm_provision import variables
+    from vllm_provision.core.models import Group, Host, Inventory
     from vllm_provision.facts.collect import collect_facts
     from vllm_provision.facts.gather import VENV_SEARCH, ProbeOptions
-    from vllm_provision.models import Group, Host, Inventory
+    from vllm_provision.settings import variables
 
     hosts = {}
     for address in addresses:
@@ -239,7 +239,7 @@ def command(addresses: tuple[str, ...], backend: str, model: str, venv: str | No
     names the host and what to change, and prints nothing.
     """
     from vllm_provision.inventory.tree import check_name
-    from vllm_provision.scaffold import InitRequest, plan_inventory, render_inventory
+    from vllm_provision.operations.scaffold import InitRequest, plan_inventory, render_inventory
 
     opts = CommonOptions(inventory=Path(output or "-"), forks=kwargs["forks"],
                          verbosity=kwargs["verbose"], host_key_policy=kwargs["host_key_policy"],

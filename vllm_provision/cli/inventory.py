@@ -28,9 +28,9 @@ from vllm_provision.cli.options import CommonOptions, shared_options
 @click.option("--host", "host_name", metavar="NAME", help="The variables of one host.")
 def command(show_list: bool, show_graph: bool, host_name: str | None, **kwargs: Any) -> None:
     """Show what each host gets after group_vars, host_vars and precedence (no host contacted)."""
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
     from vllm_provision.inventory import view
-    from vllm_provision.runner.masking import Masker
+    from vllm_provision.settings.masking import Masker
 
     chosen = [flag for flag, on in (("--list", show_list), ("--graph", show_graph),
                                     ("--host", host_name is not None)) if on]

@@ -15,7 +15,7 @@ import click
 from vllm_provision.backends import UNIT_KINDS
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, shared_options
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 # Colours of the host prefix on a terminal, one per host in inventory order.
 HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
@@ -59,7 +59,7 @@ class _Printer:
     """Prints entries as ``TIME HOST UNIT: MESSAGE``; on a terminal each host has its colour."""
 
     def __init__(self, hosts: Sequence[str], units: Sequence[str]) -> None:
-        from vllm_provision.report import shared_console
+        from vllm_provision.output.report import shared_console
 
         self.console = shared_console(sys.stdout)
         self.colour = sys.stdout.isatty()
@@ -70,7 +70,7 @@ class _Printer:
     def print(self, entries: Sequence[Any]) -> None:
         from rich.text import Text
 
-        from vllm_provision.logs import line_parts
+        from vllm_provision.output.logs import line_parts
 
         for entry in entries:
             stamp, source, message = line_parts(entry, self.host_width, self.unit_width)
@@ -110,8 +110,8 @@ def command(follow: bool, since: str | None, lines: int | None, kinds: tuple[str
     Exit code: 0, also when -f is stopped with Ctrl-C; 1 on an invalid inventory or --since, or
     when a node could not be read (the others are printed).
     """
-    from vllm_provision import logs
-    from vllm_provision.connection import close_all, open_connections
+    from vllm_provision.output import logs
+    from vllm_provision.transport.connection import close_all, open_connections
 
     opts = CommonOptions.from_kwargs(kwargs)
     inventory = opts.load_inventory(require_replica=True)
@@ -148,8 +148,8 @@ def _read_all(connections: dict[str, Any], units_of: dict[str, list[str]],
     ``failed``. Returns the entries per node and each node's last cursor."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vllm_provision import logs
-    from vllm_provision.connection import UnreachableError
+    from vllm_provision.output import logs
+    from vllm_provision.transport.connection import UnreachableError
 
     def one(name: str) -> list[Any]:
         command = logs.journal_command(units_of[name], since=since_s, lines=count)
@@ -174,10 +174,10 @@ def _read_all(connections: dict[str, Any], units_of: dict[str, list[str]],
 def _follow(connections: dict[str, Any], units_of: dict[str, list[str]], order: dict[str, int],
             cursors: dict[str, str], since_s: float | None, printer: _Printer) -> None:
     """Follow every node (``journalctl -f`` on a second channel of each connection) until
-    Ctrl-C, printing entries in time order within a :data:`~vllm_provision.logs.HOLD_S`
+    Ctrl-C, printing entries in time order within a :data:`~vllm_provision.output.logs.HOLD_S`
     window. Returns on Ctrl-C (SIGINT) after closing the channels."""
-    from vllm_provision import logs
-    from vllm_provision.connection import UnreachableError
+    from vllm_provision.output import logs
+    from vllm_provision.transport.connection import UnreachableError
 
     arrived: queue.Queue[tuple[float, Any] | tuple[float, str]] = queue.Queue()
     channels = []

@@ -1,7 +1,7 @@
 """Command-line options every command that touches hosts shares, and what they turn into.
 
 Every shared option is declared once, in :data:`OPTIONS`, with its one default (the connection
-defaults come from :mod:`vllm_provision.connection`). Usage in a command module::
+defaults come from :mod:`vllm_provision.transport.connection`). Usage in a command module::
 
     @click.command()
     @common_options                      # every shared option
@@ -24,15 +24,15 @@ import click
 import yaml
 
 from vllm_provision.cli.completion import complete_limit
-from vllm_provision.connection import (
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.inventory import yaml_limits
+from vllm_provision.inventory.source import load_yaml_data
+from vllm_provision.transport.connection import (
     DEFAULT_FORKS,
     DEFAULT_HOST_KEY_POLICY,
     DEFAULT_TIMEOUT_S,
     ConnectionOptions,
 )
-from vllm_provision.errors import ProvisionError
-from vllm_provision.inventory import yaml_limits
-from vllm_provision.inventory.source import load_yaml_data
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,8 +143,8 @@ class CommonOptions:
     def apply_globals(self) -> None:
         """Set logging from ``-v`` (warning / info / debug), the JSON error mode and where waits
         show their progress (live on a terminal, else plain lines on stderr:
-        :mod:`vllm_provision.progress`)."""
-        from vllm_provision import progress, report
+        :mod:`vllm_provision.output.progress`)."""
+        from vllm_provision.output import progress, report
 
         report.set_json_mode(self.json)
         progress.configure(progress.choose_mode(json_mode=self.json))
@@ -157,7 +157,8 @@ class CommonOptions:
         logging.getLogger("paramiko").setLevel(paramiko_level.get(self.verbosity, level))
 
     def connection_options(self) -> ConnectionOptions:
-        """Return :class:`vllm_provision.connection.ConnectionOptions` for these options."""
+        """Return :class:`vllm_provision.transport.connection.ConnectionOptions` for these
+        options."""
         return ConnectionOptions(connect_timeout_s=self.timeout_s,
                                  command_timeout_s=self.timeout_s,
                                  host_key_policy=self.host_key_policy,  # type: ignore[arg-type]

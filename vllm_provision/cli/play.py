@@ -38,8 +38,9 @@ def run_play(opts: CommonOptions, playbook: Path, roles_paths: tuple[Path, ...] 
     Raises:
         ProvisionError: invalid inventory, limit or playbook (rendered by the CLI's main).
     """
-    from vllm_provision import report, runlock
+    from vllm_provision.output import report
     from vllm_provision.runner import Runner, RunOptions, load_playbook
+    from vllm_provision.transport import runlock
 
     inventory = opts.load_inventory()
     plays = load_playbook(playbook, roles_paths)

@@ -21,7 +21,7 @@ def command(words: tuple[str, ...]) -> None:
     common.json. A documented key is never renamed or removed; new keys are added to the
     schema as they appear (docs/json-output.md).
     """
-    from vllm_provision import json_schemas
+    from vllm_provision.cli import json_schemas
 
     if not words:
         for name in json_schemas.names():

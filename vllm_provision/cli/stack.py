@@ -32,7 +32,7 @@ def command() -> None:
 
 def _replicas(opts: CommonOptions) -> tuple[Any, list[tuple[Any, Path]]]:
     from vllm_provision import stack
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
 
     inventory = opts.load_inventory()
     wanted = None
@@ -67,7 +67,7 @@ def _connect(opts: CommonOptions, replica: Any) -> dict[str, Any]:
 
 def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
     from vllm_provision import stack
-    from vllm_provision.errors import Problem, ProvisionError
+    from vllm_provision.core.errors import Problem, ProvisionError
 
     nodes = stack.probe_nodes(connections, venv)
     failed = [Problem(n.host, n.error) for n in nodes.values() if n.error and not n.target]
@@ -100,9 +100,9 @@ def lock_command(requirements: Path | None, excludes: Path | None, overrides: Pa
     --excludes and --overrides files are passed on and named in the lock's header.
     """
     from vllm_provision import stack
-    from vllm_provision.connection import close_all
-    from vllm_provision.errors import ProvisionError
-    from vllm_provision.files import replace_atomically
+    from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.core.files import replace_atomically
+    from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
@@ -160,7 +160,7 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
     then points vllm_venv at the new venv with one rename(2). The previous venv is kept for
     rollback. A second run changes nothing; an interrupted run leaves the old venv active.
     """
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
@@ -200,8 +200,8 @@ def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
     from concurrent.futures import ThreadPoolExecutor
 
     from vllm_provision import stack
-    from vllm_provision.connection import close_all
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.transport.connection import close_all
 
     lock = stack.read_lock(path)
     venv = stack.venv_of(replica)
@@ -255,8 +255,8 @@ def rollback_command(**kwargs: Any) -> None:
     and drift compare the nodes with what they run.
     """
     from vllm_provision import stack
-    from vllm_provision.connection import close_all
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
@@ -304,7 +304,7 @@ def status_command(**kwargs: Any) -> None:
     Exit status: 0 every node matches, 2 a node differs (as `provision drift`), 1 error.
     """
     from vllm_provision import stack
-    from vllm_provision.connection import close_all
+    from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)

@@ -13,7 +13,8 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.text import one_line
 
 
 def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any],
@@ -22,12 +23,12 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     """Read one replica's units, rank 0's /health and (Ray) the cluster; return a JSON-ready dict.
 
     Args:
-        replica: the :class:`~vllm_provision.models.Replica`.
+        replica: the :class:`~vllm_provision.core.models.Replica`.
         connections: host name -> open connection, for the nodes that could be reached.
         vars_: rank 0's variables (unit names).
         unreachable: host name -> one-line reason, for nodes whose connection failed to open;
             a node in neither mapping, or whose command fails with
-            :class:`~vllm_provision.connection.UnreachableError`, joins them.
+            :class:`~vllm_provision.transport.connection.UnreachableError`, joins them.
         deployed_at: when the ``up`` that last (re)started the replica began (epoch seconds,
             from the state record, ``vllm_provision.state``); failures before it are older
             ones. None: every failure of this boot is current.
@@ -44,10 +45,10 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     (bool, None when unknown; False when a node is unreachable),
     ``verdict`` (never ``serving`` when a node is unreachable).
     """
-    from vllm_provision.connection import UnreachableError
     from vllm_provision.modules.vllm_wait_ready import replica_units
-    from vllm_provision.recovery_status import node_command, parse_node, replica_whole
-    from vllm_provision.verify import Endpoint, parse_show, show_command, verdict
+    from vllm_provision.state.recovery import node_command, parse_node, replica_whole
+    from vllm_provision.transport.api import Endpoint, parse_show, show_command, verdict
+    from vllm_provision.transport.connection import UnreachableError
 
     expected = replica_units(replica, vars_)
     lost = {host: reason for host, reason in (unreachable or {}).items() if host in expected}
@@ -95,12 +96,6 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     info["down"] = (info["verdict"] == "down" and not lost and bool(states)
                     and all(s.active_state == "inactive" for s in states))
     return info
-
-
-def one_line(error: ProvisionError) -> str:
-    """``host: message`` of each problem of a :class:`~vllm_provision.errors.ProvisionError`, on
-    one line (``; `` between problems), without the fix: the reason a node is unreachable."""
-    return "; ".join(f"{p.where}: {' '.join(p.message.split())}" for p in error.problems)
 
 
 def _watchdog_word(state: dict[str, Any]) -> str:
@@ -160,8 +155,8 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     invalid inventory or when a node is unreachable (the report is printed first).
     """
     from vllm_provision import state
-    from vllm_provision.connection import close_all, open_connections
-    from vllm_provision.recovery_status import describe_probe
+    from vllm_provision.state.recovery import describe_probe
+    from vllm_provision.transport.connection import close_all, open_connections
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory()
@@ -225,10 +220,11 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
 
 
 def _watch(inv: Any, interval_s: float, duration_s: float | None, as_json: bool) -> int:
-    """``status --watch``: the capacity probe (``vllm_provision.fleet.CapacityProbe``) over
+    """``status --watch``: the capacity probe (``vllm_provision.operations.fleet.CapacityProbe``)
+    over
     every replica's endpoint, one line per poll; the record at the end (``--json``: the one
     object). Exit 0 when every replica served at every poll, 3 otherwise."""
-    from vllm_provision import fleet
+    from vllm_provision.operations import fleet
 
     endpoints = {replica.name: replica.api_url for replica in inv.replicas}
 

@@ -11,10 +11,12 @@ from typing import Any
 import click
 
 from vllm_provision import resources
-from vllm_provision.approval import YES_HELP
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.operations.approval import YES_HELP
+from vllm_provision.operations.record import record_after_up
+from vllm_provision.runner import managed
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
@@ -28,7 +30,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     that served), and for ``up`` and ``restart`` ``replicas``: one result per replica
     (:func:`replica_results`). Replicas are independent: one that fails preflight or readiness
     is reported failed (exit 1) and the others go on. ``plan``
-    (``vllm_provision.plan.build_plan``) in check mode, also printed after the recap.
+    (``vllm_provision.operations.plan.build_plan``) in check mode, also printed after the recap.
 
     Args:
         name: ``up``, ``down`` or ``restart``.
@@ -36,11 +38,13 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         extra_vars: more extra variables from the command's own flags (``purge``).
         skip_checks: preflight checks to skip (``--skip-check``).
         take_over: ``--take-over``: hosts another replica or inventory deployed are taken over
-            (``vllm_provision.takeover``) instead of refused.
-        assume_yes: ``--yes``: approve a run that needs approval (``vllm_provision.approval``:
+            (``vllm_provision.operations.takeover``) instead of refused.
+        assume_yes: ``--yes``: approve a run that needs approval
+        (``vllm_provision.operations.approval``:
             ``up`` restarting a serving replica, ``down``, ``--take-over``) without asking.
 
-    The run holds the run lock on every host it may touch (``vllm_provision.runlock``), the
+    The run holds the run lock on every host it may touch (``vllm_provision.transport.runlock``),
+    the
     state record included.
 
     Raises:
@@ -51,9 +55,11 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         ProvisionError: the run needs approval, and stdin is not a terminal and ``assume_yes``
             is false (nothing was changed).
     """
-    from vllm_provision import approval, report, runlock
+    from vllm_provision.operations import approval
+    from vllm_provision.output import report
     from vllm_provision.runner.engine import Runner, RunOptions
     from vllm_provision.runner.playbook import load_playbook
+    from vllm_provision.transport import runlock
 
     overrides = dict(extra_vars or {})
     # taken over: the preflight ownership check would still read the old owner's record
@@ -111,7 +117,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
                                duration_s=outcome.duration_s, extra=extra)
     reporter.recap(summary)
     if "plan" in extra:
-        from vllm_provision.plan import plan_lines
+        from vllm_provision.operations.plan import plan_lines
 
         click.echo("\n".join(plan_lines(extra["plan"])), err=opts.json)
     if opts.json:
@@ -244,14 +250,15 @@ def skip_check_vars(skip_checks: tuple[str, ...]) -> dict[str, Any]:
 
 
 def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dict[str, Any]:
-    """The plan of a dry run (``vllm_provision.plan.build_plan``): the serving units of each
+    """The plan of a dry run (``vllm_provision.operations.plan.build_plan``): the serving units of
+    each
     node from its variables, the outage estimate from the controller's state record (none when
     it is missing or unreadable). ``starts_again``: the playbook starts what it stops
     (``restart``)."""
     from vllm_provision import settings, state
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
     from vllm_provision.modules.vllm_wait_ready import replica_units
-    from vllm_provision.plan import build_plan
+    from vllm_provision.operations.plan import build_plan
 
     serving: dict[str, list[str]] = {}
     for replica in inventory.replicas:
@@ -268,15 +275,16 @@ def run_plan(inventory: Any, outcome: Any, *, starts_again: bool = False) -> dic
 def _approve(name: str, inventory: Any, plays: Sequence[Any], opts: CommonOptions,
              factory: Any, take_over: bool) -> bool:
     """Dry-run the playbook on the run's connections (the run locks are held), show its plan,
-    and ask for approval where it needs one (``vllm_provision.approval``); True to go on.
+    and ask for approval where it needs one (``vllm_provision.operations.approval``); True to go on.
 
     Raises:
         ProvisionError: approval is needed and stdin is not a terminal (nothing was changed).
     """
     import io
 
-    from vllm_provision import approval, report
-    from vllm_provision.plan import plan_lines
+    from vllm_provision.operations import approval
+    from vllm_provision.operations.plan import plan_lines
+    from vllm_provision.output import report
     from vllm_provision.runner.engine import Runner, RunOptions
 
     dry = replace(opts, check=True)
@@ -296,15 +304,17 @@ def _approve(name: str, inventory: Any, plays: Sequence[Any], opts: CommonOption
 def _guard_ownership(name: str, inventory: Any, plays: Sequence[Any], opts: CommonOptions,
                      factory: Any, take_over: bool) -> list[Any]:
     """Refuse hosts another replica or inventory deployed, or take them over
-    (:func:`vllm_provision.takeover.guard`); before the first play, on the run's connections."""
-    from vllm_provision import runlock, state, takeover
-    from vllm_provision.connection import close_all, open_connections
+    (:func:`vllm_provision.operations.takeover.guard`); before the first play, on the run's
+    connections."""
+    from vllm_provision.operations import takeover
     from vllm_provision.runner.playbook import load_playbook
+    from vllm_provision.transport import runlock
+    from vllm_provision.transport.connection import close_all, open_connections
 
     hosts = runlock.hosts_of_plays(inventory, plays, opts.limit)
-    install = state.install_plays(load_playbook(resources.playbook("up")))
+    install = managed.install_plays(load_playbook(resources.playbook("up")))
     planned = {host: list(files.values())
-               for host, files in state.managed_files(inventory, install).items()}
+               for host, files in managed.managed_files(inventory, install).items()}
     connections, _errors = open_connections(hosts, opts.connection_options(), factory)
     try:
         return takeover.guard(inventory, [h.name for h in hosts], planned, connections,
@@ -327,18 +337,17 @@ def record_good_up(inventory: Any, facts: Any, connection_options: Any, masker: 
     Args:
         facts: host name -> the facts preflight gathered; connection_options: the run's
             ``ConnectionOptions``; masker: masks secrets in the warning; factory: the run
-            lock's connection factory; measured, started_at: see ``state.record_after_up``.
+            lock's connection factory; measured, started_at: see ``record_after_up``.
 
     Returns:
         ``{"state_record": controller path}``, or ``{"state_record_error": text}`` (also printed
         on stderr as a warning: the run itself succeeded).
     """
-    from vllm_provision import state
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
     from vllm_provision.runner.playbook import load_playbook
 
     try:
-        return {"state_record": str(state.record_after_up(
+        return {"state_record": str(record_after_up(
             inventory, facts, load_playbook(resources.playbook("up")), connection_options,
             factory, measured=measured, started_at=started_at))}
     except ProvisionError as exc:

@@ -19,12 +19,14 @@ from typing import Any
 
 import click
 
-from vllm_provision import fleet, resources
-from vllm_provision.approval import YES_HELP
+from vllm_provision import resources
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options
-from vllm_provision.errors import ProvisionError
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.operations import fleet
+from vllm_provision.operations.approval import YES_HELP
+from vllm_provision.runner import managed
 
 # A hook always gets at least this long, even with --drain-timeout 0 (no /metrics wait).
 HOOK_MIN_TIMEOUT_S = 30.0
@@ -91,10 +93,9 @@ class _Upgrade:
 
     def snapshot(self, replica: Any) -> str | None:
         """Keep every node's managed files (``fleet.snapshot_script``); an error, or None."""
-        from vllm_provision import state
 
-        install = state.install_plays(self.up_plays)
-        files = state.managed_files(self.inventory, install, limit=replica.name)
+        install = managed.install_plays(self.up_plays)
+        files = managed.managed_files(self.inventory, install, limit=replica.name)
         for node in replica.nodes:
             paths = sorted(set(files.get(node.name, {}).values()))
             try:
@@ -272,8 +273,10 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
         ProvisionError: both --serial and --max-unavailable, an invalid inventory or hook, a
             host's lock held, a host another inventory owns, or no approval (nothing changed).
     """
-    from vllm_provision import approval, report, runlock
     from vllm_provision.cli.up import _guard_ownership
+    from vllm_provision.operations import approval
+    from vllm_provision.output import report
+    from vllm_provision.transport import runlock
 
     if serial is not None and max_unavailable is not None:
         raise ProvisionError.single("--serial/--max-unavailable", "give one of them",
@@ -349,7 +352,7 @@ def _record_upgrade(upgrade: _Upgrade, started_at: datetime) -> dict[str, str]:
     """After every replica upgraded and verified, write the state record as a verified ``up``
     does, so ``provision drift`` compares with what the upgrade left (see ``record_good_up``)."""
     from vllm_provision.cli.up import record_good_up
-    from vllm_provision.runner.masking import Masker
+    from vllm_provision.settings.masking import Masker
 
     return record_good_up(upgrade.inventory, upgrade.facts, upgrade.opts.connection_options(),
                           Masker.from_inventory(upgrade.inventory), upgrade.factory,

@@ -65,7 +65,7 @@ def command(inventory: Path, extra_vars: tuple[str, ...], verbose: int,
     """
     from vllm_provision import resources
     from vllm_provision.cli.options import parse_extra_vars
-    from vllm_provision.errors import ProvisionError
+    from vllm_provision.core.errors import ProvisionError
 
     parse_extra_vars(extra_vars)  # refuse a bad -e here, with the same message as elsewhere
     missing = [name for name in ("pytest", "testinfra") if importlib.util.find_spec(name) is None]

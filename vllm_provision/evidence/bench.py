@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 # Agreement of the client's numbers with /metrics (docs/evidence.md, "Tolerance"): the client
 # measures from sending the request, vLLM from its arrival at the engine; the difference is the
@@ -127,7 +127,7 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
     """
     from vllm_provision.evidence import load
     from vllm_provision.evidence.stats import histogram_deltas
-    from vllm_provision.verify import Endpoint
+    from vllm_provision.transport.api import Endpoint
 
     endpoint = Endpoint.for_replica(replica)
     version = endpoint.version()

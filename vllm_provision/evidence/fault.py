@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
-from vllm_provision.quoting import quote
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.quoting import quote
 
 SIGNALS = ("KILL", "TERM", "STOP")
 WATCHDOG_UNIT = "vllm-watchdog.service"
@@ -136,43 +136,22 @@ def parse_journal(host: str, stdout: str, fault_epoch: float
     return events, limited
 
 
-def _is_lab_host(host: Any) -> bool:
-    """True when ``host`` is a host of the lab instance named by the environment (same name and
-    address); False also when the lab (the separate distribution vllm-provision-lab) is not
-    installed."""
-    try:
-        from vllm_provision_lab.config import LabConfig
-    except ImportError:
-        return False
-    try:
-        return bool(LabConfig.from_env().address(host.name) == host.host_ip)
-    except Exception:  # noqa: BLE001 - not a lab host name, or no usable lab settings
-        return False
-
-
 def partition_commands(host: Any, cut: str | None, heal: str | None
                        ) -> tuple[list[str], list[str]]:
-    """The controller-side argv that cuts and heals ``host``'s network: the user's commands
-    (split like a shell line, ``shlex.split``, with the host's address appended as the last
-    word), else, when ``host`` is a host of the lab named by the environment (same address),
-    ``provision lab cut|heal <name>``.
+    """The controller-side argv that cuts and heals ``host``'s network: the operator's commands
+    (the hook of docs/evidence.md, "Faults": split like a shell line, ``shlex.split``, with the
+    host's address appended as the last word), for example a switch port's or a firewall's.
 
     Raises:
-        ProvisionError: neither: a real host needs the user's commands.
+        ProvisionError: a command is missing: the product cannot cut a host's network itself.
     """
-    import sys
-    from pathlib import Path
-
     if cut and heal:
         return [*shlex.split(cut), host.host_ip], [*shlex.split(heal), host.host_ip]
-    if not _is_lab_host(host):
-        raise ProvisionError.single(host.name, "--partition needs the commands that cut and "
-                                    "heal this host's network",
-                                    expected="--partition-command CMD and --heal-command CMD "
-                                    "(the host's address is appended)",
-                                    fix="give both, e.g. a firewall rule on a switch you run")
-    provision = str(Path(sys.executable).parent / "provision")
-    return [provision, "lab", "cut", host.name], [provision, "lab", "heal", host.name]
+    raise ProvisionError.single(host.name, "--partition needs the commands that cut and "
+                                "heal this host's network",
+                                expected="--partition-command CMD and --heal-command CMD "
+                                "(the host's address is appended)",
+                                fix="give both, e.g. a firewall rule on a switch you run")
 
 
 def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], *,
@@ -185,7 +164,7 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
 
     Args:
         replica, connections (host name -> open connection), vars_ (rank 0's variables).
-        node: the :class:`~vllm_provision.models.Node` to hit. unit: its unit to signal.
+        node: the :class:`~vllm_provision.core.models.Node` to hit. unit: its unit to signal.
         signal: one of :data:`SIGNALS`. streams: in-flight streams (K). max_tokens: each
             stream's length (long enough to outlast the fault's effect).
         reboot: reboot the node instead of signalling. partition_s: cut its network this many
@@ -197,9 +176,9 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
         ProvisionError: the streams did not start generating within 60 s (the replica does not
             serve), or the fault command failed.
     """
-    from vllm_provision.connection import UnreachableError
     from vllm_provision.evidence import load
     from vllm_provision.evidence.bench import served_model
+    from vllm_provision.transport.connection import UnreachableError
 
     model = served_model(replica)
     url = replica.api_url + "/v1/completions"

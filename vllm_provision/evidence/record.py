@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_provision import backends
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 MISSING = "not measured"
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 SCHEMA = 1
 
@@ -61,7 +61,7 @@ def update(inventory_path: Path, *, bench: dict[str, Any] | None = None,
         data["bench"] = bench
     if fault is not None:
         data["faults"][fault[0]] = fault[1]
-    from vllm_provision.files import write_private_json
+    from vllm_provision.core.files import write_private_json
 
     return write_private_json(evidence_path(inventory_path), data, what="the evidence",
                               indent=1)
@@ -77,12 +77,12 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`vllm_provision.files.replace_atomically`).
+    """Write ``text`` to ``path`` atomically (:func:`vllm_provision.core.files.replace_atomically`).
 
     Raises:
         ProvisionError: the folder does not exist or is not writable.
     """
-    from vllm_provision.files import replace_atomically
+    from vllm_provision.core.files import replace_atomically
 
     try:
         replace_atomically(path, text)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm_provision.connection import ConnectionOptions, close_all, open_connections
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host, Inventory
 from vllm_provision.facts.gather import ProbeOptions, gather_facts
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.models import Host, Inventory
+from vllm_provision.transport.connection import ConnectionOptions, close_all, open_connections
 
 
 def collect_facts(inventory: Inventory, hosts: Sequence[Host],

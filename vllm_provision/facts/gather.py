@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from vllm_provision import settings, variables
-from vllm_provision.connection import Connection, UnreachableError
-from vllm_provision.errors import ProvisionError
+from vllm_provision import settings
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host, Inventory, Replica
+from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.facts import parsers, weights
 from vllm_provision.facts.model import (
     HostFacts,
@@ -31,8 +32,8 @@ from vllm_provision.facts.model import (
     UnitStart,
     VenvFound,
 )
-from vllm_provision.models import Host, Inventory, Replica
-from vllm_provision.modules import STATE_DIR
+from vllm_provision.settings import variables
+from vllm_provision.transport.connection import Connection, UnreachableError
 
 # The host's copy of the state record (vllm_provision.state.HOST_STATE_FILE).
 HOST_STATE_FILE = f"{STATE_DIR}/state.json"

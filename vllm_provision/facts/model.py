@@ -344,7 +344,7 @@ class HostOwner:
         backend: the backend of the host's replica in the record (``""``: not recorded).
         rank: the host's node rank in the record (None: not recorded).
         units: the backend's units the record lists on the host, in start order; None for a
-            record written before it held them (``vllm_provision.prune.from_record``).
+            record written before it held them (``vllm_provision.state.prune.from_record``).
     """
 
     inventory: str

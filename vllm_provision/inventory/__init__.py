@@ -1,7 +1,8 @@
 """Load, validate and query an Ansible-compatible YAML inventory.
 
-``load_inventory(path, extra_vars)`` returns a validated :class:`~vllm_provision.models.Inventory`
-or raises one :class:`~vllm_provision.errors.InventoryError` listing every problem;
+``load_inventory(path, extra_vars)`` returns a validated
+:class:`~vllm_provision.core.models.Inventory`
+or raises one :class:`~vllm_provision.core.errors.InventoryError` listing every problem;
 ``select_hosts(inventory, pattern)`` resolves an Ansible host pattern (``--limit``, ``hosts:``).
 """
 

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vllm_provision.core.models import Host
 from vllm_provision.inventory.source import Problems, Setting
 from vllm_provision.inventory.tree import Tree
-from vllm_provision.models import Host
 
 INVALID = object()
 """Value of a setting that failed validation (already reported): later checks skip it."""
@@ -87,7 +87,7 @@ def known_hosts_from_ssh_args(args: str) -> list[str]:
 
 def build_host(name: str, settings: Mapping[str, Setting], groups: tuple[str, ...],
                base: Path, problems: Problems) -> Host:
-    """Build a :class:`~vllm_provision.models.Host` from its merged, validated settings.
+    """Build a :class:`~vllm_provision.core.models.Host` from its merged, validated settings.
 
     Args:
         name: inventory host name.

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vllm_provision.core.models import Group, Host, Inventory, Replica
 from vllm_provision.inventory import aliases
 from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars, plain
 from vllm_provision.inventory.replicas import REPLICAS_GROUP, build_replicas, synthetic_groups
@@ -15,7 +16,6 @@ from vllm_provision.inventory.tree import Tree
 from vllm_provision.inventory.values import _owned_dirs as owned_dirs_context
 from vllm_provision.inventory.values import check_setting
 from vllm_provision.inventory.vars_dirs import read_vars_dir
-from vllm_provision.models import Group, Host, Inventory, Replica
 
 
 def _checked(settings: Mapping[str, Setting], problems: Problems) -> dict[str, Setting]:
@@ -32,7 +32,7 @@ def _checked(settings: Mapping[str, Setting], problems: Problems) -> dict[str, S
 def _owned_dirs(sources: list[Mapping[str, Setting]]) -> tuple[str, ...]:
     """Every valid path listed in ``provision_owned_dirs`` anywhere in the inventory or ``-e``:
     the directories the operator declares ours (never a system directory)."""
-    from vllm_provision import kinds
+    from vllm_provision.settings import kinds
 
     found: list[str] = []
     for settings in sources:
@@ -75,7 +75,8 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     Reads ``path`` (:func:`~.sources.read_inventory`) and the ``group_vars/`` and ``host_vars/``
     folders of its base (:func:`~.sources.vars_base`), merges variables
     with Ansible's precedence (see :func:`~.hosts.merge_host_vars`), validates every variable we
-    read against :mod:`vllm_provision.variables`, resolves connection settings and builds the
+    read against :mod:`vllm_provision.settings.variables`, resolves connection settings and builds
+    the
     replicas (child groups of ``vllm_replicas``) and the synthetic groups ``vllm_master``,
     ``vllm_followers``, ``vllm_mp`` and ``vllm_ray``. Opens no connection.
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from vllm_provision import variables
-from vllm_provision.errors import InventoryError
-from vllm_provision.models import Host, Inventory
+from vllm_provision.core.errors import InventoryError
+from vllm_provision.core.models import Host, Inventory
+from vllm_provision.settings import variables
 
 _WILDCARD_CHARS = set("*?[")
 

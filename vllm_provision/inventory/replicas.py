@@ -7,13 +7,14 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision import backends, kinds, variables
-from vllm_provision.checks import topology
+from vllm_provision import backends
+from vllm_provision.backends import choice
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.tree import Tree
-from vllm_provision.inventory.values import show
-from vllm_provision.models import EngineArgs, Host, Node, Replica
+from vllm_provision.inventory.values import SECRET_OPTIONS, secret_option, show
+from vllm_provision.settings import kinds, variables
 
 REPLICAS_GROUP = "vllm_replicas"
 def synthetic_groups() -> tuple[str, ...]:
@@ -42,31 +43,6 @@ VARIABLE_OPTIONS = {
     "--host": "vllm_api_host", "--port": "vllm_api_port", "--master-port": "vllm_master_port",
     "--model": "vllm_model",
 }
-
-
-# Options whose value is a secret: in vllm_extra_args it would land in the 0644 unit file, in
-# `ps` output and in the state record. argparse (which `vllm serve` uses) also accepts any
-# unambiguous prefix of a long option (allow_abbrev, Python's argparse docs), so a prefix down
-# to the shortest one that no other vLLM option shares is refused too (`--api` and `--api-` are
-# shared with --api-server-count, `--hf-` with --hf-overrides and --hf-config-path).
-SECRET_OPTIONS = {
-    "--api-key": ("--api-k", "vllm_api_key (written to the 0600 env file as VLLM_API_KEY)"),
-    "--hf-token": ("--hf-t", "vllm_env: {HF_TOKEN: ...} (written to the 0600 env file)"),
-}
-
-
-def secret_option(option: str) -> str | None:
-    """Return the secret-bearing option that ``option`` spells (itself, its ``_`` form or an
-    abbreviation argparse would accept), or None.
-
-    Args:
-        option: a word of ``vllm_extra_args`` up to any ``=`` (``--api-key``, ``--api_k``).
-    """
-    normalized = "--" + option[2:].replace("_", "-") if option.startswith("--") else option
-    for full, (shortest, _variable) in SECRET_OPTIONS.items():
-        if len(normalized) >= len(shortest) and full.startswith(normalized):
-            return full
-    return None
 
 
 def _replica_scope() -> list[str]:
@@ -218,7 +194,7 @@ def _check_conflicts(replica: str, members: list[str],
     reported: set[tuple[str, str]] = set()
     for host in members:
         values = settings[host]
-        # unset: vLLM's default rule gives mp (checks.topology.backend_choice)
+        # unset: vLLM's default rule gives mp (backends.choice.backend_choice)
         chosen = backends.find(backend) or backends.get("mp")
         host_value = functools.partial(_value, values)
         ports = {"vllm_api_port": agreed.get("vllm_api_port"),
@@ -263,7 +239,7 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
     complete (a single-host replica may omit its rank: 0); each node has an IP address; every
     replica-scope variable (engine arguments, backend, service settings) is equal on all nodes;
     ``vllm_model`` is set; ``vllm_extra_args`` holds no option we render. A replica without
-    ``vllm_backend`` gets vLLM's default backend (``checks.topology.backend_choice``), with the
+    ``vllm_backend`` gets vLLM's default backend (``backends.choice.backend_choice``), with the
     reason kept in ``Replica.backend_reason``.
 
     Args:
@@ -383,7 +359,7 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
         replica_vars.update({k: v for k, v in agreed.items() if v is not None})
         backend, backend_reason = agreed["vllm_backend"], ""
         if backend is None:  # vLLM's own default rule decides (docs/inventory.md)
-            backend, backend_reason = topology.backend_choice(
+            backend, backend_reason = choice.backend_choice(
                 agreed["vllm_tensor_parallel_size"] * agreed["vllm_pipeline_parallel_size"],
                 len(nodes))
         replicas.append(Replica(name=name, backend=backend,

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from vllm_provision.errors import InventoryError, Problem
+from vllm_provision.core.errors import InventoryError, Problem
 from vllm_provision.inventory import yaml_limits
 
 KeyPath = tuple[str | int, ...]
@@ -77,7 +77,7 @@ class Problems:
 
     def add(self, where: str, message: str, *, expected: str = "", actual: str = "",
             fix: str = "") -> None:
-        """Record one problem (see :class:`~vllm_provision.errors.Problem` for the fields)."""
+        """Record one problem (see :class:`~vllm_provision.core.errors.Problem` for the fields)."""
         problem = Problem(where, message, expected, actual, fix)
         if problem not in self.items:
             self.items.append(problem)

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_provision import variables
+from vllm_provision.core.models import hosts_under
 from vllm_provision.inventory.source import KeyPath, Problems, Setting, YamlDocument
-from vllm_provision.models import hosts_under
+from vllm_provision.settings import variables
 
 GROUP_KEYS = ("hosts", "children", "vars")
 

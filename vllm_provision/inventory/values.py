@@ -9,11 +9,11 @@ from typing import Any
 
 import yaml
 
-from vllm_provision import kinds, variables
+from vllm_provision.core.quoting import find_control_chars
 from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.source import Problems, Setting, UnsafeText, VaultValue
-from vllm_provision.quoting import find_control_chars
-from vllm_provision.variables import Variable
+from vllm_provision.settings import kinds, variables
+from vllm_provision.settings.variables import Variable
 
 # ansible.module_utils.parsing.convert_bool: the strings Ansible reads as booleans.
 _TRUE = frozenset({"y", "yes", "on", "1", "true", "t"})
@@ -26,6 +26,31 @@ _owned_dirs: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
 
 # The longest value a message repeats; a longer one is cut (an inventory value can be huge).
 SHOW_MAX_CHARS = 200
+
+
+# Options whose value is a secret: in vllm_extra_args it would land in the 0644 unit file, in
+# `ps` output and in the state record. argparse (which `vllm serve` uses) also accepts any
+# unambiguous prefix of a long option (allow_abbrev, Python's argparse docs), so a prefix down
+# to the shortest one that no other vLLM option shares is refused too (`--api` and `--api-` are
+# shared with --api-server-count, `--hf-` with --hf-overrides and --hf-config-path).
+SECRET_OPTIONS = {
+    "--api-key": ("--api-k", "vllm_api_key (written to the 0600 env file as VLLM_API_KEY)"),
+    "--hf-token": ("--hf-t", "vllm_env: {HF_TOKEN: ...} (written to the 0600 env file)"),
+}
+
+
+def secret_option(option: str) -> str | None:
+    """Return the secret-bearing option that ``option`` spells (itself, its ``_`` form or an
+    abbreviation argparse would accept), or None.
+
+    Args:
+        option: a word of ``vllm_extra_args`` up to any ``=`` (``--api-key``, ``--api_k``).
+    """
+    normalized = "--" + option[2:].replace("_", "-") if option.startswith("--") else option
+    for full, (shortest, _variable) in SECRET_OPTIONS.items():
+        if len(normalized) >= len(shortest) and full.startswith(normalized):
+            return full
+    return None
 
 
 def show(name: str, value: Any) -> str:
@@ -44,8 +69,6 @@ def show(name: str, value: Any) -> str:
 def _mask_secret_options(value: Any) -> Any:
     """``value`` with the word after a secret-bearing option (and the part after its ``=``)
     replaced by the mask, in a string of words or in a list of words."""
-    from vllm_provision.inventory.replicas import secret_option
-
     if isinstance(value, str):
         return " ".join(_mask_secret_options(value.split(" ")))
     if not isinstance(value, list):
@@ -173,7 +196,8 @@ def _check_role_default(name: str, setting: Setting, problems: Problems) -> Sett
 
 
 def _kind_ok(name: str, value: Any, setting: Setting, problems: Problems) -> bool:
-    """Apply the rule of ``name``'s kind (:mod:`vllm_provision.kinds`); record a problem and
+    """Apply the rule of ``name``'s kind (:mod:`vllm_provision.settings.kinds`); record a problem
+    and
     return False when the value breaks it."""
     kind = kinds.kind_of(name)
     if kind is None:

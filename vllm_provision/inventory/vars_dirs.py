@@ -14,8 +14,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from vllm_provision import variables
 from vllm_provision.inventory.source import Problems, Setting, read_yaml
+from vllm_provision.settings import variables
 
 EXTENSIONS = ("", ".yml", ".yaml", ".json")
 _SKIPPED_SUFFIXES = ("~", ".bak", ".orig", ".swp", ".retry")

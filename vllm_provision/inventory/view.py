@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_provision import variables
+from vllm_provision.core.models import Inventory, Node, Replica
 from vllm_provision.inventory.hosts import merge_host_vars, plain
 from vllm_provision.inventory.source import Origin, Problems, Setting, VaultValue
 from vllm_provision.inventory.sources import read_inventory, vars_base
 from vllm_provision.inventory.tree import Tree
 from vllm_provision.inventory.vars_dirs import read_vars_dir
-from vllm_provision.models import Inventory, Node, Replica
+from vllm_provision.settings import variables
 
 EXTRA_KEY = "_vllm_provision"
 
@@ -155,8 +155,8 @@ def node_argv(replica: Replica, node: Node) -> list[str] | None:
 
 def replicas_view(inventory: Inventory) -> dict[str, Any]:
     """The replicas: backend, API URL, and per node its rank, role, cluster IP and ``vllm serve``
-    arguments; every secret value masked (:class:`~vllm_provision.runner.masking.Masker`)."""
-    from vllm_provision.runner.masking import Masker
+    arguments; every secret value masked (:class:`~vllm_provision.settings.masking.Masker`)."""
+    from vllm_provision.settings.masking import Masker
 
     masker = Masker.from_inventory(inventory)
     replicas: dict[str, Any] = {}

@@ -30,10 +30,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.paths import STATE_DIR
+from vllm_provision.core.quoting import quote
+from vllm_provision.core.results import Status
 from vllm_provision.modules.arguments import ArgumentSpec
-from vllm_provision.quoting import quote
-from vllm_provision.results import Status
 
 if TYPE_CHECKING:
     from vllm_provision.modules.context import ModuleContext
@@ -44,8 +45,8 @@ __all__ = ["BUILTIN_MODULES", "DAEMON_RELOAD_MARKER", "STATE_DIR", "UNAFFECTED_K
            "is_module_name", "is_unit_path", "parse_mode", "quote", "register_module",
            "unified_diff"]
 
-# Where the engine keeps its own state on a host (pending notifications, reload markers).
-STATE_DIR = "/var/lib/vllm-provision"
+# Where the engine keeps its own state on a host (pending notifications, reload markers):
+# STATE_DIR, from vllm_provision.core.paths.
 # Written in the same round trip as a unit-file change; removed by the next daemon-reload.
 DAEMON_RELOAD_MARKER = f"{STATE_DIR}/daemon-reload-needed"
 # ModuleResult.data key: the change needs none of the task's handlers (a file restored to what

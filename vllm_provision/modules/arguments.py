@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 Kind = Literal["str", "int", "float", "bool", "dict", "list", "raw"]
 KIND_WORDS: dict[str, str] = {

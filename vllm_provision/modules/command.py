@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
 
 ARGUMENT_SPEC = ArgumentSpec("command", (
     Argument("cmd", "str", "the command line, run by the remote user's shell", required=True),

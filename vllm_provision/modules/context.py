@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from vllm_provision.connection import Connection
-from vllm_provision.models import Host, Inventory, Node, Replica
+from vllm_provision.core.models import Host, Inventory, Node, Replica
+from vllm_provision.transport.connection import Connection
 
 
 class ModuleContext(Protocol):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules import template as _template
 from vllm_provision.modules.arguments import Argument, ArgumentSpec

@@ -16,11 +16,11 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, parse_mode, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
 
 STATES = ("file", "directory", "touch", "absent")
 ARGUMENT_SPEC = ArgumentSpec("file", (

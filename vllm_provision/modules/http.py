@@ -23,11 +23,11 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
 
 ARGUMENT_SPEC = ArgumentSpec("http", (
     Argument("url", "str", "http:// or https:// URL", required=True),

@@ -19,15 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_provision import backends, progress
-from vllm_provision.connection import Connection
-from vllm_provision.errors import Problem, ProvisionError
-from vllm_provision.models import Replica
+from vllm_provision import backends
+from vllm_provision.core.errors import Problem, ProvisionError
+from vllm_provision.core.models import Replica
+from vllm_provision.core.quoting import shell_join
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.quoting import shell_join
-from vllm_provision.results import Status
+from vllm_provision.output import progress
+from vllm_provision.transport.connection import Connection
 
 ARGUMENT_SPEC = ArgumentSpec("ray_wait_cluster", (
     Argument("timeout_s", "float", "seconds to wait in all",

@@ -32,11 +32,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status
 from vllm_provision.modules import DAEMON_RELOAD_MARKER, ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
 
 STATES = ("started", "stopped", "restarted")
 ARGUMENT_SPEC = ArgumentSpec("systemd", (

@@ -21,7 +21,8 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status
 from vllm_provision.modules import (
     DAEMON_RELOAD_MARKER,
     UNAFFECTED_KEY,
@@ -34,7 +35,6 @@ from vllm_provision.modules import (
 )
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
 
 ARGUMENT_SPEC = ArgumentSpec("template", (
     Argument("src", "str", "template file: relative to the role's templates/ (then the "

@@ -3,7 +3,8 @@
 Run on the master (mp, ``vllm_gpu_pool: shared``; roles/vllm_mp/plays/start.yml). Before it
 starts any node it waits, up to ``timeout_s`` in all, until one reading of every node (in
 parallel) finds no process outside the replica's units on the GPUs the replica uses
-(:mod:`vllm_provision.gpu_pool`); then it starts the nodes in mp's order (headless followers by
+(:mod:`vllm_provision.facts.gpu_pool`); then it starts the nodes in mp's order (headless followers
+by
 rank, then rank 0), reading every node again right before each start, so no node is started
 while another node's GPUs are held. While it waits it prints one line to stderr naming each
 holder (host, GPU, pid, process, memory, unit), when the holders change and every 10 s. When
@@ -29,15 +30,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from vllm_provision import gpu_pool
 from vllm_provision.checks.topology import local_world_size
-from vllm_provision.errors import ProvisionError
-from vllm_provision.models import Node, Replica
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Node, Replica
+from vllm_provision.core.quoting import shell_join
+from vllm_provision.core.results import Status
+from vllm_provision.facts import gpu_pool
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.quoting import shell_join
-from vllm_provision.results import Status
 
 ARGUMENT_SPEC = ArgumentSpec("vllm_gang_start", (
     Argument("timeout_s", "float", "seconds to wait in all for the GPUs",

@@ -24,11 +24,11 @@ from typing import Any
 
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.run import findings_of, load_defaults, run_checks, settings_for
+from vllm_provision.core.results import Status
 from vllm_provision.facts.gather import gather_facts
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
 
 RUNS_ON = "controller"
 ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (

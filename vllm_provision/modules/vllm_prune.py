@@ -2,7 +2,7 @@
 
 Runs once per play batch on the controller, over the run's connections. For every replica of
 the play it compares each node's state record (what an earlier ``provision up`` installed:
-``vllm_provision.prune.Installed``) with what this plan installs there, and
+``vllm_provision.state.prune.Installed``) with what this plan installs there, and
 
 - stops, in the old backend's stop order, every unit the plan no longer has, and, when the
   replica's backend changed, the old backend's units the plan keeps under the same name (they run
@@ -11,7 +11,7 @@ the play it compares each node's state record (what an earlier ``provision up`` 
   then reloads systemd.
 
 It runs after preflight and before the install plays of ``provision up``, so the old backend is
-down before the new one starts (``vllm_provision.prune``). With ``purge: true`` (``provision
+down before the new one starts (``vllm_provision.state.prune``). With ``purge: true`` (``provision
 down --purge``) it removes everything the record lists, else, on a host without a record, the
 units every registered backend would install there and the two folders of ours; see
 docs/deploy.md, "What `down --purge` removes". In check mode it reads the hosts and reports what
@@ -29,16 +29,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision import backends, prune, variables
-from vllm_provision.errors import ProvisionError
+from vllm_provision import backends
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Node, Replica
+from vllm_provision.core.results import Status
 from vllm_provision.facts.gather import parse_owner
 from vllm_provision.facts.model import HostOwner
-from vllm_provision.models import Node, Replica
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 from vllm_provision.modules.systemd import STOPPED_IN_CHECK
-from vllm_provision.results import Status
+from vllm_provision.runner import managed
+from vllm_provision.settings import variables
+from vllm_provision.state import prune
 
 RUNS_ON = "controller"
 ARGUMENT_SPEC = ArgumentSpec("vllm_prune", (
@@ -98,11 +101,11 @@ def known_names(replica: Replica, node: Node) -> prune.Installed:
 
 def planned(ctx: ModuleContext, replicas: list[Replica]) -> dict[str, prune.Installed]:
     """What this plan installs on each node: its backend's units, the install plays' files."""
-    from vllm_provision import resources, state
+    from vllm_provision import resources
     from vllm_provision.runner.playbook import load_playbook
 
-    install = state.install_plays(load_playbook(resources.playbook("up")))
-    files = state.managed_files(ctx.inventory, install)
+    install = managed.install_plays(load_playbook(resources.playbook("up")))
+    files = managed.managed_files(ctx.inventory, install)
     return {node.name: prune.Installed(
         node.name, node.rank, replica.backend,
         tuple(replica.backend_type.node_units(replica, node, node.host.vars)),

@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.errors import ProvisionError
-from vllm_provision.models import Replica
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Replica
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 from vllm_provision.modules.vllm_wait_ready import served_model
-from vllm_provision.results import Status
-from vllm_provision.verify import Endpoint
+from vllm_provision.transport.api import Endpoint
 
 ARGUMENT_SPEC = ArgumentSpec("vllm_verify", (
     Argument("prompt", "str", "the prompt of the completion", default="Hello"),

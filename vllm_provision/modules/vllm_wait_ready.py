@@ -2,10 +2,11 @@
 
 Run once on the master (``run_once``). While it waits, a line per node shows the seconds
 waited, the unit states and the vLLM phase read from the node's journal
-(:mod:`vllm_provision.progress`, :mod:`vllm_provision.phases`). A unit that failed or is
+(:mod:`vllm_provision.output.progress`, :mod:`vllm_provision.output.phases`). A unit that failed or
+is
 restarting ends the wait at once with its last journal lines; for Ray, a placement group that
 stays pending is explained with Ray's reason (INFEASIBLE / NO_RESOURCES, or a VLLM_HOST_IP
-that is no Ray node). See :mod:`vllm_provision.verify`.
+that is no Ray node). See :mod:`vllm_provision.transport.api`.
 
 Example task::
 
@@ -18,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision import progress
-from vllm_provision.models import Replica
+from vllm_provision.core.models import Replica
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.phases import JournalTail, split_output
-from vllm_provision.results import Status
-from vllm_provision.verify import (
+from vllm_provision.output import progress
+from vllm_provision.output.phases import JournalTail, split_output
+from vllm_provision.transport.api import (
     Endpoint,
     Observation,
     UnitState,
@@ -65,7 +66,7 @@ def observe_units(ctx: ModuleContext, replica: Replica, tail: JournalTail | None
     """One ``systemctl show`` per node; the master's clock comes with it.
 
     With ``tail``, the same command also reads each node's new vLLM journal lines
-    (:class:`~vllm_provision.phases.JournalTail`: no extra round trip); with ``view``, each
+    (:class:`~vllm_provision.output.phases.JournalTail`: no extra round trip); with ``view``, each
     node's row shows its unit states and phase.
     """
     states: list[UnitState] = []
@@ -102,7 +103,7 @@ def served_model(replica: Replica) -> str:
 
 
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
-    """Poll until the replica serves (see :func:`vllm_provision.verify.wait_ready`).
+    """Poll until the replica serves (see :func:`vllm_provision.transport.api.wait_ready`).
 
     Args:
         ctx: the task context. args: see ``ARGUMENT_SPEC`` (docs/modules.md).

@@ -16,13 +16,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_provision.connection import probe_tcp
-from vllm_provision.errors import ProvisionError
-from vllm_provision.kinds import check_ssh_host
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.results import Status
+from vllm_provision.settings.kinds import check_ssh_host
+from vllm_provision.transport.connection import probe_tcp
 
 ARGUMENT_SPEC = ArgumentSpec("wait_for", (
     Argument("port", "int", "TCP port", required=True, minimum=1, maximum=65535),

@@ -8,7 +8,8 @@ the same way. Playbooks and roles stay siblings in every layout: a playbook's ro
 in ``<playbook folder>/../roles`` (:func:`vllm_provision.runner.playbook.roles_search_path`).
 
 A missing resource is an incomplete installation: every function here raises
-:class:`~vllm_provision.errors.ProvisionError` naming what is missing and where it looked; nothing
+:class:`~vllm_provision.core.errors.ProvisionError` naming what is missing and where it looked;
+nothing
 falls back to an empty default.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 
 PACKAGE = "vllm_provision.resources"
 # kind -> (package holding it, what it is, its folder in the repository)

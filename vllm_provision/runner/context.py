@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_provision.connection import Connection
-from vllm_provision.errors import ProvisionError
-from vllm_provision.models import Host, Inventory, Node, Replica
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host, Inventory, Node, Replica
 from vllm_provision.runner.templating import Templar
+from vllm_provision.transport.connection import Connection
 
 
 @dataclass

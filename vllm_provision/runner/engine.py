@@ -19,12 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from vllm_provision.connection import HostConnection, close_all
-from vllm_provision.models import Host, Inventory
-from vllm_provision.results import Status
+from vllm_provision.core.models import Host, Inventory
+from vllm_provision.core.results import Status
+from vllm_provision.inventory.selection import select_play_hosts
 from vllm_provision.runner.executor import LOCALHOST_NAMES, ConnectionFactory, TaskExecutor
 from vllm_provision.runner.handlers import HandlerQueue, Notifier
-from vllm_provision.runner.masking import Masker
 from vllm_provision.runner.outcome import (
     HandlerResult,
     NullReporter,
@@ -35,10 +34,11 @@ from vllm_provision.runner.outcome import (
 )
 from vllm_provision.runner.playbook import Play, load_playbook
 from vllm_provision.runner.prefetch import Prefetcher
-from vllm_provision.runner.selection import select_play_hosts
 from vllm_provision.runner.strategy import LinearStrategy
 from vllm_provision.runner.templating import Templar
 from vllm_provision.runner.variables import VariableResolver, registered_value
+from vllm_provision.settings.masking import Masker
+from vllm_provision.transport.connection import HostConnection, close_all
 
 __all__ = ["LOCALHOST_NAMES", "ConnectionFactory", "HandlerResult", "Notifier", "Reporter",
            "RunOptions", "RunOutcome", "Runner", "registered_value"]

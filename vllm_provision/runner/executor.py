@@ -12,24 +12,24 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vllm_provision.connection import (
-    Connection,
-    LocalConnection,
-    UnreachableError,
-    open_connections,
-)
-from vllm_provision.errors import ProvisionError
-from vllm_provision.models import Host
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import UNAFFECTED_KEY, UNAFFECTED_NOTE, ModuleResult, find_module
-from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.handlers import notify_script, persist
-from vllm_provision.runner.masking import mask_diff
 from vllm_provision.runner.outcome import RunState
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.templating import Templar
 from vllm_provision.runner.variables import VariableResolver, node_of, registered_value
+from vllm_provision.settings.masking import mask_diff
+from vllm_provision.transport.connection import (
+    Connection,
+    LocalConnection,
+    UnreachableError,
+    open_connections,
+)
 
 LOCALHOST_NAMES = ("localhost", "127.0.0.1")
 

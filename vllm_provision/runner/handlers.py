@@ -3,7 +3,8 @@
 Ansible's rules (docs playbooks_handlers.rst): a handler runs once however many tasks notified
 it, in the order handlers are defined, after the batch's tasks; ``listen`` names it too. Two
 extensions (docs/engine.md): a notification is persisted on the host until its handler ran
-(``vllm_provision.handlers_state``; an earlier run's is read back at the start of the play) and
+(``vllm_provision.runner.handlers_state``; an earlier run's is read back at the start of the play)
+and
 a handler with ``scope: replica`` runs once per replica, on its nodes one after another.
 """
 
@@ -14,13 +15,13 @@ from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_provision import handlers_state
-from vllm_provision.connection import UnreachableError
-from vllm_provision.models import Host
+from vllm_provision.core.models import Host
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import UNAFFECTED_KEY
-from vllm_provision.results import Status, TaskResult
+from vllm_provision.runner import handlers_state
 from vllm_provision.runner.outcome import HandlerResult, RunState
 from vllm_provision.runner.playbook import Play, Task
+from vllm_provision.transport.connection import UnreachableError
 
 # runs a handler on one host: (play, handler, host, note) -> its results, recorded
 RunHandler = Callable[[Play, Task, Host, str], list[TaskResult]]

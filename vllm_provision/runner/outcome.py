@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vllm_provision import handlers_state
-from vllm_provision.connection import ConnectionOptions
-from vllm_provision.models import Inventory
-from vllm_provision.results import Status, TaskResult
-from vllm_provision.runner.masking import Masker
+from vllm_provision.core.models import Inventory
+from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.runner import handlers_state
+from vllm_provision.settings.masking import Masker
+from vllm_provision.transport.connection import ConnectionOptions
 
 
 class Reporter(Protocol):
@@ -89,7 +89,7 @@ class RunOutcome:
         extra: command-specific keys for ``--json`` (e.g. ``completion``).
         handler_results: the results of handlers, in the order they arrived (a ``scope:
             replica`` handler's nodes one after another, in its order), for the plan
-            (``vllm_provision.plan``).
+            (``vllm_provision.operations.plan``).
         batch_starts: the index in ``results`` where each batch of hosts of each play began
             (plays, and ``serial`` batches, run one after another).
     """

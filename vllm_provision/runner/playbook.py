@@ -35,7 +35,7 @@ from typing import Any, Literal
 import yaml
 
 from vllm_provision import backends
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.modules import BUILTIN_MODULES, find_module
 
 TASK_KEYS = frozenset({

@@ -31,14 +31,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from vllm_provision import handlers_state
-from vllm_provision.connection import CommandResult, UnreachableError, command_failed
-from vllm_provision.models import Host
+from vllm_provision.core.models import Host
 from vllm_provision.modules import find_module
+from vllm_provision.runner import handlers_state
 from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.outcome import RunState
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.templating import Templar
+from vllm_provision.transport.connection import CommandResult, UnreachableError, command_failed
 
 log = logging.getLogger(__name__)
 

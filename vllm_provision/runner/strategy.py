@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import as_completed
 
-from vllm_provision.models import Host
+from vllm_provision.core.models import Host
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import find_module
-from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.executor import TaskExecutor
 from vllm_provision.runner.handlers import HandlerQueue
 from vllm_provision.runner.outcome import RunState

@@ -23,8 +23,8 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
-from vllm_provision import quoting
-from vllm_provision.errors import ProvisionError
+from vllm_provision.core import quoting
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.inventory.source import UnsafeText
 
 _MARKERS = ("{{", "{%")
@@ -81,7 +81,7 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
     """Return the engine's Jinja2 environment: an ImmutableSandboxedEnvironment with
     StrictUndefined, trailing newline kept, and the filters ``bool``, ``quote``, ``combine``
     (Ansible's, a new mapping), ``systemd_exec_quote``, ``env_file_line`` and
-    ``nftables_ruleset`` (:func:`vllm_provision.firewall.ruleset`).
+    ``nftables_ruleset`` (:func:`vllm_provision.settings.firewall.ruleset`).
 
     Args:
         search_path: folders for ``{% include %}`` / ``{% import %}`` (role templates first).
@@ -102,7 +102,7 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
 
 
 def _nftables_ruleset(replica: Any, allow_from: Any = ()) -> str:
-    from vllm_provision import firewall
+    from vllm_provision.settings import firewall
 
     return firewall.ruleset(replica, allow_from or ())
 

@@ -13,9 +13,9 @@ import threading
 from typing import Any
 
 from vllm_provision import settings
-from vllm_provision.models import Host, Inventory, Node
+from vllm_provision.core.models import Host, Inventory, Node
+from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import ModuleResult
-from vllm_provision.results import Status, TaskResult
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.templating import Templar, environment_for
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from vllm_provision.errors import Problem
+from vllm_provision.core.errors import Problem
 from vllm_provision_lab.errors import LabError
 
 SPEC_FILE = "spec.yml"

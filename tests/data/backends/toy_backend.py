@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_provision.backends import Backend, unit_var
-from vllm_provision.models import Node, Replica
+from vllm_provision.core.models import Node, Replica
 
 # The stub's port (roles toy_stub/defaults/main.yml says the same).
 PORT = 18080

@@ -102,7 +102,7 @@ def versions(spec: dict[str, Any]) -> dict[str, str]:
 def startup_phases(spec: dict[str, Any], model: str, max_model_len: int, *,
                    first_rank: bool) -> None:
     """Go through vLLM's start-up phases in ``spec["load_s"]`` seconds, printing at each the
-    line vLLM 0.32.0 prints there (sources: vllm_provision/phases.py): weights (half the
+    line vLLM 0.32.0 prints there (sources: vllm_provision/output/phases.py): weights (half the
     time; rank 0 draws the safetensors bar, one line per shard), profiling and KV-cache sizing
     (a fifth), CUDA graph capture (the rest; rank 0 prints the bar, every rank the summary).
     """

@@ -1,0 +1,231 @@
+"""Typed, validated values the inventory loader produces: hosts, groups, replicas, nodes.
+
+These are plain frozen dataclasses: everything downstream (connections, facts, checks, roles)
+reads them and nothing writes them. ``inventory.load_inventory`` is the only producer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from vllm_provision.backends import Backend
+
+
+@dataclass(frozen=True)
+class Host:
+    """One server, as named in the inventory, with its connection settings resolved.
+
+    Attributes:
+        name: inventory host name (``h1``).
+        address: where to connect: ``ansible_host`` or, if unset, the name.
+        port: SSH port (``ansible_port``, default 22, or from ~/.ssh/config).
+        user: SSH user (``ansible_user``; None = ~/.ssh/config or the local user).
+        key_file: ``ansible_ssh_private_key_file`` (None = agent / ~/.ssh/config / default keys).
+        known_hosts_files: extra known_hosts files (from ``UserKnownHostsFile`` in
+            ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` or
+            ``provision_known_hosts_file``),
+            read in addition to the system and user files.
+        become: run privileged commands through ``sudo`` (``ansible_become``).
+        become_user: the sudo target user (``ansible_become_user``, default ``root``).
+        groups: names of every group the host belongs to, ``all`` first, most general first.
+        vars: the host's merged variables (group vars < group_vars/ < host vars < host_vars/ <
+            extra vars), without role defaults; read-only.
+    """
+
+    name: str
+    address: str
+    port: int = 22
+    user: str | None = None
+    key_file: Path | None = None
+    known_hosts_files: tuple[Path, ...] = ()
+    become: bool = False
+    become_user: str = "root"
+    groups: tuple[str, ...] = ("all",)
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Group:
+    """An inventory group: its direct hosts, child groups and its own vars (not inherited ones)."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    children: tuple[str, ...] = ()
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The ``vllm serve`` arguments every node of a replica shares: the ONE source they render from.
+
+    Sizes are counts; ports are TCP ports; ``max_model_len`` is in tokens;
+    ``gpu_memory_utilization`` is a fraction of each GPU's total memory.
+    ``api_key`` is a secret: it is rendered only into the 0600 environment file, never into a
+    unit or output.
+    """
+
+    model: str
+    served_model_name: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    api_host: str = "0.0.0.0"
+    api_port: int = 8000
+    master_port: int = 29501
+    extra_args: tuple[str, ...] = ()
+    api_key: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        """TP x PP: the number of GPU workers of the replica."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
+class Node:
+    """One host's place in a replica.
+
+    Attributes:
+        host: the inventory host.
+        rank: node rank, 0..nnodes-1; rank 0 is the master (mp) or the Ray head.
+        host_ip: this node's address on the cluster network (``vllm_host_ip``, default the
+            host's ``ansible_host``); becomes ``VLLM_HOST_IP`` and Ray's ``--node-ip-address``.
+    """
+
+    host: Host
+    rank: int
+    host_ip: str
+
+    @property
+    def name(self) -> str:
+        """The inventory host name."""
+        return self.host.name
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One vLLM replica: a child group of ``vllm_replicas`` in the inventory.
+
+    Attributes:
+        name: the group name.
+        backend: the registered backend's name: ``mp`` (vLLM multi-node multiprocessing),
+            ``ray`` or another one (:mod:`vllm_provision.backends`).
+        nodes: ordered by rank; ``nodes[0]`` is rank 0.
+        engine: the shared engine arguments.
+        vars: the replica group's merged vars (for roles), read-only.
+        backend_reason: empty when ``vllm_backend`` is set; else why vLLM's default rule gave
+            ``backend`` (``backends.choice.backend_choice``), shown by ``provision check``.
+    """
+
+    name: str
+    backend: str
+    nodes: tuple[Node, ...]
+    engine: EngineArgs
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    backend_reason: str = ""
+
+    @property
+    def backend_type(self) -> Backend:
+        """The :class:`~vllm_provision.backends.Backend` named by ``backend`` (units, ports,
+        watchdog plan, checks); templates read it as ``replica.backend_type``."""
+        from vllm_provision import backends
+
+        return backends.get(self.backend)
+
+    @property
+    def master(self) -> Node:
+        """Rank 0: the mp master (serves HTTP) or the Ray head (runs vLLM)."""
+        return self.nodes[0]
+
+    @property
+    def followers(self) -> tuple[Node, ...]:
+        """Ranks > 0: headless mp nodes or Ray workers."""
+        return self.nodes[1:]
+
+    @property
+    def nnodes(self) -> int:
+        """Number of nodes."""
+        return len(self.nodes)
+
+    @property
+    def master_addr(self) -> str:
+        """Rank 0's cluster address: ``--master-addr`` (mp) or the Ray head address."""
+        return self.master.host_ip
+
+    @property
+    def api_url(self) -> str:
+        """rank 0's OpenAI API base URL, ``http://host:port``: an all-interfaces bind
+        (``0.0.0.0``, ``::``, empty) is reached on rank 0's cluster IP; IPv6 in brackets."""
+        host = self.engine.api_host
+        if host in ("0.0.0.0", "::", ""):
+            host = self.master.host_ip
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.engine.api_port}"
+
+
+class _GroupLike(Protocol):
+    @property
+    def hosts(self) -> Iterable[str]: ...
+
+    @property
+    def children(self) -> Iterable[str]: ...
+
+
+def hosts_under(groups: Mapping[str, _GroupLike], hosts: Iterable[str], name: str) -> list[str]:
+    """Names of every host of group ``name`` or its descendant groups, in the order of ``hosts``.
+
+    Args:
+        groups: group name -> a group with ``hosts`` and ``children`` (name collections); the
+            loaded :class:`Group` or the loader's tree node.
+        hosts: every host name of the inventory, in inventory order.
+        name: the group; an unknown name gives ``[]``. Cycles are walked once.
+    """
+    members: set[str] = set()
+    stack, seen = [name], set()
+    while stack:
+        current = stack.pop()
+        if current in seen or current not in groups:
+            continue
+        seen.add(current)
+        members.update(groups[current].hosts)
+        stack.extend(groups[current].children)
+    return [host for host in hosts if host in members]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A loaded, validated inventory.
+
+    Attributes:
+        path: the inventory file.
+        hosts: by name, in file order.
+        groups: by name (``all`` and ``ungrouped`` included).
+        replicas: every child group of ``vllm_replicas``, in file order.
+        extra_vars: ``-e`` values (highest precedence), already merged into hosts' vars.
+    """
+
+    path: Path
+    hosts: Mapping[str, Host]
+    groups: Mapping[str, Group]
+    replicas: tuple[Replica, ...] = ()
+    extra_vars: Mapping[str, Any] = field(default_factory=dict)
+
+    def hosts_in_group(self, name: str) -> list[str]:
+        """Names of every host in group ``name`` or its descendant groups, in inventory order
+        (``all``: every host; an unknown name: none)."""
+        if name == "all":
+            return list(self.hosts)
+        return hosts_under(self.groups, self.hosts, name)
+
+    def replica_of(self, host_name: str) -> Replica | None:
+        """Return the replica ``host_name`` belongs to, or None."""
+        for replica in self.replicas:
+            if any(node.name == host_name for node in replica.nodes):
+                return replica
+        return None

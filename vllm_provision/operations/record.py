@@ -1,0 +1,87 @@
+"""The state record written after a verified ``provision up`` (docs/deploy.md, "What a good
+``up`` leaves on each host")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Inventory
+from vllm_provision.facts.model import HostFacts
+from vllm_provision.runner.managed import install_plays, managed_files
+from vllm_provision.settings.masking import Masker
+from vllm_provision.state import (
+    build_record,
+    hash_files_script,
+    invocation_script,
+    parse_hashes,
+    parse_invocations,
+    read_controller_record,
+    save_record,
+    serving_record,
+    started_from,
+    unit_names,
+)
+from vllm_provision.transport.connection import close_all, open_connections
+
+
+def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
+                    plays: Sequence[Any], connection_options: Any,
+                    factory: Callable[[Any], Any] | None = None, *,
+                    measured: Mapping[str, float | None] | None = None,
+                    started_at: datetime | None = None) -> Path:
+    """After a verified ``provision up``: hash the installed files on every node (one round trip
+    each), then write the record on every node and on the controller; return the controller path.
+
+    Args:
+        inventory: the inventory ``up`` ran with.
+        facts: the facts preflight gathered (``Runner.facts``).
+        plays: the playbook's plays (the install plays among them name the files).
+        connection_options: ``connection.ConnectionOptions``.
+        factory: builds each host's connection (the run's own, lent by the run lock).
+        measured: replica name -> the start to serving this ``up`` measured (seconds, None when
+            it did not start the replica); see :func:`serving_record`.
+        started_at: when this ``up`` began (default: now).
+
+    Raises:
+        ProvisionError: a node could not be reached or written, or the controller's copy failed.
+    """
+    chosen = install_plays(plays)
+    files = managed_files(inventory, chosen)
+    hosts = [node.host for replica in inventory.replicas for node in replica.nodes]
+    connections, errors = open_connections(hosts, connection_options, factory)
+    problems: list[Any] = [p for exc in errors.values() for p in exc.problems]
+    try:
+        try:
+            previous = read_controller_record(inventory.path) or {}
+        except ProvisionError:
+            previous = {}
+        before: dict[str, Any] = previous.get("hosts") or {}
+        hashes: dict[str, dict[str, str]] = {}
+        started: dict[str, dict[str, Any]] = {}
+        for name, conn in connections.items():
+            paths = sorted(set((files.get(name) or {}).values()))
+            result = conn.run(hash_files_script(paths) + "; "
+                              + invocation_script(unit_names(paths)))
+            hashes[name] = parse_hashes(result.stdout)
+            entry: dict[str, Any] = before.get(name) or {}
+            started[name] = started_from(hashes[name], parse_invocations(result.stdout),
+                                         entry.get("started_from"))
+        # The record holds no secret by construction; mask anyway, in every encoding, in case
+        # a secret reached a recorded value (a fact, an argument).
+        begun = started_at or datetime.now(UTC)
+        serving = {r.name: serving_record(previous or None, r.name, (measured or {}).get(r.name),
+                                          begun)
+                   for r in inventory.replicas}
+        record = Masker.from_inventory(inventory).data(
+            build_record(inventory, facts, hashes, serving=serving, started=started))
+        path, write_errors = save_record(inventory, record, connections)
+        problems += [p for exc in write_errors.values() for p in exc.problems]
+    finally:
+        close_all(connections)
+    if problems:
+        raise ProvisionError(problems)
+    return path

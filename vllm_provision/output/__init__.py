@@ -1,0 +1,1 @@
+"""What the operator sees: the report, progress, vLLM's start phases and journal reading."""

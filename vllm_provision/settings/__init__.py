@@ -1,0 +1,89 @@
+"""One settings resolver: the value of every variable for a host, a node or a replica, in one
+precedence chain (Ansible's order, docs/runner-contract.md "Variable precedence"):
+
+1. the variables table's defaults (``vllm_provision.settings.variables``, lowest);
+2. role defaults (``roles/*/defaults/main.yml``: every role's, so a playbook task, a check and
+   the verify suite see the same watchdog port without repeating it);
+3. inventory variables: group vars, then host vars, then ``-e`` (the inventory loader merges
+   these into ``Host.vars``, ``vllm_provision.inventory.loader``);
+4. play ``vars`` (the runner only);
+5. values ``register``-ed by earlier tasks of the run (the runner only);
+6. ``-e`` extra variables again (highest, as in Ansible: they beat play vars and registers).
+
+The runner's templates (``runner.variables.VariableResolver.templar_for``), the preflight checks
+(``checks.run.settings_for``), the plan (``cli.up.run_plan``), the facts probe's ports and the
+verify suite all read it; none keeps a default of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_provision.core.models import Inventory, Replica
+
+
+@lru_cache(maxsize=1)
+def _base() -> dict[str, Any]:
+    from vllm_provision.settings import variables
+
+    merged = dict(variables.defaults())
+    merged.update(variables.role_defaults())
+    return merged
+
+
+def base() -> dict[str, Any]:
+    """Levels 1 and 2: the table's defaults under every role's defaults (a fresh copy).
+
+    Raises:
+        ProvisionError: the roles are missing from the installation or a defaults file is
+            unreadable (``variables.role_defaults``).
+    """
+    return {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+            for k, v in _base().items()}
+
+
+def layered(inventory_vars: Mapping[str, Any], *,
+            role_defaults: Mapping[str, Any] | None = None,
+            play_vars: Mapping[str, Any] | None = None,
+            registered: Mapping[str, Any] | None = None,
+            extra_vars: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The whole chain for one host (pure but for :func:`base`).
+
+    Args:
+        inventory_vars: level 3, a host's merged inventory variables (``Host.vars``) or a
+            replica's (``Replica.vars``).
+        role_defaults: the play's own role defaults, over every role's (level 2).
+        play_vars: level 4. registered: level 5. extra_vars: level 6.
+    """
+    merged = base()
+    for level in (role_defaults, inventory_vars, play_vars, registered, extra_vars):
+        if level:
+            merged.update(level)
+    return merged
+
+
+def host_settings(inventory: Inventory, host_name: str) -> dict[str, Any]:
+    """Every variable of ``host_name`` outside a play (levels 1-3 and 6).
+
+    Raises:
+        KeyError: no host of that name in the inventory.
+    """
+    return layered(inventory.hosts[host_name].vars, extra_vars=inventory.extra_vars)
+
+
+def replica_settings(replica: Replica, extra_vars: Mapping[str, Any] | None = None,
+                     ) -> dict[str, Any]:
+    """The replica-scope settings: the variables every node of ``replica`` agrees on
+    (``Replica.vars``, checked at inventory load) over the defaults, then ``extra_vars``."""
+    return layered(replica.vars, extra_vars=extra_vars)
+
+
+def master_settings(replica: Replica, extra_vars: Mapping[str, Any] | None = None,
+                    ) -> dict[str, Any]:
+    """The settings of ``replica``'s rank 0 host: its replica's values, under its own host
+    variables (a per-host unit name, say)."""
+    return layered({**dict(replica.vars), **dict(replica.master.host.vars)},
+                   extra_vars=extra_vars)

@@ -1,0 +1,193 @@
+"""The replica's own nftables table (``vllm_firewall: nftables``) and who can reach which port.
+
+A node's inter-node ports (the backend's :meth:`~vllm_provision.backends.Backend.peer_ports`:
+mp's master port; Ray's GCS, every pinned Ray port and the worker range; plus the peer
+watchdog's port) carry no authentication: vLLM's TCP store, Ray (Ray docs, "Security": Ray
+expects a trusted network; CVE-2023-48022 is unauthenticated job submission) and our watchdog.
+:func:`ruleset` renders one table of ours, ``inet vllm_provision``, that accepts those ports
+only from the replica's own node addresses and the API port only from those and
+``vllm_api_allow_from``,
+and drops the rest of what is sent to them. Nothing else is filtered: the chain's policy is
+accept, so SSH, NCCL's data connections and every other port stay as they were.
+
+nftables semantics this relies on (nft(8), "CHAINS" and "VERDICT STATEMENT"): every base chain
+of every table on a hook sees the packet; ``accept`` ends only our chain, ``drop`` is final. So
+our table can close a port that another table leaves open, but never opens one that another
+table drops; and the other tables are never read, flushed or changed.
+
+The file loads atomically (``nft -f`` applies a file as one transaction): ``table`` + ``delete
+table`` + the table's definition replaces ours in one step, whether it existed or not. Every
+value is data: addresses and networks arrive as :mod:`ipaddress` objects (checked at inventory
+load), ports as integers; the text around them is ours.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_provision.core.models import Replica
+
+# The table of ours on every node (a host is in one replica, so one name per host: a renamed
+# replica replaces it instead of leaving an old one behind). nft(8): "inet" is IPv4 and IPv6.
+FAMILY = "inet"
+TABLE = "vllm_provision"
+# Our input chain runs at the filter priority (nft(8), "Standard priority names": filter = 0).
+CHAIN = "input"
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class PortRange:
+    """One port or range a node listens on.
+
+    Attributes:
+        what: what listens there, for the rule's comment and for messages ("master port").
+        low, high: the first and last TCP port (equal for one port), 1-65535.
+    """
+
+    what: str
+    low: int
+    high: int
+
+    def text(self) -> str:
+        """``"29501"`` or ``"10002-10999"`` (nft's range syntax)."""
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+def watchdog_port(replica: Replica) -> int:
+    """The replica's watchdog port: rank 0's host vars, else the replica's vars, else the role
+    default (roles/vllm_watchdog/defaults/main.yml)."""
+    from vllm_provision.settings import variables
+
+    default = replica.vars.get("vllm_watchdog_port",
+                               variables.role_defaults().get("vllm_watchdog_port", 29510))
+    return int(replica.master.host.vars.get("vllm_watchdog_port", default))
+
+
+def peer_only_ports(replica: Replica) -> list[PortRange]:
+    """Every port the replica's nodes use among themselves: the backend's
+    :meth:`~vllm_provision.backends.Backend.peer_ports` and the peer watchdog's port."""
+    ports = [PortRange(what, low, high)
+             for what, low, high in replica.backend_type.peer_ports(replica)]
+    ports.append(PortRange("watchdog port", watchdog_port(replica), watchdog_port(replica)))
+    return ports
+
+
+def networks(items: Iterable[Any]) -> list[Network]:
+    """``vllm_api_allow_from`` items (checked at load) as networks; an address is a /32 or /128.
+
+    Raises:
+        ValueError: an item is neither (the inventory check refuses those first).
+    """
+    return [ipaddress.ip_network(str(item), strict=True) for item in items]
+
+
+def _elements(values: Sequence[Any]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
+    """The nft file that installs our table on a node of ``replica``.
+
+    Args:
+        replica: the node's replica; its nodes' ``host_ip`` are the only sources the peer-only
+            ports accept (:func:`peer_only_ports`).
+        allow_from: ``vllm_api_allow_from``: IP addresses or CIDR networks that may reach the
+            API port besides the replica's nodes; empty: any source (no API rule).
+
+    Returns:
+        the text of an ``nft -f`` file: one transaction that replaces ``inet vllm_provision``
+        and touches no other table.
+    """
+    # a zone id (fe80::1%eth0) is no part of a packet's source address
+    peers = sorted({ipaddress.ip_address(n.host_ip.split("%", 1)[0]) for n in replica.nodes},
+                   key=lambda a: (a.version, int(a)))
+    peers4 = [a for a in peers if a.version == 4]
+    peers6 = [a for a in peers if a.version == 6]
+    api = sorted(set(networks(allow_from)), key=lambda n: (n.version, int(n.network_address),
+                                                            n.prefixlen))
+    api4 = [n for n in api if n.version == 4]
+    api6 = [n for n in api if n.version == 6]
+    ports = peer_only_ports(replica)
+    port_set = "{ " + ", ".join(p.text() for p in ports) + " }"
+    lines = [
+        "#!/usr/sbin/nft -f",
+        f"# managed by vllm-provision, replica {replica.name}: do not edit here; change the "
+        "inventory and run `provision up`.",
+        "# Peer-only ports: " + "; ".join(f"{p.text()} ({p.what})" for p in ports) + ".",
+        f"# API port {replica.engine.api_port}: "
+        + ("from the peers and " + _elements(api) if api else "from any source") + ".",
+        "# One transaction (nft -f): create-if-absent, delete, define: replaces our table only.",
+        f"table {FAMILY} {TABLE}",
+        f"delete table {FAMILY} {TABLE}",
+        f"table {FAMILY} {TABLE} {{",
+    ]
+    for name, kind, members, flags in (("peers4", "ipv4_addr", peers4, False),
+                                       ("peers6", "ipv6_addr", peers6, False),
+                                       ("api4", "ipv4_addr", api4, True),
+                                       ("api6", "ipv6_addr", api6, True)):
+        if members:
+            lines += [f"\tset {name} {{", f"\t\ttype {kind}"]
+            if flags:
+                lines.append("\t\tflags interval")
+            lines += [f"\t\telements = {{ {_elements(members)} }}", "\t}"]
+    lines += [
+        f"\tchain {CHAIN} {{",
+        "\t\ttype filter hook input priority filter; policy accept;",
+        '\t\tiifname "lo" accept',
+    ]
+    if peers4:
+        lines.append(f"\t\ttcp dport {port_set} ip saddr @peers4 accept")
+    if peers6:
+        lines.append(f"\t\ttcp dport {port_set} ip6 saddr @peers6 accept")
+    lines.append(f"\t\ttcp dport {port_set} drop")
+    if api:
+        port = replica.engine.api_port
+        # the replica's own nodes too: preflight checks that they reach it (network.peer_reach)
+        if peers4:
+            lines.append(f"\t\ttcp dport {port} ip saddr @peers4 accept")
+        if peers6:
+            lines.append(f"\t\ttcp dport {port} ip6 saddr @peers6 accept")
+        if api4:
+            lines.append(f"\t\ttcp dport {port} ip saddr @api4 accept")
+        if api6:
+            lines.append(f"\t\ttcp dport {port} ip6 saddr @api6 accept")
+        lines.append(f"\t\ttcp dport {port} drop")
+    lines += ["\t}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def exposed_ports(replica: Replica) -> list[PortRange]:
+    """What a node of ``replica`` serves that has no authentication of its own: the peer-only
+    ports (:func:`peer_only_ports`), for the public-address warning of preflight."""
+    return peer_only_ports(replica)
+
+
+def is_public(address: str) -> bool:
+    """True when ``address`` may be reachable from the internet.
+
+    ``ipaddress``'s ``is_global`` (the IANA special-purpose registries, RFC 6890) is the rule,
+    so RFC 1918 (10/8, 172.16/12, 192.168/16), ULA (fc00::/7, RFC 4193), loopback, link-local,
+    CGNAT shared space (100.64/10, RFC 6598: ``is_global`` is False, ``is_private`` too) and
+    documentation ranges are not public. An IPv4-mapped IPv6 address is judged as IPv4.
+    A text that is not an address is not public.
+    """
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        parsed = parsed.ipv4_mapped
+    return bool(parsed.is_global)
+
+
+def public_addresses(addresses: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``{interface: [public address, ...]}`` of ``addresses`` (interface -> its addresses),
+    leaving out interfaces without one (:func:`is_public`)."""
+    found = {name: [a for a in values if is_public(a)] for name, values in addresses.items()}
+    return {name: values for name, values in found.items() if values}

@@ -1,0 +1,448 @@
+"""The kind of every value that leaves the inventory, and the rule each kind enforces.
+
+Every variable of :data:`vllm_provision.settings.variables.VARIABLES` and every role default an
+inventory may override (``roles/*/defaults/main.yml``, :func:`vllm_provision.settings.variables.
+role_defaults`) has one kind in :data:`KINDS`; a unit test keeps the table complete. The loader
+(:func:`vllm_provision.inventory.values.check_setting`) applies :func:`check` to each value at
+load time, before any connection, after the type and control-character checks. The rules and
+where they come from are in ``docs/security.md``.
+
+A kind's checker takes a value already converted to its type and returns what was expected, in
+words, or None when the value is fine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+# Linux dev_valid_name() (net/core/dev.c): 1..15 bytes (IFNAMSIZ 16 with the NUL), not "." or
+# "..", no "/", ":" or whitespace. We also refuse a leading "-" (it would read as an option of
+# ip(8)) and keep to the characters udev and every distribution use.
+INTERFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
+# A path we write to or chown: the POSIX portable file name characters (POSIX.1-2017 3.282:
+# A-Za-z0-9 . _ -) plus "/", "+" and "@". No "%" or "$" (systemd specifiers and variables in a
+# unit file), no quotes or spaces (one word everywhere).
+PATH_RE = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
+# A DNS name (RFC 1123 labels) or an IP address for ssh; "_" is accepted as ssh_config does.
+SSH_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*$")
+# An ssh login name: what useradd accepts plus "@" and "." (directory accounts), never a
+# leading "-" (``ssh -l -oProxyCommand=...``).
+SSH_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$")
+# Version pins compared with pip's versions (PEP 440 public and local versions).
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_!-]*$")
+# A check name of `provision check --skip-check` (host.shm, parity.vllm).
+CHECK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+# Directories that are never ours to chown, chmod or remove, whatever a variable says: the
+# Filesystem Hierarchy Standard 3.0 top-level and /usr, /var hierarchies, plus systemd's unit
+# directories (systemd.unit(5) "UNIT FILE LOAD PATH").
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32",
+    "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+    "/var", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/local",
+    "/usr/local/bin", "/usr/local/etc", "/usr/local/lib", "/usr/local/sbin", "/usr/local/share",
+    "/usr/sbin", "/usr/share", "/usr/src", "/var/cache", "/var/lib", "/var/local", "/var/lock",
+    "/var/log", "/var/mail", "/var/opt", "/var/run", "/var/spool", "/var/tmp", "/etc/systemd",
+    "/etc/systemd/system", "/run/systemd", "/run/systemd/system", "/lib/systemd",
+    "/usr/lib/systemd", "/usr/lib/systemd/system", "/etc/ssh", "/etc/sudoers.d", "/root/.ssh",
+})
+# Where the directories we own live: ``<root>/<name starting with "vllm">[/...]``.
+OWNED_ROOTS = ("/var/lib", "/var/cache", "/var/tmp", "/etc", "/opt", "/srv", "/usr/local/lib",
+               "/run", "/data", "/mnt")
+# systemd.unit(5) "UNIT FILE LOAD PATH": the system unit folders a unit may be installed in.
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system")
+# Environment variables we set from other variables: vllm_env and vllm_node_env must not
+# override them (one source for each value).
+RESERVED_ENV = {
+    "VLLM_HOST_IP": "it is this node's vllm_host_ip",
+    "VLLM_API_KEY": "it comes from vllm_api_key, which keeps it out of output",
+}
+# Set from vllm_cluster_interface when that is set (roles/vllm_common/templates/macros.j2).
+INTERFACE_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def check_interface(value: str) -> str | None:
+    """Return why ``value`` is not a network interface name, or None (Linux dev_valid_name)."""
+    if _interface_ok(value):
+        return None
+    return "an interface name such as eth0 (1-15 of A-Za-z0-9_.-, not starting with '-')"
+
+
+def _interface_ok(value: str) -> bool:
+    return bool(INTERFACE_RE.match(value)) and value not in (".", "..")
+
+
+def check_address(value: str) -> str | None:
+    """Return why ``value`` is not an IP address, or None.
+
+    An IPv6 zone id (``fe80::1%eth0``, RFC 6874) is accepted only when it is an interface name
+    (:data:`INTERFACE_RE`): the text after ``%`` reaches commands and unit files.
+    """
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return "an IP address such as 10.0.0.11"
+    zone = getattr(address, "scope_id", None)
+    if zone is not None and not _interface_ok(zone):
+        return "an IPv6 zone id that is an interface name (fe80::1%eth0)"
+    return None
+
+
+def canonical_ip(value: str) -> str:
+    """Return one spelling per address: an IPv4-mapped IPv6 address (``::ffff:10.0.0.1``)
+    becomes the IPv4 address, IPv6 is compressed; a non-address is returned as is."""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return value
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+def check_ssh_host(value: str) -> str | None:
+    """Return why ``value`` cannot be an ssh address (a DNS name or an IP), or None."""
+    if not SSH_HOST_RE.match(value):
+        return "a host name or IP address (A-Za-z0-9_.:- , not starting with '-')"
+    if "%" in value:
+        return check_address(value)
+    return None
+
+
+def check_ssh_user(value: str) -> str | None:
+    """Return why ``value`` cannot be an ssh or sudo user name, or None."""
+    if not SSH_USER_RE.match(value):
+        return "a user name such as deploy (A-Za-z0-9_.@-, not starting with '-')"
+    return None
+
+
+# useradd(8)'s portable user names.
+USER_NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$")
+
+
+def check_user_name(value: str) -> str | None:
+    """Return why ``value`` is not a portable user name per useradd(8), or None."""
+    return None if USER_NAME_RE.match(value) else "a user name such as vllm ([a-z_][a-z0-9_-]*)"
+
+
+def check_path(value: str) -> str | None:
+    """Return why ``value`` is not an absolute, normalised path of safe characters, or None.
+
+    Normalised: ``posixpath.normpath`` leaves it unchanged, so there is no ``..``, ``.``, ``//``
+    or trailing ``/``.
+    """
+    if not value.startswith("/"):
+        return "an absolute path such as /opt/vllm"
+    if not PATH_RE.match(value):
+        return "a path of A-Za-z0-9._+@-/ only (no spaces, quotes, '%' or '$')"
+    parts = value.split("/")
+    if ".." in parts or posixpath.normpath(value) != value or value.startswith("//"):
+        return f"a normalised absolute path without '..' or '//' (such as " \
+               f"{posixpath.normpath(value).replace('..', '').replace('//', '/')!r})"
+    return None
+
+
+def is_system_dir(value: str) -> bool:
+    """True when ``value`` is one of :data:`SYSTEM_DIRS`."""
+    return value.rstrip("/") in SYSTEM_DIRS or value == "/"
+
+
+def is_owned_dir(value: str, allowed: Iterable[str] = ()) -> bool:
+    """True when ``value`` is a directory we may own: below ``<root>/vllm*`` for a root of
+    :data:`OWNED_ROOTS`, or equal to or below one of ``allowed`` (``provision_owned_dirs``)."""
+    for extra in allowed:
+        if value == extra or value.startswith(extra.rstrip("/") + "/"):
+            return True
+    for root in OWNED_ROOTS:
+        if value.startswith(root + "/"):
+            first = value[len(root) + 1:].split("/", 1)[0]
+            if first.lower().startswith("vllm"):
+                return True
+    return False
+
+
+def check_owned_dir(value: str, allowed: Iterable[str] = ()) -> str | None:
+    """Return why we may not chown/chmod/remove directory ``value``, or None.
+
+    Refused: anything :func:`check_path` refuses, a system directory (:data:`SYSTEM_DIRS`),
+    and anything not below a prefix we own (:func:`is_owned_dir`).
+    """
+    wrong = check_path(value)
+    if wrong is not None:
+        return wrong
+    if is_system_dir(value):
+        return ("a directory of our own, not the system directory " + value
+                + " (e.g. /var/lib/vllm/tmp)")
+    if not is_owned_dir(value, allowed):
+        return ("a directory below a prefix the tool owns (" + ", ".join(
+            f"{r}/vllm*" for r in OWNED_ROOTS[:4]) + ", ...) or listed in provision_owned_dirs")
+    return None
+
+
+def check_owned_file(value: str, allowed: Iterable[str] = ()) -> str | None:
+    """Return why ``value`` is not a file inside a directory we own, or None."""
+    wrong = check_path(value)
+    if wrong is not None:
+        return wrong
+    parent = posixpath.dirname(value)
+    if check_owned_dir(parent, allowed) is not None:
+        return "a file inside a directory the tool owns (such as /etc/vllm-provision/vllm.env)"
+    return None
+
+
+def check_unit_dir(value: str) -> str | None:
+    """Return why ``value`` is not a system unit folder (systemd.unit(5)), or None."""
+    return None if value in UNIT_DIRS else "one of " + ", ".join(UNIT_DIRS)
+
+
+# systemd.unit(5): a unit name is [A-Za-z0-9:_.\\-]+ with a type suffix. We also refuse a
+# leading "-" or "." (systemctl would read "-x.service" as an option) and "..".
+UNIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9:_.\\-]*(@[A-Za-z0-9:_.\\-]*)?\.service$")
+
+
+def check_unit(value: str) -> str | None:
+    """Return why ``value`` is not a safe ``.service`` unit name, or None."""
+    if not UNIT_RE.match(value) or ".." in value or len(value) > 255:
+        return "a unit name such as vllm.service (A-Za-z0-9:_.-, ending in .service)"
+    return None
+
+
+def check_engine_word(value: str) -> str | None:
+    """Return why ``value`` cannot be a positional or option value of ``vllm serve``, or None:
+    a leading ``-`` would make argparse read it as an option."""
+    if value.startswith("-"):
+        return "a value that does not start with '-' (vllm serve would read it as an option)"
+    if not value:
+        return "a non-empty value"
+    return None
+
+
+def check_env_mapping(value: Mapping[str, Any]) -> str | None:
+    """Return why a ``vllm_env`` mapping overrides a variable we set, or None."""
+    for key in value:
+        if key in RESERVED_ENV:
+            return (f"no {key} ({RESERVED_ENV[key]}; set that variable instead)")
+    return None
+
+
+def check_version(value: str) -> str | None:
+    """Return why ``value`` is not a version pin (PEP 440 characters), or None."""
+    return None if VERSION_RE.match(value) else "a version such as 0.12.0 or 2.9.0+cu129"
+
+
+def check_check_names(value: list[str]) -> str | None:
+    """Return why a list of check names holds something else, or None."""
+    for item in value:
+        if not CHECK_NAME_RE.match(item):
+            return f"check names such as host.shm (bad item {item!r})"
+    return None
+
+
+def check_severities(value: Any) -> str | None:
+    """Return why ``preflight_parity`` is not a mapping of item -> error|warning|off, or None."""
+    if not isinstance(value, Mapping):
+        return "a mapping of parity items to error, warning or off"
+    for key, item in value.items():
+        if not isinstance(key, str) or not CHECK_NAME_RE.match(key) or item not in (
+                "error", "warning", "off"):
+            return f"a mapping of parity items to error, warning or off (bad item {key!r})"
+    return None
+
+
+def check_port(value: Any) -> str | None:
+    """Return why ``value`` is not a TCP port 1-65535, or None (a role default's port, whose
+    type the table does not bound)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        return "a TCP port, an integer 1-65535"
+    return None
+
+
+def check_text(value: str) -> str | None:
+    """Plain single-line text (control characters are refused before kinds run)."""
+    return None
+
+
+def _no_check(value: Any) -> str | None:
+    return None
+
+
+def check_whole_seconds(value: Any) -> str | None:
+    """Return why ``value`` is not a whole number of seconds >= 1, or None: Ray reads its
+    compiled-graph timeouts with ``int()`` (ray/dag/context.py), so ``2.5`` would stop Ray."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 or \
+            int(value) != value:
+        return "a whole number of seconds >= 1 (Ray reads it with int())"
+    return None
+
+
+Kind = tuple[str, Callable[[Any], str | None]]
+
+# name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
+# ssh_host, ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret,
+# version, count, seconds, fraction, flag, choice, text, data.
+KINDS: dict[str, Kind] = {
+    # connection
+    "ansible_host": ("ssh_host", check_ssh_host),
+    "ansible_port": ("port", _no_check),
+    "ansible_user": ("ssh_user", check_ssh_user),
+    "ansible_ssh_private_key_file": ("controller_path", _no_check),
+    "ansible_ssh_common_args": ("ssh_args", _no_check),
+    "ansible_ssh_extra_args": ("ssh_args", _no_check),
+    "ansible_become": ("flag", _no_check),
+    "ansible_become_user": ("ssh_user", check_ssh_user),
+    "provision_known_hosts_file": ("controller_path", _no_check),
+    "provision_owned_dirs": ("path_list", _no_check),  # checked by check_setting itself
+    # replica and nodes
+    "vllm_backend": ("choice", _no_check),
+    "vllm_node_rank": ("count", _no_check),
+    "vllm_host_ip": ("address", check_address),
+    "vllm_cluster_interface": ("interface", check_interface),
+    "vllm_device": ("choice", _no_check),
+    # engine arguments
+    "vllm_model": ("engine_arg", check_engine_word),
+    "vllm_served_model_name": ("engine_arg", check_engine_word),
+    "vllm_tensor_parallel_size": ("count", _no_check),
+    "vllm_pipeline_parallel_size": ("count", _no_check),
+    "vllm_max_model_len": ("count", _no_check),
+    "vllm_gpu_memory_utilization": ("fraction", _no_check),  # checked by check_fraction
+    "vllm_api_host": ("address", check_address),
+    "vllm_api_port": ("port", _no_check),
+    "vllm_master_port": ("port", _no_check),
+    "vllm_extra_args": ("engine_args", _no_check),
+    "vllm_api_key": ("secret", _no_check),
+    "vllm_hf_token": ("secret", _no_check),
+    "vllm_env": ("env", check_env_mapping),
+    "vllm_node_env": ("env", check_env_mapping),
+    # service
+    "vllm_venv": ("path", check_path),
+    "vllm_stack_lock": ("controller_path", _no_check),
+    "vllm_service_user": ("name", _no_check),
+    "vllm_service_group": ("name", _no_check),
+    "vllm_unit_name": ("unit", check_unit),
+    "vllm_ready_timeout_s": ("seconds", _no_check),
+    "vllm_gpu_pool": ("choice", _no_check),
+    "vllm_gpu_wait_timeout_s": ("seconds", _no_check),
+    "vllm_state_dir": ("owned_dir", check_owned_dir),
+    "vllm_cache_dir": ("owned_dir", check_owned_dir),
+    "vllm_tmp_dir": ("owned_dir", check_owned_dir),
+    "vllm_config_dir": ("owned_dir", check_owned_dir),
+    "vllm_env_file": ("owned_file", check_owned_file),
+    "ray_env_file": ("owned_file", check_owned_file),
+    "vllm_unit_dir": ("unit_dir", check_unit_dir),
+    "vllm_restart_sec": ("seconds", _no_check),
+    "vllm_start_limit_interval_s": ("seconds", _no_check),
+    "vllm_start_limit_burst": ("count", _no_check),
+    "vllm_timeout_start_sec": ("seconds", _no_check),
+    "vllm_timeout_stop_sec": ("seconds", _no_check),
+    "vllm_limit_nofile": ("count", _no_check),
+    # ray
+    "ray_port": ("port", _no_check),
+    "ray_node_manager_port": ("port", _no_check),
+    "ray_object_manager_port": ("port", _no_check),
+    "ray_client_server_port": ("port", _no_check),
+    "ray_min_worker_port": ("port", _no_check),
+    "ray_max_worker_port": ("port", _no_check),
+    "ray_dashboard_agent_listen_port": ("port", _no_check),
+    "ray_dashboard_agent_grpc_port": ("port", _no_check),
+    "ray_runtime_env_agent_port": ("port", _no_check),
+    "ray_metrics_export_port": ("port", _no_check),
+    "ray_include_dashboard": ("flag", _no_check),
+    "ray_dashboard_port": ("port", _no_check),
+    "ray_num_gpus": ("count", _no_check),
+    "ray_num_cpus": ("count", _no_check),
+    "ray_memory_bytes": ("count", _no_check),
+    "ray_object_store_memory_bytes": ("count", _no_check),
+    "ray_head_unit_name": ("unit", check_unit),
+    "ray_worker_unit_name": ("unit", check_unit),
+    "ray_restart_sec": ("seconds", _no_check),
+    "ray_start_limit_interval_s": ("seconds", _no_check),
+    "ray_start_limit_burst": ("count", _no_check),
+    "ray_timeout_start_sec": ("seconds", _no_check),
+    "ray_timeout_stop_sec": ("seconds", _no_check),
+    "ray_limit_nofile": ("count", _no_check),
+    "ray_gcs_timeout_s": ("seconds", _no_check),
+    "ray_cluster_timeout_s": ("seconds", _no_check),
+    # firewall
+    "vllm_firewall": ("choice", _no_check),
+    "vllm_api_allow_from": ("cidr_list", _no_check),  # checked by its table entry
+    "vllm_firewall_file": ("owned_file", check_owned_file),
+    "vllm_firewall_unit_name": ("unit", check_unit),
+    "vllm_firewall_nft": ("path", check_path),
+    "ray_cgraph_get_timeout_s": ("seconds", check_whole_seconds),
+    "ray_cgraph_submit_timeout_s": ("seconds", check_whole_seconds),
+    "ray_env": ("env", check_env_mapping),
+    # versions
+    "vllm_version": ("version", check_version),
+    "torch_version": ("version", check_version),
+    "nccl_version": ("version", check_version),
+    "ray_version": ("version", check_version),
+    # watchdog
+    "vllm_watchdog_unit_name": ("unit", check_unit),
+    "vllm_watchdog_dir": ("owned_dir", check_owned_dir),
+    "vllm_watchdog_script": ("owned_file", check_owned_file),
+    "vllm_watchdog_config": ("owned_file", check_owned_file),
+    "vllm_watchdog_python": ("path", check_path),
+    "vllm_watchdog_port": ("port", check_port),
+    "vllm_watchdog_poll_s": ("seconds", _no_check),
+    "vllm_watchdog_grace_s": ("seconds", _no_check),
+    "vllm_watchdog_slack_s": ("seconds", _no_check),
+    "vllm_watchdog_restart_wait_s": ("seconds", _no_check),
+    "vllm_watchdog_probe_interval_s": ("seconds", _no_check),
+    "vllm_watchdog_probe_timeout_s": ("seconds", _no_check),
+    "vllm_watchdog_probe_failures": ("count", _no_check),
+    "vllm_watchdog_hold_file": ("owned_file", check_owned_file),
+    "vllm_watchdog_state_file": ("owned_file", check_owned_file),
+    # preflight
+    "preflight_parity": ("data", check_severities),
+    "preflight_min_shm_mib": ("count", _no_check),
+    "preflight_gpu_overhead_mib": ("count", _no_check),
+    "preflight_nccl_loaded": ("flag", _no_check),
+    "preflight_model_sha256": ("flag", _no_check),
+    "preflight_reach_timeout_s": ("seconds", _no_check),
+    "preflight_skip_checks": ("check_names", check_check_names),
+    "preflight_placement_bundles": ("data", _no_check),
+    "preflight_placement_strategy": ("choice", _no_check),
+}
+
+# Kinds whose rule is about the shape of the text: a Jinja template in their place is refused
+# (it could not be checked before it is rendered).
+STRUCTURED = frozenset({"unit", "path", "owned_dir", "owned_file", "unit_dir", "address",
+                        "ssh_host", "ssh_user", "interface", "name", "port", "count", "seconds"})
+# Kinds that take provision_owned_dirs into account.
+OWNED = frozenset({"owned_dir", "owned_file"})
+# preflight_placement_strategy: Ray's placement strategies (ray.util.placement_group).
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def kind_of(name: str) -> str | None:
+    """Return the kind of variable ``name``, or None for a variable we do not read."""
+    entry = KINDS.get(name)
+    return entry[0] if entry else None
+
+
+def check(name: str, value: Any, owned_dirs: Iterable[str] = ()) -> str | None:
+    """Apply the rule of ``name``'s kind to ``value`` (already of the right type).
+
+    Args:
+        name: a variable of :data:`KINDS`; others pass.
+        value: the converted value.
+        owned_dirs: extra directories declared ours (``provision_owned_dirs``).
+
+    Returns:
+        what was expected, in words, or None when the value is fine.
+    """
+    entry = KINDS.get(name)
+    if entry is None:
+        return None
+    kind, checker = entry
+    if kind in OWNED and isinstance(value, str):
+        return (check_owned_dir if kind == "owned_dir" else check_owned_file)(value, owned_dirs)
+    if kind == "name" and isinstance(value, str):
+        return check_user_name(value)
+    if name == "preflight_placement_strategy" and value not in PLACEMENT_STRATEGIES:
+        return "one of " + ", ".join(PLACEMENT_STRATEGIES)
+    return checker(value)

@@ -1,0 +1,473 @@
+"""The table of every inventory variable vllm-provision reads: type, default, scope, secret, doc.
+
+This table is the single source for inventory validation (``vllm_provision.inventory``), the
+defaults of :class:`~vllm_provision.core.models.EngineArgs` and of replica settings, and the
+reference
+table in ``docs/inventory.md`` (:func:`render_markdown_table`; a unit test keeps the doc current).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vllm_provision import backends
+from vllm_provision.settings import kinds
+from vllm_provision.settings.kinds import check_user_name
+
+Scope = Literal["host", "replica"]
+
+# An environment variable name as POSIX shells and systemd's env-file parser accept it.
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# systemd.unit(5): a unit name is [A-Za-z0-9:_.\\-]+ (with an optional @instance) and a type suffix.
+UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.service$")
+# useradd(8): a portable user name.
+# Names whose values we never print (Ansible's no_log heuristics use the same words).
+SECRET_NAME_RE = re.compile(r"(token|password|passwd|_pass$|secret|api_?key|private_?key$|"
+                            r"credential)", re.IGNORECASE)
+MASK = "********"
+
+
+def check_ip_address(value: str) -> str | None:
+    """Return why ``value`` is not an IPv4/IPv6 address, or None when it is one."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "an IP address such as 10.0.0.11"
+    return None
+
+
+def check_cidr_list(value: list[str]) -> str | None:
+    """Return why an item of ``vllm_api_allow_from`` is not an IP address or CIDR network
+    (``ipaddress.ip_network`` with ``strict=True``: no host bits set), or None."""
+    for item in value:
+        try:
+            ipaddress.ip_network(str(item), strict=True)
+        except ValueError:
+            return ("IP addresses or CIDR networks such as 10.0.0.0/8 or fd00::/8, without host "
+                    f"bits (bad item {item!r})")
+    return None
+
+
+def check_ssh_word(value: str) -> str | None:
+    """Return why ``value`` cannot be an ssh host or user name, or None.
+
+    A leading ``-`` would be read by ssh as an option (``-oProxyCommand=...``: CVE-2017-1000117
+    class of injection); whitespace would split the word.
+    """
+    if not value or value.startswith("-") or any(c.isspace() for c in value):
+        return "a name or address without spaces that does not start with '-'"
+    return None
+
+
+def check_env_mapping_names(value: Mapping[str, Any]) -> str | None:
+    """Return why a key of ``vllm_env`` is not a valid environment variable name, or None."""
+    for key in value:
+        if not ENV_NAME_RE.match(str(key)):
+            return f"environment variable names matching {ENV_NAME_RE.pattern} (bad name {key!r})"
+    return None
+
+
+def check_unit_name(value: str) -> str | None:
+    """Return why ``value`` is not a ``.service`` unit name per systemd.unit(5), or None."""
+    return None if UNIT_NAME_RE.match(value) else "a unit name such as vllm.service"
+
+
+def check_absolute_path(value: str) -> str | None:
+    """Return why ``value`` is not an absolute path, or None."""
+    return None if value.startswith("/") else "an absolute path such as /opt/vllm"
+
+
+def check_owned_dirs_list(value: list[str]) -> str | None:
+    """Return why an item of ``provision_owned_dirs`` is not an absolute, normalised path that
+    is not a system directory (:mod:`vllm_provision.settings.kinds`), or None."""
+    for item in value:
+        wrong = kinds.check_path(item)
+        if wrong is None and kinds.is_system_dir(item):
+            wrong = f"a directory that is not a system directory (got {item!r})"
+        if wrong is not None:
+            return wrong
+    return None
+
+
+# The shortest secret accepted: a shorter one is easy to guess, and the masker, which replaces
+# every occurrence of a secret in the output, would also hide ordinary words that equal it.
+MIN_SECRET_LENGTH = 8
+
+
+def check_fraction(value: float) -> str | None:
+    """Return why ``value`` is not a fraction in (0, 1], or None (vLLM's CacheConfig:
+    ``gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)``, vllm/config/cache.py)."""
+    return None if 0 < value <= 1 else "a number greater than 0 and at most 1, such as 0.9"
+
+
+def check_secret(value: str) -> str | None:
+    """Return why ``value`` cannot be a secret (shorter than MIN_SECRET_LENGTH), or None."""
+    if len(value) < MIN_SECRET_LENGTH:
+        return (f"a secret of at least {MIN_SECRET_LENGTH} characters (a shorter one is easy "
+                "to guess; e.g. generate one with: openssl rand -hex 16)")
+    return None
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One inventory variable we read.
+
+    Attributes:
+        name: the variable name as written in the inventory (``vllm_api_port``).
+        type: the Python type of a valid value: ``str``, ``int``, ``float``, ``bool``, ``list``
+            (of scalars, rendered as strings) or ``dict`` (string keys to scalar values).
+        default: the value when unset; ``None`` means "unset" (or required when ``required``).
+        doc: one line for the reference table.
+        example: a value as it would be written in YAML.
+        scope: ``replica``: must be equal on every node of a replica (one source, nodes cannot
+            disagree); ``host``: may differ per host.
+        secret: the value is never printed (masked as ``********``).
+        required: a replica cannot be built without it.
+        choices: allowed values for a ``str`` variable (``vllm_backend``: the registered
+            backends, read when checked).
+        minimum: smallest allowed ``int`` (ports: 1; sizes and counts: 1; ranks: 0).
+        maximum: largest allowed ``int`` (ports: 65535).
+        check: extra rule on a value of the right type; returns what is expected, or None if fine.
+        engine_field: the :class:`~vllm_provision.core.models.EngineArgs` field it fills, if any.
+    """
+
+    name: str
+    type: type
+    default: Any
+    doc: str
+    example: str
+    scope: Scope = "replica"
+    secret: bool = False
+    required: bool = False
+    choices: Sequence[str] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    check: Callable[[Any], str | None] | None = None
+    engine_field: str | None = None
+
+    def expected(self) -> str:
+        """Describe a valid value in words (``"an integer 1-65535"``)."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.type is bool:
+            return "true or false"
+        if self.type is int:
+            if self.minimum is not None and self.maximum is not None:
+                return f"an integer {self.minimum}-{self.maximum}"
+            if self.minimum is not None:
+                return f"an integer >= {self.minimum}"
+            return "an integer"
+        if self.type is float:
+            return "a number"
+        if self.type is list:
+            return "a list of strings"
+        if self.type is dict:
+            return "a mapping of names to strings"
+        return "a string"
+
+
+_TABLE: tuple[Variable, ...] = (
+    # Ansible connection variables (docs.ansible.com, "Connecting to hosts: behavioral inventory
+    # parameters").
+    Variable("ansible_host", str, None, "Address to connect to over SSH (default: the inventory "
+             "name); also the default of `vllm_host_ip`.", "10.0.0.11", scope="host",
+             check=check_ssh_word),
+    Variable("ansible_port", int, 22, "SSH port.", "22", scope="host", minimum=1, maximum=65535),
+    Variable("ansible_user", str, None, "SSH user (default: ~/.ssh/config or the local user).",
+             "deploy", scope="host", check=check_ssh_word),
+    Variable("ansible_ssh_private_key_file", str, None, "SSH private key; `~` expanded, relative "
+             "paths are relative to the inventory file's folder.", "~/.ssh/id_ed25519",
+             scope="host"),
+    Variable("ansible_ssh_common_args", str, None, "Extra ssh options; only "
+             "`-o UserKnownHostsFile=...` is read (added to the known_hosts files).",
+             "-o UserKnownHostsFile=/etc/vp/known_hosts", scope="host"),
+    Variable("ansible_ssh_extra_args", str, None, "Same as `ansible_ssh_common_args`.",
+             "-o UserKnownHostsFile=/etc/vp/known_hosts", scope="host"),
+    Variable("ansible_become", bool, False, "Run privileged commands through sudo.", "true",
+             scope="host"),
+    Variable("ansible_become_user", str, "root", "The sudo target user.", "root", scope="host",
+             check=check_ssh_word),
+    Variable("provision_owned_dirs", list, [], "Directories outside the tool's own prefixes "
+             "(`/var/lib/vllm*`, `/etc/vllm*`, `/opt/vllm*`, ...) that state, cache, temp and "
+             "config directories may be placed in; never a system directory such as `/tmp` "
+             "(docs/security.md).", "[/data/llm]", check=check_owned_dirs_list),
+    Variable("provision_known_hosts_file", str, None, "One more known_hosts file to trust "
+             "(`~` expanded, relative to the inventory file's folder).",
+             "/var/lib/vllm-provision/lab/known_hosts", scope="host"),
+    # The replica and its nodes.
+    Variable("vllm_backend", str, None, "Executor backend: vLLM multi-node multiprocessing "
+             "(`mp`) or a Ray cluster (`ray`). Unset: vLLM's own default rule picks it (`mp`; "
+             "see \"Backend default\").", "mp", choices=backends.Names()),
+    Variable("vllm_node_rank", int, None, "This node's rank in its replica, 0..N-1; 0 is the "
+             "master (mp) or Ray head. May be omitted on a single-host replica.", "0",
+             scope="host", minimum=0),
+    Variable("vllm_host_ip", str, None, "This node's IP on the cluster network (VLLM_HOST_IP, "
+             "Ray --node-ip-address); default `ansible_host`, which must then be an IP.",
+             "10.0.0.11", scope="host", check=check_ip_address),
+    Variable("vllm_cluster_interface", str, None, "Network interface of the cluster network "
+             "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).", "eth0", scope="host"),
+    # Engine arguments (vllm serve).
+    Variable("vllm_model", str, None, "Model path (`vllm serve MODEL`), the same absolute path "
+             "on every node. The env files set `HF_HUB_OFFLINE=1` (never download at start), so "
+             "a Hugging Face id is served only from the cache; to download, set "
+             "`HF_HUB_OFFLINE: '0'` in `vllm_env` (and `vllm_hf_token` for a gated model).",
+             "/srv/models/llama", required=True, engine_field="model"),
+    Variable("vllm_served_model_name", str, None, "Name served by the API "
+             "(`--served-model-name`).", "llama", engine_field="served_model_name"),
+    Variable("vllm_tensor_parallel_size", int, 1, "`--tensor-parallel-size` (GPUs per pipeline "
+             "stage).", "4", engine_field="tensor_parallel_size", minimum=1),
+    Variable("vllm_pipeline_parallel_size", int, 1, "`--pipeline-parallel-size` (pipeline "
+             "stages).", "2", engine_field="pipeline_parallel_size", minimum=1),
+    Variable("vllm_max_model_len", int, None, "`--max-model-len`, in tokens.", "8192",
+             engine_field="max_model_len", minimum=1),
+    Variable("vllm_gpu_memory_utilization", float, 0.9, "`--gpu-memory-utilization`: the "
+             "fraction of each GPU's total memory vLLM may use for weights, activations and the "
+             "KV cache (vLLM's default 0.9); preflight's memory estimate checks the model "
+             "against it (docs/preflight.md, \"Will the model fit\").", "0.9",
+             engine_field="gpu_memory_utilization", check=check_fraction),
+    Variable("vllm_api_host", str, "0.0.0.0", "Address the master's HTTP server binds "
+             "(`--host`).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
+    Variable("vllm_api_port", int, 8000, "HTTP port of the master (`--port`).", "8000",
+             engine_field="api_port", minimum=1, maximum=65535),
+    Variable("vllm_master_port", int, 29501, "mp: TCP store port on rank 0 (`--master-port`).",
+             "29501", engine_field="master_port", minimum=1, maximum=65535),
+    Variable("vllm_extra_args", list, [], "More `vllm serve` arguments, one list item per word. "
+             "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, nor options "
+             "that have a variable here.", "[--max-num-seqs, '64']", engine_field="extra_args"),
+    Variable("vllm_api_key", str, None, "API key clients must send (`VLLM_API_KEY` in the 0600 "
+             "env file, never in the unit or output); at least 8 characters.",
+             "s3cr3t-k3y-0f-32-chars", secret=True, check=check_secret,
+             engine_field="api_key"),
+    Variable("vllm_hf_token", str, None, "Hugging Face token (`HF_TOKEN` in the 0600 env "
+             "files, never in a unit or output), for a model id that must be downloaded: "
+             "set `HF_HUB_OFFLINE: '0'` in `vllm_env` too; at least 8 characters.",
+             "hf_0123456789abcdef", secret=True, check=check_secret),
+    Variable("vllm_env", dict, {}, "More environment for the vLLM unit (env file); values "
+             "whose name contains token/password/secret/key are masked.",
+             "{HF_HUB_OFFLINE: '1'}", check=check_env_mapping_names),
+    Variable("vllm_node_env", dict, {}, "More environment for this node's units only, added "
+             "after `vllm_env` (wins over it): settings that must differ per node, such as the "
+             "CPU build's `VLLM_CPU_OMP_THREADS_BIND`.", "{VLLM_CPU_OMP_THREADS_BIND: '0'}",
+             scope="host", check=check_env_mapping_names),
+    Variable("vllm_device", str, "cuda", "The accelerator the replica runs on: `cuda` (NVIDIA "
+             "GPUs, checked with nvidia-smi) or `cpu` (vLLM's CPU build: preflight counts CPU "
+             "cores as the node's devices and does not ask for GPUs).", "cpu",
+             choices=("cuda", "cpu")),
+    # Service settings.
+    Variable("vllm_venv", str, "/opt/vllm", "Python virtual environment holding vLLM.",
+             "/opt/vllm", check=check_absolute_path),
+    Variable("vllm_stack_lock", str, None, "The replica's Python stack lock (`provision stack "
+             "lock` writes it, `provision stack sync` installs it; relative to the inventory "
+             "file's folder). Set: preflight and drift compare every node with it "
+             "(docs/stack.md).", "stack.lock.txt"),
+    Variable("vllm_service_user", str, "vllm", "System user the units run as.", "vllm",
+             check=check_user_name),
+    Variable("vllm_unit_name", str, "vllm.service", "systemd unit of the vLLM process.",
+             "vllm.service", check=check_unit_name),
+    Variable("vllm_ready_timeout_s", int, 1800, "Seconds to wait for the replica to serve.",
+             "1800", minimum=1),
+    Variable("vllm_gpu_pool", str, "dedicated", "Whether other jobs share the nodes' GPUs. "
+             "`dedicated`: a process outside this replica's units on a used GPU is a preflight "
+             "error. `shared`: it is a warning, and `up` waits (up to `vllm_gpu_wait_timeout_s`) "
+             "until every node's GPUs are free at once before starting any node (mp), re-checking "
+             "before each node (docs/preflight.md, \"Shared GPU pool\"). `provision record` "
+             "reads it too (docs/evidence.md).", "shared",
+             choices=("dedicated", "shared")),
+    Variable("vllm_gpu_wait_timeout_s", int, 600, "Seconds `up` waits for GPUs held by other "
+             "jobs: a shared pool's gang start (mp), or a Ray placement group pending for want "
+             "of free resources (NO_RESOURCES).", "600", minimum=0),
+    # Ray.
+    Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", minimum=1, maximum=65535),
+    # Every other port Ray listens on, pinned so a firewall can name it (`ray start` options,
+    # ray python/ray/scripts/scripts.py; docs/security.md, "Network exposure").
+    Variable("ray_node_manager_port", int, 6380, "Raylet port on every node "
+             "(`--node-manager-port`; Ray's default 0 picks a random one).", "6380",
+             minimum=1, maximum=65535),
+    Variable("ray_object_manager_port", int, 6381, "Object manager port on every node "
+             "(`--object-manager-port`; Ray's default picks a random one).", "6381",
+             minimum=1, maximum=65535),
+    Variable("ray_client_server_port", int, None, "Ray client server port on the head "
+             "(`--ray-client-server-port`, which Ray accepts only with `ray[client]` "
+             "installed). Unset: Ray's own choice, 10001 when `ray[client]` is installed, else "
+             "no client server; the firewall and the port checks count 10001.", "10001",
+             minimum=1, maximum=65535),
+    Variable("ray_min_worker_port", int, 10002, "Lowest port a Ray worker process binds "
+             "(`--min-worker-port`); with `ray_max_worker_port` a range of its own (Ray: "
+             "1024-65535, min < max).", "10002", minimum=1024, maximum=65535),
+    Variable("ray_max_worker_port", int, 10999, "Highest port a Ray worker process binds "
+             "(`--max-worker-port`; Ray's default is 19999).", "10999", minimum=1024,
+             maximum=65535),
+    Variable("ray_dashboard_agent_listen_port", int, 52365, "HTTP port of the dashboard agent "
+             "on every node (`--dashboard-agent-listen-port`).", "52365", minimum=1,
+             maximum=65535),
+    Variable("ray_dashboard_agent_grpc_port", int, 52366, "gRPC port of the dashboard agent "
+             "on every node (`--dashboard-agent-grpc-port`; Ray's default is random).", "52366",
+             minimum=1, maximum=65535),
+    Variable("ray_runtime_env_agent_port", int, 52367, "Port of the runtime-env agent on every "
+             "node (`--runtime-env-agent-port`; Ray's default is random).", "52367", minimum=1,
+             maximum=65535),
+    Variable("ray_metrics_export_port", int, 52368, "Prometheus metrics port on every node "
+             "(`--metrics-export-port`; Ray's default is random).", "52368", minimum=1,
+             maximum=65535),
+    Variable("ray_include_dashboard", bool, False, "Start Ray's dashboard and its job API on "
+             "the head (`--include-dashboard`), bound to the head's `vllm_host_ip`; off: no "
+             "dashboard, no job submission (docs/security.md).", "true"),
+    Variable("ray_dashboard_port", int, 8265, "Dashboard and job API port on the head "
+             "(`--dashboard-port`), when `ray_include_dashboard` is true.", "8265", minimum=1,
+             maximum=65535),
+    Variable("ray_env", dict, {}, "More environment for the Ray units only (the Ray env file "
+             "on every node, after `vllm_env`), such as the GCS's `RAY_health_check_*` settings, "
+             "which also set how long a worker's watchdog waits for an unreachable GCS "
+             "(docs/recovery.md).", "{RAY_health_check_period_ms: '3000'}",
+             check=check_env_mapping_names),
+    Variable("ray_num_gpus", int, None, "GPUs this node declares to Ray (default: GPUs found "
+             "by facts).", "4", scope="host", minimum=0),
+    Variable("ray_num_cpus", int, None, "CPUs this node declares to Ray.", "32", scope="host",
+             minimum=0),
+    Variable("ray_memory_bytes", int, None, "Ray `--memory`, in bytes.", "68719476736",
+             scope="host", minimum=1),
+    Variable("ray_object_store_memory_bytes", int, None, "Ray `--object-store-memory`, in "
+             "bytes.", "17179869184", scope="host", minimum=1),
+    # Firewall (docs/security.md, "Network exposure").
+    Variable("vllm_firewall", str, "off", "`nftables`: install an nftables table of ours "
+             "(`inet vllm_provision`) that accepts the replica's inter-node ports only from its "
+             "own nodes and the API port only from them and `vllm_api_allow_from`; `off`: none.",
+             "nftables", choices=("off", "nftables")),
+    Variable("vllm_api_allow_from", list, [], "With `vllm_firewall: nftables`: addresses or "
+             "CIDR networks that may reach the API port besides the replica's nodes; empty: "
+             "any source.",
+             "[10.0.0.0/8, 'fd00::/8']", check=check_cidr_list),
+    # Version pins, checked by preflight on every node.
+    Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
+    Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",
+             "2.9.0+cu129"),
+    Variable("nccl_version", str, None, "Pinned NCCL version.", "2.27.5"),
+    Variable("ray_version", str, None, "Pinned Ray version.", "2.51.1"),
+)
+
+VARIABLES: Mapping[str, Variable] = {v.name: v for v in _TABLE}
+
+# Prefixes we own: a variable with one of them that is not in the table is a typo.
+OWNED_PREFIXES = ("vllm_", "ray_", "provision_")
+
+
+@functools.cache
+def role_defaults() -> Mapping[str, Any]:
+    """Every variable defined in ``roles/*/defaults/main.yml`` (name -> default value).
+
+    These are the operator's knobs (unit names, RestartSec, timeouts, watchdog settings): an
+    inventory may override them like any Ansible role default, so the loader accepts their names
+    although they are not in :data:`VARIABLES`. The files are the installed package's roles
+    (:func:`vllm_provision.resources.role_defaults_files`).
+
+    Raises:
+        ProvisionError: the roles are missing from the installation, or a defaults file cannot
+            be read or is not a YAML mapping (naming the file): never an empty default.
+    """
+    import yaml
+
+    from vllm_provision import resources
+    from vllm_provision.core.errors import ProvisionError
+
+    merged: dict[str, Any] = {}
+    for path in resources.role_defaults_files():
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ProvisionError.single(str(path), "cannot read the role defaults",
+                                        actual=str(exc), fix=resources.FIX) from None
+        if not isinstance(data, dict):
+            raise ProvisionError.single(str(path), "role defaults are not a YAML mapping",
+                                        actual=type(data).__name__, fix=resources.FIX)
+        merged.update({k: v for k, v in data.items() if isinstance(k, str)})
+    return merged
+
+
+def is_owned(name: str) -> bool:
+    """True when ``name`` uses a prefix we own (``vllm_``, ``ray_``, ``provision_``)."""
+    return name.startswith(OWNED_PREFIXES)
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str | None:
+    """Return the closest of ``candidates`` to ``name`` (difflib, cutoff 0.6), or None."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def is_secret_name(name: str) -> bool:
+    """True when values named ``name`` must never be printed.
+
+    Secret variables of the table, plus any name containing token/password/secret/api key/
+    credential (``HF_TOKEN`` in ``vllm_env``), or ending in ``_pass`` (``ansible_ssh_pass``,
+    ``ansible_become_pass``). ``ansible_ssh_private_key_file`` is a path, not a
+    secret.
+    """
+    known = VARIABLES.get(name)
+    if known is not None:
+        return known.secret
+    return bool(SECRET_NAME_RE.search(name))
+
+
+def mask(name: str, value: Any) -> Any:
+    """Return ``value`` with secrets replaced by ``********``: the value itself if ``name`` is a
+    secret name, and the values of secret-named keys inside a mapping (``vllm_env``)."""
+    if is_secret_name(name):
+        return MASK
+    if isinstance(value, Mapping):
+        return {k: (MASK if is_secret_name(str(k)) else v) for k, v in value.items()}
+    return value
+
+
+def defaults(scope: Scope | None = None) -> dict[str, Any]:
+    """Return ``{name: default}`` for every variable with a default (``None`` defaults left out).
+
+    Args:
+        scope: only variables of this scope; ``None`` for all.
+    """
+    return {
+        v.name: (list(v.default) if isinstance(v.default, list) else
+                 dict(v.default) if isinstance(v.default, dict) else v.default)
+        for v in _TABLE
+        if v.default is not None and (scope is None or v.scope == scope)
+    }
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown_table() -> str:
+    """Return the reference table of every variable as GitHub-flavoured markdown.
+
+    One row per variable: name, type, default, scope, secret, description, example. The text is
+    pasted verbatim into ``docs/inventory.md`` between ``<!-- variables:begin -->`` and
+    ``<!-- variables:end -->``; a unit test compares the two.
+    """
+    type_names = {str: "string", int: "integer", float: "number", bool: "boolean",
+                  list: "list of strings", dict: "mapping"}
+    lines = [
+        "| variable | type | default | scope | description | example |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in _TABLE:
+        if v.required:
+            default = "**required**"
+        elif v.default is None or v.default == [] or v.default == {}:
+            default = "unset" if v.default is None else f"`{v.default!r}`"
+        else:
+            default = f"`{str(v.default).lower() if v.type is bool else v.default}`"
+        kind = type_names[v.type]
+        if v.choices:
+            kind += " (" + " \\| ".join(v.choices) + ")"
+        elif v.type is int and (v.minimum is not None or v.maximum is not None):
+            kind += f" ({v.expected().removeprefix('an integer ')})"
+        doc = v.doc + (" **Secret**: masked in all output." if v.secret else "")
+        lines.append(f"| `{v.name}` | {kind} | {default} | {v.scope} | {_cell(doc)} | "
+                     f"`{_cell(v.example)}` |")
+    return "\n".join(lines) + "\n"
