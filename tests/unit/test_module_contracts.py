@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from test_runner_support import FakeHost, make_inventory
 
-from vllm_provision.cli.up import serving_summary
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import file_module_names, find_module
 from vllm_provision.modules import reference as module_reference
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
+from vllm_provision.operations.deploy import serving_summary
 from vllm_provision.runner import Runner, RunOptions, load_playbook
 from vllm_provision.runner.engine import Notifier
 
@@ -258,7 +258,7 @@ def test_up_finds_the_completion_by_register_not_by_task_name() -> None:
 
 def test_the_packaged_playbooks_register_what_up_reads() -> None:
     from vllm_provision import resources
-    from vllm_provision.cli.up import SERVING_REGISTERS
+    from vllm_provision.operations.deploy import SERVING_REGISTERS
 
     for name in ("up", "restart"):
         plays = load_playbook(resources.playbook(name))

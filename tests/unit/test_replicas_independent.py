@@ -14,11 +14,12 @@ from test_runner import run, statuses, write_playbook
 
 from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import findings_of, run_checks
-from vllm_provision.cli.up import replica_lines, replica_results
+from vllm_provision.cli.up import replica_lines
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import EngineArgs, Group, Host, Inventory, Node, Replica
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import vllm_preflight
+from vllm_provision.operations.deploy import replica_results
 from vllm_provision.runner.playbook import load_playbook
 from vllm_provision.transport.connection import LocalConnection
 

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 from test_checks_preflight_module import make_ctx
 
-from vllm_provision.cli.up import skip_check_vars
 from vllm_provision.core.results import Status
 from vllm_provision.inventory import load_inventory
 from vllm_provision.modules import http as http_module
 from vllm_provision.modules import ray_wait_cluster, vllm_preflight, vllm_wait_ready, wait_for
+from vllm_provision.operations.deploy import skip_check_vars
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "inventories"
 GOOD = DATA / "good" / "mp-two-nodes" / "inventory.yml"

@@ -26,6 +26,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.operations import fleet
 from vllm_provision.operations.approval import YES_HELP
+from vllm_provision.operations.deploy import guard_ownership, record_good_up, replica_results
 from vllm_provision.runner import managed
 
 # A hook always gets at least this long, even with --drain-timeout 0 (no /metrics wait).
@@ -182,8 +183,6 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
     started = time.monotonic()
     echo("apply: " + ", ".join(e.name for e in ready))
     outcome = upgrade.run(upgrade.up_plays, [e.name for e in ready])
-    from vllm_provision.cli.up import replica_results
-
     results = {r["name"]: r for r in replica_results(upgrade.inventory, outcome.results,
                                                      outcome.hosts)}
     for entry in ready:
@@ -206,8 +205,6 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
 def _roll_back(upgrade: _Upgrade, entry: fleet.ReplicaOutcome, replica: Any, reason: str,
                echo: Any) -> None:
     """Put the replica's kept files back and restart it in order; record the outcome."""
-    from vllm_provision.cli.up import replica_results
-
     echo(f"replica {entry.name}: its new version failed ({reason}); rolling back")
     started = time.monotonic()
     error = upgrade.on_nodes(replica, fleet.restore_script())
@@ -273,7 +270,6 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
         ProvisionError: both --serial and --max-unavailable, an invalid inventory or hook, a
             host's lock held, a host another inventory owns, or no approval (nothing changed).
     """
-    from vllm_provision.cli.up import _guard_ownership
     from vllm_provision.operations import approval
     from vllm_provision.output import report
     from vllm_provision.transport import runlock
@@ -313,7 +309,8 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
     with runlock.locked_run(hosts, opts.connection_options(), "upgrade",
                             warn=lambda line: click.echo(f"warning: {line}", err=True)) as factory:
         upgrade = _Upgrade(inventory, opts, factory, reporter, drain_hook, drain_timeout_s)
-        _guard_ownership("up", inventory, up_plays, opts, factory, False)
+        guard_ownership("up", inventory, hosts, up_plays, opts.connection_options(), factory,
+                        take_over=False, check=opts.check, echo=echo)
         if opts.check:
             plan = _plan(upgrade, groups)
             return _print_plan(plan, size, max_fail, opts.json)
@@ -351,12 +348,13 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
 def _record_upgrade(upgrade: _Upgrade, started_at: datetime) -> dict[str, str]:
     """After every replica upgraded and verified, write the state record as a verified ``up``
     does, so ``provision drift`` compares with what the upgrade left (see ``record_good_up``)."""
-    from vllm_provision.cli.up import record_good_up
     from vllm_provision.settings.masking import Masker
 
-    return record_good_up(upgrade.inventory, upgrade.facts, upgrade.opts.connection_options(),
-                          Masker.from_inventory(upgrade.inventory), upgrade.factory,
-                          started_at=started_at)
+    return record_good_up(upgrade.inventory, upgrade.facts, upgrade.up_plays,
+                          upgrade.opts.connection_options(),
+                          Masker.from_inventory(upgrade.inventory), factory=upgrade.factory,
+                          started_at=started_at,
+                          warn=lambda line: click.echo(f"warning: {line}", err=True))
 
 
 def _print_plan(plan: list[dict[str, Any]], size: int, max_fail: int, as_json: bool) -> int:

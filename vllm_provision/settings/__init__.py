@@ -11,8 +11,8 @@ precedence chain (Ansible's order, docs/runner-contract.md "Variable precedence"
 6. ``-e`` extra variables again (highest, as in Ansible: they beat play vars and registers).
 
 The runner's templates (``runner.variables.VariableResolver.templar_for``), the preflight checks
-(``checks.run.settings_for``), the plan (``cli.up.run_plan``), the facts probe's ports and the
-verify suite all read it; none keeps a default of its own.
+(``checks.run.settings_for``), the plan (``operations.deploy.run_plan``), the facts probe's
+ports and the verify suite all read it; none keeps a default of its own.
 """
 
 from __future__ import annotations
