@@ -30,6 +30,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Inventory, Node, Replica
 from vllm_provision.facts.gather import ProbeOptions, host_var
 from vllm_provision.facts.model import HostFacts
+from vllm_provision.settings import watchdog_port
 
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
@@ -225,7 +226,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += network.check_ports(node, f, _ports(replica, node.rank), planned,
                                         leaving=leaving)
         findings += network.check_watchdog_port(
-            node, f, int(node.host.vars.get("vllm_watchdog_port", settings.watchdog_port)),
+            node, f, watchdog_port(replica, node),
             settings.watchdog_unit)
         if device == "cpu":
             findings += host_checks.check_cpu_device(node, f)
