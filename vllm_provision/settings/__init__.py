@@ -52,6 +52,12 @@ def layered(inventory_vars: Mapping[str, Any], *,
             extra_vars: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole chain for one host (pure but for :func:`base`).
 
+    Layering a mapping that is already resolved (a task module's ``ctx.vars``, built by the
+    runner with this function) again gives the same values, and fills in any default a
+    hand-made mapping (a test's) lacks: product code reads ``layered(vars_)[name]`` rather than
+    ``vars_.get(name, default)``, so every default stays in the variables table or a role's
+    defaults (``tests/unit/test_settings_reads.py`` keeps it so).
+
     Args:
         inventory_vars: level 3, a host's merged inventory variables (``Host.vars``) or a
             replica's (``Replica.vars``).
