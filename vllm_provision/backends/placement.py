@@ -118,11 +118,21 @@ print("RAY-PLACEMENT " + json.dumps({"nodes": nodes, "groups": groups, "actors":
 
 def ray_command(replica: Any, vars_: Mapping[str, Any]) -> str:
     """The head-side command running :data:`RAY_SCRIPT` (on stdin) as the service user, as the
-    cluster wait's snapshot does (modules/ray_wait_cluster.py)."""
-    python = f"{vars_.get('vllm_venv', '/opt/vllm')}/bin/python"
-    address = f"{replica.master.host_ip}:{vars_.get('ray_port', 6379)}"
-    return shell_join(["runuser", "-u", str(vars_.get("vllm_service_user", "vllm")), "--",
-                       "env", f"HOME={vars_.get('vllm_state_dir', '/var/lib/vllm')}",
+    cluster wait's snapshot does (modules/ray_wait_cluster.py).
+
+    Args:
+        replica: the Ray replica.
+        vars_: rank 0's resolved settings (``vllm_provision.settings.layered``, defaults
+            applied: this room is below the resolver and cannot apply them itself).
+
+    Raises:
+        KeyError: ``vars_`` lacks ``vllm_venv``, ``ray_port``, ``vllm_service_user`` or
+            ``vllm_state_dir`` (not resolved).
+    """
+    python = f"{vars_['vllm_venv']}/bin/python"
+    address = f"{replica.master.host_ip}:{vars_['ray_port']}"
+    return shell_join(["runuser", "-u", str(vars_["vllm_service_user"]), "--",
+                       "env", f"HOME={vars_['vllm_state_dir']}",
                        "RAY_USAGE_STATS_ENABLED=0", python, "-", address])
 
 
@@ -182,7 +192,7 @@ def bundles_of(table: Mapping[str, Any], gpus_by_ip: Mapping[str, Mapping[int, l
 def ray_placement(replica: Any, connections: Mapping[str, Any],
                   vars_: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The Ray replica's bundles (:func:`bundles_of`), read over the head's connection and
-    nvidia-smi on every node.
+    nvidia-smi on every node; ``vars_``: rank 0's resolved settings (:func:`ray_command`).
 
     Raises:
         ProvisionError: Ray's tables could not be read on the head (the error's tail).

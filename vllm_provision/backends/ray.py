@@ -245,6 +245,7 @@ class RayBackend(Backend):
         import sys
         import time
 
+        from vllm_provision import settings
         from vllm_provision.core.errors import Problem
         from vllm_provision.modules.ray_wait_cluster import (
             pending_placement_problem,
@@ -252,7 +253,7 @@ class RayBackend(Backend):
             read_snapshot,
         )
 
-        bound_s = float(ctx.vars.get("vllm_gpu_wait_timeout_s", 600))
+        bound_s = float(settings.layered(ctx.vars)["vllm_gpu_wait_timeout_s"])
         pending_since: list[float] = []
 
         def ray_check() -> Problem | None:
@@ -286,19 +287,23 @@ class RayBackend(Backend):
         """vLLM's and the inventory's placement groups fit the nodes' Ray resources, and
         Ray's logical GPUs are whole physical GPUs (checks/placement.py)."""
         from vllm_provision.checks import placement
+        from vllm_provision.settings import node_settings
 
+        # ray_num_gpus is a host variable: each node's own, or None
+        declared_by = {node.name: node_settings(replica, node).get("ray_num_gpus")
+                       for node in replica.nodes}
         resources = {}
         for node in replica.nodes:
             if node.name not in facts:
                 continue
-            declared = node.host.vars.get("ray_num_gpus")
+            declared = declared_by[node.name]
             resources[node.name] = placement.node_resources(
                 int(declared) if declared is not None else len(facts[node.name].gpus),
                 node.host_ip, facts[node.name].cpu_count)
         logical = placement.check_logical_gpus(
             replica, {name: len(f.gpus) for name, f in facts.items()},
-            {node.name: (int(node.host.vars["ray_num_gpus"]) if node.host.vars.get(
-                "ray_num_gpus") is not None else None) for node in replica.nodes},
+            {name: (int(value) if value is not None else None)
+             for name, value in declared_by.items()},
             settings.placement_bundles)
         if len(resources) != replica.nnodes:
             return logical
@@ -353,6 +358,8 @@ class RayBackend(Backend):
             ProvisionError: Ray's tables could not be read. UnreachableError: a connection
                 failed.
         """
+        from vllm_provision import settings
         from vllm_provision.backends.placement import ray_placement
 
-        return {"kind": "bundles", "bundles": ray_placement(replica, connections, vars_)}
+        return {"kind": "bundles",
+                "bundles": ray_placement(replica, connections, settings.layered(vars_))}

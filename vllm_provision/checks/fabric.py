@@ -22,7 +22,11 @@ def cluster_interface(node: Node, facts: HostFacts, interface: str | None) -> In
     """The interface the node's cluster traffic leaves by: ``vllm_cluster_interface`` (the
     node's own value wins over the replica's ``interface``), else the one holding its
     VLLM_HOST_IP; None when neither is found."""
-    name = node.host.vars.get("vllm_cluster_interface", interface)
+    from vllm_provision import settings
+
+    # the node's own value, else the replica's: settings.node_settings with ``interface`` given
+    name = settings.layered({"vllm_cluster_interface": interface, **dict(node.host.vars)}).get(
+        "vllm_cluster_interface")
     if name:
         return facts.interfaces.get(str(name))
     return interface_of(facts, node.host_ip)

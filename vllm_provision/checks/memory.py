@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from vllm_provision import settings
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts, ModelWeights
@@ -272,7 +273,8 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
     loaded = sum(layer_bytes) + embed + other + (head if not tied else 0)
     max_len = engine.max_model_len or (int(config["max_position_embeddings"])
                                        if config.get("max_position_embeddings") else None)
-    partition_text = str((replica.vars.get("vllm_env") or {}).get("VLLM_PP_LAYER_PARTITION", ""))
+    env = settings.replica_settings(replica)["vllm_env"]
+    partition_text = str(env.get("VLLM_PP_LAYER_PARTITION", ""))
     try:
         partition = [int(x) for x in partition_text.split(",")] if partition_text else None
         pp_indices(num_layers, 0, engine.pipeline_parallel_size, partition)

@@ -267,9 +267,10 @@ def check_exposure(node: Node, facts: HostFacts, replica: Replica,
         one ``network.exposure`` warning naming the public addresses and every exposed port, or
         nothing (firewall on, interface unknown, no public address).
     """
+    from vllm_provision import settings
     from vllm_provision.settings import firewall
 
-    if replica.vars.get("vllm_firewall", "off") == "nftables":
+    if settings.replica_settings(replica)["vllm_firewall"] == "nftables":
         return []
     interface = (facts.interfaces.get(interface_name) if interface_name
                  else interface_of(facts, node.host_ip))

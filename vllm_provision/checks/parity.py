@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from vllm_provision import settings
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts
@@ -162,7 +163,7 @@ def check_parity(replica: Replica, facts: Mapping[str, HostFacts],
     if len(nodes) < 2:
         return []
     master = facts[nodes[0].name]
-    venv = str(replica.vars.get("vllm_venv", "/opt/vllm"))
+    venv = str(settings.replica_settings(replica)["vllm_venv"])
     findings: list[Finding] = []
     for item in ITEMS:
         severity = _severity(policy, item.key)
@@ -219,7 +220,7 @@ def check_pins(replica: Replica, facts: Mapping[str, HostFacts],
         facts: facts by host name.
         pins: pin variable -> wanted version (None or absent: not pinned).
     """
-    venv = str(replica.vars.get("vllm_venv", "/opt/vllm"))
+    venv = str(settings.replica_settings(replica)["vllm_venv"])
     findings = []
     for variable, (label, package, read) in PINS.items():
         want = pins.get(variable)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_provision import settings
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 
@@ -293,8 +294,8 @@ def check_logical_gpus(replica: Replica, physical: Mapping[str, int],
     why = ("Ray's GPUs are logical: they set CUDA_VISIBLE_DEVICES but do not isolate or "
            "reserve memory, so workers sharing a GPU share its memory and each sizes its KV "
            "cache as if the GPU were its own")
-    env = {**dict(replica.vars.get("vllm_env") or {}),
-           **dict(replica.master.host.vars.get("vllm_node_env") or {})}
+    env = {**dict(settings.replica_settings(replica)["vllm_env"]),
+           **dict(settings.master_settings(replica)["vllm_node_env"])}
     text = env.get("VLLM_RAY_PER_WORKER_GPUS")
     if text is not None:
         try:

@@ -30,6 +30,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Inventory, Node, Replica
 from vllm_provision.facts.gather import ProbeOptions, host_var
 from vllm_provision.facts.model import HostFacts
+from vllm_provision.settings import node_settings, replica_settings, watchdog_port
 
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
@@ -109,18 +110,21 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
     inventory_vars = ({**dict(replica.vars), **dict(replica.master.host.vars)}
                       if replica is not None else {})
     values = settings.layered(inventory_vars, role_defaults=own)
+    # A partial mapping adds to the default pins (docs/preflight.md, "Checks"): the one variable
+    # whose inventory value is merged into its default rather than replacing it.
     override = inventory_vars.get("preflight_parity")
-    if isinstance(override, Mapping):  # a partial mapping adds to the default pins
-        values["preflight_parity"] = {**dict(own.get("preflight_parity") or {}), **override}
+    if isinstance(override, Mapping):
+        pins = settings.layered({}, role_defaults=own)["preflight_parity"]
+        values["preflight_parity"] = {**dict(pins), **override}
     return PreflightSettings(
-        parity={str(k): str(v) for k, v in dict(values.get("preflight_parity") or {}).items()},
-        min_shm_mib=int(values.get("preflight_min_shm_mib", 1024)),
-        nccl_loaded=bool(values.get("preflight_nccl_loaded", False)),
-        model_sha256=bool(values.get("preflight_model_sha256", False)),
-        reach_timeout_s=float(values.get("preflight_reach_timeout_s", 8)),
-        skip_checks=tuple(str(s) for s in values.get("preflight_skip_checks") or ()),
-        placement_bundles=values.get("preflight_placement_bundles"),
-        placement_strategy=str(values.get("preflight_placement_strategy") or "PACK"),
+        parity={str(k): str(v) for k, v in dict(values["preflight_parity"]).items()},
+        min_shm_mib=int(values["preflight_min_shm_mib"]),
+        nccl_loaded=bool(values["preflight_nccl_loaded"]),
+        model_sha256=bool(values["preflight_model_sha256"]),
+        reach_timeout_s=float(values["preflight_reach_timeout_s"]),
+        skip_checks=tuple(str(s) for s in values["preflight_skip_checks"]),
+        placement_bundles=values["preflight_placement_bundles"],
+        placement_strategy=str(values["preflight_placement_strategy"]),
         watchdog_unit=str(values["vllm_watchdog_unit_name"]),
         # Not the master's host vars: a node without its own value binds the group's.
         watchdog_port=int((settings.replica_settings(replica) if replica is not None
@@ -132,9 +136,10 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
 def shared_pool_wait(replica: Replica) -> float | None:
     """``vllm_gpu_wait_timeout_s`` when the replica's ``vllm_gpu_pool`` is ``shared``, else None
     (docs/preflight.md, "Shared GPU pool")."""
-    if str(replica.vars.get("vllm_gpu_pool") or "dedicated") != "shared":
+    values = settings.replica_settings(replica)
+    if values["vllm_gpu_pool"] != "shared":
         return None
-    return float(replica.vars.get("vllm_gpu_wait_timeout_s", 600))
+    return float(values["vllm_gpu_wait_timeout_s"])
 
 
 def is_skipped(check: str, skip: Iterable[str]) -> bool:
@@ -190,15 +195,16 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         facts: facts by host name (nodes without facts get no node-level findings).
         settings: merged preflight settings.
     """
-    device = str(replica.vars.get("vllm_device") or "cuda")
+    values = replica_settings(replica)
+    device = str(values["vllm_device"])
     gpu_counts = device_counts(facts, device)
     findings = topology.check_topology(replica, gpu_counts)
     findings += replica.backend_type.check_replica(replica, facts, settings)
     findings += parity.check_parity(replica, facts, settings.parity)
-    pins = {name: replica.vars.get(name) for name in parity.PINS}
+    pins = {name: values.get(name) for name in parity.PINS}
     findings += parity.check_pins(replica, facts, pins)
     findings += parity.check_driver_minimum(replica, facts)
-    interface = replica.vars.get("vllm_cluster_interface")
+    interface = values.get("vllm_cluster_interface")
     findings += network.check_host_ip_unique(replica)
     findings += network.check_routes(replica, facts, interface)
     meeting = replica.backend_type.rendezvous(replica)
@@ -217,7 +223,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         f = facts.get(node.name)
         if f is None:
             continue
-        node_interface = node.host.vars.get("vllm_cluster_interface", interface)
+        node_interface = node_settings(replica, node).get("vllm_cluster_interface")
         findings += network.check_interface(node, f, node_interface)
         findings += network.check_exposure(node, f, replica, node_interface)
         findings += network.check_hostname(node, f)
@@ -225,7 +231,7 @@ def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
         findings += network.check_ports(node, f, _ports(replica, node.rank), planned,
                                         leaving=leaving)
         findings += network.check_watchdog_port(
-            node, f, int(node.host.vars.get("vllm_watchdog_port", settings.watchdog_port)),
+            node, f, watchdog_port(replica, node),
             settings.watchdog_unit)
         if device == "cpu":
             findings += host_checks.check_cpu_device(node, f)
@@ -256,7 +262,7 @@ def memory_estimates(replicas: Iterable[Replica], facts: Mapping[str, HostFacts]
     ``provision facts --json``."""
     out: dict[str, Any] = {}
     for replica in replicas:
-        if str(replica.vars.get("vllm_device") or "cuda") == "cpu":
+        if replica_settings(replica)["vllm_device"] == "cpu":
             continue
         settings = settings_for(replica, defaults)
         try:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 
 # Agreement of the client's numbers with /metrics (docs/evidence.md, "Tolerance"): the client
@@ -55,7 +56,7 @@ def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
             "served_model": served_model(replica), "dtype": dtype_of(engine.extra_args),
             "tensor_parallel_size": engine.tensor_parallel_size,
             "pipeline_parallel_size": engine.pipeline_parallel_size,
-            "vllm_version": version, "gpu_pool": str(vars_.get("vllm_gpu_pool", "dedicated")),
+            "vllm_version": version, "gpu_pool": str(settings.layered(vars_)["vllm_gpu_pool"]),
             "hosts": [{"host": n.name, "address": n.host_ip, "rank": n.rank}
                       for n in replica.nodes],
             "inputs": inputs, "placement": placement,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllm_provision import backends
+from vllm_provision import backends, settings
 from vllm_provision.core.errors import ProvisionError
 
 MISSING = "not measured"
@@ -31,7 +31,7 @@ def facts_of(inventory: Any, evidence: Mapping[str, Any], replica: Any) -> dict[
         raise ProvisionError.single(str(inventory.path), "no bench result is stored",
                                     fix=f"run `provision bench -i {inventory.path}` first")
     ray = replica.backend_type.ray_cluster
-    pool = str(replica.master.host.vars.get("vllm_gpu_pool", "dedicated"))
+    pool = str(settings.master_settings(replica)["vllm_gpu_pool"])
     return {"inventory": str(inventory.path), "replica": replica.name,
             "backend": replica.backend, "pool": pool,
             "reserves": ("Ray's placement group (one one-GPU bundle per worker, created "

@@ -113,14 +113,14 @@ def peer_ports(replica: Replica) -> dict[str, list[tuple[int, str]]]:
     """Ports each node serves to its peers beyond the rendezvous port, by node name (pure).
 
     Rank 0 serves the API port; every node serves its peer watchdog on
-    ``vllm_watchdog_port`` (the node's own value, else the replica's, else the role default;
-    docs/recovery.md). The rendezvous port (:func:`reach_port`) is tested apart.
+    ``vllm_watchdog_port`` (:func:`vllm_provision.settings.watchdog_port`: the node's own value,
+    else the replica's, else the role default; docs/recovery.md). The rendezvous port
+    (:func:`reach_port`) is tested apart.
     """
-    group = settings.replica_settings(replica)["vllm_watchdog_port"]
     ports: dict[str, list[tuple[int, str]]] = {}
     for node in replica.nodes:
         own = [(replica.engine.api_port, "API port")] if node.rank == 0 else []
-        own.append((int(node.host.vars.get("vllm_watchdog_port", group)), "watchdog port"))
+        own.append((settings.watchdog_port(replica, node), "watchdog port"))
         ports[node.name] = own
     return ports
 

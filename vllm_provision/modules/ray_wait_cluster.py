@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_provision import backends
+from vllm_provision import backends, settings
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
 from vllm_provision.core.quoting import shell_join
@@ -272,10 +272,11 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
     The script itself goes on stdin (``python -``): a multi-line argument would not survive the
     quoting rules that refuse control characters in shell words.
     """
-    python = f"{vars_.get('vllm_venv', '/opt/vllm')}/bin/python"
-    address = f"{replica.master.host_ip}:{vars_.get('ray_port', 6379)}"
-    user = str(vars_.get("vllm_service_user", "vllm"))
-    home = str(vars_.get("vllm_state_dir", "/var/lib/vllm"))
+    values = settings.layered(vars_)
+    python = f"{values['vllm_venv']}/bin/python"
+    address = f"{replica.master.host_ip}:{values['ray_port']}"
+    user = str(values["vllm_service_user"])
+    home = str(values["vllm_state_dir"])
     return shell_join(["runuser", "-u", user, "--", "env", f"HOME={home}",
                        "RAY_USAGE_STATS_ENABLED=0", python, "-", address])
 
@@ -309,8 +310,10 @@ def expected_gpus(ctx: ModuleContext, replica: Replica,
     GPUs preflight found on that node, else the world size divided evenly over the nodes."""
     expected = {}
     for node in replica.nodes:
-        value: Any = gpus_per_node if gpus_per_node is not None else node.host.vars.get(
-            "ray_num_gpus", ctx.vars.get("ray_num_gpus"))
+        # the node's own ray_num_gpus, else the task host's (the head's)
+        value: Any = gpus_per_node if gpus_per_node is not None else settings.layered(
+            {"ray_num_gpus": ctx.vars.get("ray_num_gpus"), **dict(node.host.vars)},
+        )["ray_num_gpus"]
         facts = ctx.facts.get(node.name) if isinstance(ctx.facts, Mapping) else None
         if value is None and facts is not None and getattr(facts, "gpus", None):
             value = len(facts.gpus)
@@ -336,7 +339,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         return ModuleResult(Status.SKIPPED, "not a node of a Ray replica")
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, "check mode: the Ray cluster is not queried")
-    timeout_s = float(values["timeout_s"] or ctx.vars.get("ray_cluster_timeout_s", 300))
+    timeout_s = float(values["timeout_s"] or settings.layered(ctx.vars)["ray_cluster_timeout_s"])
     poll_s = values["poll_s"]
     expected = expected_gpus(ctx, replica, values["gpus_per_node"])
     started = time.monotonic()
@@ -382,14 +385,14 @@ def _poll_cluster(ctx: ModuleContext, replica: Replica, expected: Mapping[str, f
                     f"{ip}: {g:g} GPU" for ip, g in expected.items()),
                 actual="; ".join(gaps),
                 fix="read the Ray units' journals (journalctl -u ray-worker / ray-head); check "
-                    "that workers reach the head on port " + str(ctx.vars.get("ray_port", 6379)))
+                    "that workers reach the head on port "
+                    + str(settings.layered(ctx.vars)["ray_port"]))
         time.sleep(poll_s)
 
 
 def _driver_ip(ctx: ModuleContext, replica: Replica) -> str:
     """VLLM_HOST_IP vLLM will use on the head: an operator override in ``vllm_env`` or in the
     head's ``vllm_node_env`` (written after ``vllm_env`` in the env file, so it wins) wins."""
-    head_vars = replica.master.host.vars
-    env = dict(head_vars.get("vllm_env") or ctx.vars.get("vllm_env") or {})
-    env.update(head_vars.get("vllm_node_env") or ctx.vars.get("vllm_node_env") or {})
+    head = settings.master_settings(replica)  # the task runs on the head (vllm_ray start.yml)
+    env = {**dict(head["vllm_env"]), **dict(head["vllm_node_env"])}
     return str(env.get("VLLM_HOST_IP", replica.master.host_ip))

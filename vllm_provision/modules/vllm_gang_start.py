@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from vllm_provision import settings
 from vllm_provision.checks.topology import local_world_size
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Node, Replica
@@ -91,7 +92,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     if replica is None or ctx.node is None or ctx.node.rank != 0:
         return ModuleResult(Status.SKIPPED, "not the master of a replica")
     timeout_s = float(values["timeout_s"] if values["timeout_s"] is not None
-                      else ctx.vars.get("vllm_gpu_wait_timeout_s", 600))
+                      else settings.layered(ctx.vars)["vllm_gpu_wait_timeout_s"])
     # this replica's units on any of its nodes (the backend's, from the inventory): never foreign
     own_units = sorted({unit for node in replica.nodes
                         for unit in replica.backend_type.node_units(replica, node,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_provision import settings
 from vllm_provision.core.models import Replica
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult
@@ -120,7 +121,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         return ModuleResult(Status.SKIPPED, "not a node of a replica")
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, "check mode: readiness is not polled")
-    timeout_s = float(values["timeout_s"] or ctx.vars.get("vllm_ready_timeout_s", 1800))
+    own = settings.layered(ctx.vars)
+    timeout_s = float(values["timeout_s"] or own["vllm_ready_timeout_s"])
     model = served_model(replica)
 
     tail = JournalTail()
@@ -130,7 +132,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             observe=lambda: observe_units(ctx, replica, tail, view),
             journal=lambda state: read_journal(ctx, replica, state),
             endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
-            vllm_units=(str(ctx.vars.get("vllm_unit_name", "vllm.service")),),
+            vllm_units=(str(own["vllm_unit_name"]),),
             poll_s=values["poll_s"],
             extra_check=replica.backend_type.ready_check(ctx, replica))
         view.finish("already serving" if ready.already_serving else "serving")

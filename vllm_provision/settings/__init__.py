@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vllm_provision.core.models import Inventory, Replica
+    from vllm_provision.core.models import Inventory, Node, Replica
 
 
 @lru_cache(maxsize=1)
@@ -51,6 +51,12 @@ def layered(inventory_vars: Mapping[str, Any], *,
             registered: Mapping[str, Any] | None = None,
             extra_vars: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole chain for one host (pure but for :func:`base`).
+
+    Layering a mapping that is already resolved (a task module's ``ctx.vars``, built by the
+    runner with this function) again gives the same values, and fills in any default a
+    hand-made mapping (a test's) lacks: product code reads ``layered(vars_)[name]`` rather than
+    ``vars_.get(name, default)``, so every default stays in the variables table or a role's
+    defaults (``tests/unit/test_settings_reads.py`` keeps it so).
 
     Args:
         inventory_vars: level 3, a host's merged inventory variables (``Host.vars``) or a
@@ -81,9 +87,43 @@ def replica_settings(replica: Replica, extra_vars: Mapping[str, Any] | None = No
     return layered(replica.vars, extra_vars=extra_vars)
 
 
+def node_settings(replica: Replica, node: Node, extra_vars: Mapping[str, Any] | None = None,
+                  ) -> dict[str, Any]:
+    """The settings of one node of ``replica``: the node's own host variables win over its
+    replica's values, which win over the defaults; then ``extra_vars``.
+
+    This is the "node, else replica, else default" rule of the per-node variables
+    (``vllm_watchdog_port``, ``vllm_cluster_interface``: docs/recovery.md, docs/inventory.md).
+
+    Args:
+        replica: the node's replica (``Replica.vars``: its group's merged, agreed values).
+        node: one of ``replica.nodes`` (``node.host.vars``: its merged inventory variables).
+        extra_vars: ``-e`` values, highest (already inside ``Host.vars`` when loaded).
+    """
+    return layered({**dict(replica.vars), **dict(node.host.vars)}, extra_vars=extra_vars)
+
+
 def master_settings(replica: Replica, extra_vars: Mapping[str, Any] | None = None,
                     ) -> dict[str, Any]:
     """The settings of ``replica``'s rank 0 host: its replica's values, under its own host
-    variables (a per-host unit name, say)."""
-    return layered({**dict(replica.vars), **dict(replica.master.host.vars)},
-                   extra_vars=extra_vars)
+    variables (a per-host unit name, say); :func:`node_settings` of ``replica.master``."""
+    return node_settings(replica, replica.master, extra_vars)
+
+
+def watchdog_port(replica: Replica, node: Node | None = None) -> int:
+    """The TCP port ``node``'s peer watchdog serves its state on (``vllm_watchdog_port``).
+
+    The one rule for it (docs/recovery.md, "2. Peer watchdog" and "Limits";
+    roles/vllm_watchdog/defaults/main.yml): the node's own host variable, else the replica's,
+    else the role default (:func:`node_settings`). The firewall, the facts probe's peer ports
+    and the preflight port checks all read it here.
+
+    Args:
+        replica: the replica.
+        node: one of its nodes; None for rank 0 (the firewall's one port per replica).
+
+    Raises:
+        ValueError: the value is not an integer (the loader has checked its kind already).
+    """
+    return int(node_settings(replica, replica.master if node is None else node)
+               ["vllm_watchdog_port"])

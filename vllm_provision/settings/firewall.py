@@ -60,13 +60,11 @@ class PortRange:
 
 
 def watchdog_port(replica: Replica) -> int:
-    """The replica's watchdog port: rank 0's host vars, else the replica's vars, else the role
-    default (roles/vllm_watchdog/defaults/main.yml)."""
-    from vllm_provision.settings import variables
+    """The replica's watchdog port in its firewall table: rank 0's value of the one rule,
+    :func:`vllm_provision.settings.watchdog_port` (node, else replica, else role default)."""
+    from vllm_provision import settings
 
-    default = replica.vars.get("vllm_watchdog_port",
-                               variables.role_defaults().get("vllm_watchdog_port", 29510))
-    return int(replica.master.host.vars.get("vllm_watchdog_port", default))
+    return settings.watchdog_port(replica)
 
 
 def peer_only_ports(replica: Replica) -> list[PortRange]:

@@ -507,7 +507,7 @@ def venv_of(replica: Replica) -> str:
     """The replica's ``vllm_venv`` (validated as a normalised absolute path at load)."""
     from vllm_provision.settings import replica_settings
 
-    return str(replica_settings(replica).get("vllm_venv") or "/opt/vllm")
+    return str(replica_settings(replica)["vllm_venv"])
 
 
 def probe_nodes(connections: Mapping[str, Any], venv: str) -> dict[str, NodeStack]:
