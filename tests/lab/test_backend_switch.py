@@ -79,6 +79,16 @@ def _assert_backend(lab: Any, lab_host: Any, now: str, old: str) -> None:
             assert not host.file(f"/etc/vllm-provision/{name}").exists, f"{node.name}: {name}"
 
 
+def _switch_to(switch: dict[str, Any], lab: Any, lab_host: Any, now: str, old: str) -> None:
+    """Rewrite the inventory for backend ``now`` and run ``up``: it serves, and of ``old``
+    only what ``now`` shares is left (:func:`_assert_backend`)."""
+    switch["write"](now)
+    up = switch["run"]("up", "-i", switch["inventory"])
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "completion from" in up.stdout, up.stdout
+    _assert_backend(lab, lab_host, now, old)
+
+
 def test_check_diff_shows_the_removals_and_changes_nothing(switch: dict[str, Any], lab: Any,
                                                          lab_host: Any) -> None:
     switch["write"]("ray")
@@ -100,20 +110,12 @@ def test_check_diff_shows_the_removals_and_changes_nothing(switch: dict[str, Any
 
 def test_switch_mp_to_ray_serves_and_leaves_no_mp_unit(switch: dict[str, Any], lab: Any,
                                                       lab_host: Any) -> None:
-    switch["write"]("ray")
-    up = switch["run"]("up", "-i", switch["inventory"])
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "completion from" in up.stdout, up.stdout
-    _assert_backend(lab, lab_host, "ray", "mp")
+    _switch_to(switch, lab, lab_host, "ray", "mp")
 
 
 def test_switch_ray_to_mp_serves_and_leaves_no_ray_unit(switch: dict[str, Any], lab: Any,
                                                        lab_host: Any) -> None:
-    switch["write"]("mp")
-    up = switch["run"]("up", "-i", switch["inventory"])
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "completion from" in up.stdout, up.stdout
-    _assert_backend(lab, lab_host, "mp", "ray")
+    _switch_to(switch, lab, lab_host, "mp", "ray")
 
 
 def test_down_purge_after_the_switches_leaves_nothing_of_ours(switch: dict[str, Any],

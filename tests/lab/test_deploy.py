@@ -19,6 +19,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ START_PROPS = ("ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic", "Inv
 UNITS = {"mp": {"h1": ["vllm.service"], "h2": ["vllm.service"]},
          "ray": {"h1": ["ray-head.service", "vllm.service"], "h2": ["ray-worker.service"]}}
 ALL_UNITS = ("vllm.service", "ray-head.service", "ray-worker.service")
+# (host, unit) -> its START_PROPS, as Deployment.units reads them
+Units = dict[tuple[str, str], dict[str, str]]
 
 # Run on the Ray head as the service user: each placement group with its bundles' node IPs,
 # and each node's GPUs (Ray's API: ray.nodes(), placement_group_table()).
@@ -111,7 +114,7 @@ class Deployment:
     def address(self, host: str) -> str:
         return str(next(h.address for h in self.lab.hosts if h.name == host))
 
-    def units(self) -> dict[tuple[str, str], dict[str, str]]:
+    def units(self) -> Units:
         """(host, unit) -> the :data:`START_PROPS` of every unit of this backend."""
         found = {}
         for host, units in UNITS[self.backend].items():
@@ -160,6 +163,49 @@ def assert_serving_output(run: Run) -> None:
     assert re.search(r"start to serving: \d+(\.\d+)? s", run.stdout), run.stdout
 
 
+def second_up_summary(deployed: Deployment) -> dict[str, Any]:
+    """``up --json`` on the deployed replica: it exits 0, changes and fails nothing and
+    restarts no unit; return its summary."""
+    before = deployed.units()
+    run = deployed.up("--json")
+    assert run.code == 0, run.output
+    summary = run.json()
+    assert summary["changed"] == 0 and summary["failed"] == 0
+    assert deployed.units() == before
+    return summary
+
+
+def serving_replica(deployed: Deployment) -> dict[str, Any]:
+    """``status --json`` exits 0 and its only replica is serving; return that replica."""
+    run = deployed.status()
+    assert run.code == 0, run.output
+    (replica,) = run.json()["replicas"]
+    assert replica["verdict"] == "serving"
+    return dict(replica)
+
+
+def assert_status_down(deployed: Deployment) -> None:
+    """``status --json`` exits 3 and says the replica is down."""
+    status = deployed.status()
+    assert status.code == 3, status.output
+    assert status.json()["replicas"][0]["verdict"] == "down"
+
+
+@contextmanager
+def max_model_len_changed(deployed: Deployment) -> Iterator[tuple[Units, Units, int]]:
+    """``up -e vllm_max_model_len=4096`` (it must serve); yield the units before and after it
+    and the second it started from; at the end ``up`` again, back to the inventory's
+    arguments."""
+    before = deployed.units()
+    since = wait_a_second()
+    try:
+        run = deployed.up("-e", "vllm_max_model_len=4096")
+        assert_serving_output(run)
+        yield before, deployed.units(), since
+    finally:
+        assert_serving_output(deployed.up())
+
+
 class TestMp:
     """mp backend: one vllm.service per node, rank 1 headless."""
 
@@ -185,13 +231,8 @@ class TestMp:
         assert not lab_host("h2").socket("tcp://0.0.0.0:8000").is_listening  # headless
 
     def test_second_up_changes_nothing_and_restarts_nothing(self, deployed: Deployment) -> None:
-        before = deployed.units()
-        run = deployed.up("--json")
-        assert run.code == 0, run.output
-        summary = run.json()
-        assert summary["changed"] == 0 and summary["failed"] == 0
+        summary = second_up_summary(deployed)
         assert summary["already_serving"] is True
-        assert deployed.units() == before
 
     def test_up_json_has_completion_served_model_and_timings(
             self, deployed: Deployment) -> None:
@@ -203,10 +244,8 @@ class TestMp:
         assert summary["vllm_version"] == "0.33.0"
 
     def test_status_says_serving_and_exits_0(self, deployed: Deployment) -> None:
-        run = deployed.status()
-        assert run.code == 0, run.output
-        (replica,) = run.json()["replicas"]
-        assert replica["verdict"] == "serving" and replica["health"] == 200
+        replica = serving_replica(deployed)
+        assert replica["health"] == 200
         assert {(u["host"], u["state"]) for u in replica["units"]} == {
             ("h1", "active (running)"), ("h2", "active (running)")}
 
@@ -225,12 +264,7 @@ class TestMp:
         assert deployed.units() == before
 
     def test_changed_engine_argument_restarts_each_node_once(self, deployed: Deployment) -> None:
-        before = deployed.units()
-        since = wait_a_second()
-        try:
-            run = deployed.up("-e", "vllm_max_model_len=4096")
-            assert_serving_output(run)
-            after = deployed.units()
+        with max_model_len_changed(deployed) as (before, after, since):
             for host in ("h1", "h2"):
                 assert "--max-model-len 4096" in deployed.ssh(
                     host, "cat /etc/systemd/system/vllm.service")
@@ -238,8 +272,6 @@ class TestMp:
                 old, new = before[host, "vllm.service"], after[host, "vllm.service"]
                 assert new["InvocationID"] != old["InvocationID"]
                 assert new["NRestarts"] == old["NRestarts"]  # stopped and started, no crash
-        finally:
-            assert_serving_output(deployed.up())  # back to the inventory's arguments
 
     def test_changed_argument_after_rank0_restarted_alone_serves_with_it_on_both_nodes(
             self, deployed: Deployment) -> None:
@@ -283,9 +315,7 @@ class TestMp:
                     assert not host.service(unit).is_running, f"{name}:{unit}"
                 assert not host.service("vllm.service").is_enabled
                 assert host.file("/etc/systemd/system/vllm.service").exists  # no --purge
-            status = deployed.status()
-            assert status.code == 3, status.output
-            assert status.json()["replicas"][0]["verdict"] == "down"
+            assert_status_down(deployed)
         finally:
             again = deployed.up()
         assert_serving_output(again)
@@ -355,37 +385,22 @@ class TestRay:
         assert sorted(placed[0]["nodes"]) == sorted(ips * 4)
 
     def test_second_up_changes_nothing_and_restarts_nothing(self, deployed: Deployment) -> None:
-        before = deployed.units()
-        run = deployed.up("--json")
-        assert run.code == 0, run.output
-        summary = run.json()
-        assert summary["changed"] == 0 and summary["failed"] == 0
+        summary = second_up_summary(deployed)
         assert summary["completion"].strip() and summary["served_model"] == MODEL
-        assert deployed.units() == before
 
     def test_status_says_serving_with_ray_nodes_and_gpus(self, deployed: Deployment) -> None:
-        run = deployed.status()
-        assert run.code == 0, run.output
-        (replica,) = run.json()["replicas"]
-        assert replica["verdict"] == "serving"
+        replica = serving_replica(deployed)
         assert sorted(replica["ray"]["nodes"]) == sorted(
             [deployed.address("h1"), deployed.address("h2")])
         assert replica["ray"]["gpus"] == 8
 
     def test_changed_engine_argument_restarts_only_vllm_once(self, deployed: Deployment) -> None:
-        before = deployed.units()
-        since = wait_a_second()
-        try:
-            run = deployed.up("-e", "vllm_max_model_len=4096")
-            assert_serving_output(run)
-            after = deployed.units()
+        with max_model_len_changed(deployed) as (before, after, since):
             assert deployed.starts_since("h1", "vllm.service", since) == 1
             assert after["h1", "vllm.service"]["InvocationID"] != \
                 before["h1", "vllm.service"]["InvocationID"]
             for key in (("h1", "ray-head.service"), ("h2", "ray-worker.service")):
                 assert after[key] == before[key], key  # the Ray cluster is left alone
-        finally:
-            assert_serving_output(deployed.up())
 
     def test_vllm_host_ip_in_vllm_env_is_refused_before_any_host_changes(
             self, deployed: Deployment) -> None:
@@ -408,9 +423,7 @@ class TestRay:
             for name in ("h1", "h2"):
                 for unit in ALL_UNITS:
                     assert not lab_host(name).service(unit).is_running, f"{name}:{unit}"
-            status = deployed.status()
-            assert status.code == 3, status.output
-            assert status.json()["replicas"][0]["verdict"] == "down"
+            assert_status_down(deployed)
         finally:
             again = deployed.up()
         assert_serving_output(again)

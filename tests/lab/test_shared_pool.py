@@ -11,6 +11,7 @@ Cost: about 140 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -39,13 +40,29 @@ def state_home(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
             lab_support.provision("down", "-i", str(lab.inventory_path(kind)), state_home=home)
 
 
-def start_up(lab: Any, kind: str, home: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
-    """`provision up` in the background, its stderr (the progress lines) into ``log``."""
+@contextlib.contextmanager
+def up_in_background(lab: Any, kind: str, home: Path, log: Path,
+                     *extra: str) -> Iterator[subprocess.Popen[str]]:
+    """`provision up` in the background, its stderr (the progress lines) into ``log``; killed
+    on the way out if it still runs."""
     env = {**os.environ, "XDG_STATE_HOME": str(home)}
     with log.open("w") as stream:
-        return subprocess.Popen(
+        up = subprocess.Popen(
             [lab_support.PROVISION, "up", "-i", str(lab.inventory_path(kind)), *extra],
             stdout=subprocess.PIPE, stderr=stream, text=True, env=env)
+    try:
+        yield up
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+def release_then_finish(up: subprocess.Popen[str], home: Path) -> str:
+    """Release the hold on h2 (``lab occupy --release``), then ``up``'s stdout once it ends."""
+    released = lab_support.provision("lab", "occupy", "h2", "--release", state_home=home)
+    assert released.returncode == 0, released.stderr
+    stdout, _ = up.communicate(timeout=300)
+    return stdout
 
 
 def wait_for_line(log: Path, process: subprocess.Popen[str], *words: str,
@@ -88,18 +105,12 @@ def test_shared_pool_mp_times_out_leaving_no_node_started(lab: Any, state_home: 
 def test_shared_pool_mp_waits_for_the_holder_then_starts_both(
         lab: Any, state_home: Path, tmp_path: Path) -> None:
     log = tmp_path / "up.err"
-    up = start_up(lab, "mp", state_home, log, *SHARED, "-e", "vllm_gpu_wait_timeout_s=180")
-    try:
+    with up_in_background(lab, "mp", state_home, log, *SHARED,
+                          "-e", "vllm_gpu_wait_timeout_s=180") as up:
         line = wait_for_line(log, up, "waiting for the GPUs of every node", "h2 GPU 0",
                              f"in unit {HOLDER_UNIT}")
         assert vllm_states(lab) == {"h1": "stopped", "h2": "stopped"}, line
-        released = lab_support.provision("lab", "occupy", "h2", "--release",
-                                         state_home=state_home)
-        assert released.returncode == 0, released.stderr
-        stdout, _ = up.communicate(timeout=300)
-    finally:
-        if up.poll() is None:
-            up.kill()
+        stdout = release_then_finish(up, state_home)
     assert up.returncode == 0, stdout + log.read_text()
     assert "started h2 vllm.service, h1 vllm.service after" in stdout
     assert vllm_states(lab) == {"h1": "running", "h2": "running"}
@@ -119,8 +130,7 @@ def test_ray_pending_bundle_names_the_free_resources_then_serves(
     assert held.returncode == 0, held.stdout + held.stderr
     worker_ip = lab.config.address("h2")
     log = tmp_path / "up.err"
-    up = start_up(lab, "ray", state_home, log)
-    try:
+    with up_in_background(lab, "ray", state_home, log) as up:
         line = wait_for_line(log, up, "waiting for Ray resources", "pending (NO_RESOURCES)")
         assert "it needs 1 x {GPU: 1, node:" in line and "+ 7 x {GPU: 1}" in line, line
         assert f"{worker_ip}: 3 of 4 GPU" in line, line
@@ -128,12 +138,6 @@ def test_ray_pending_bundle_names_the_free_resources_then_serves(
         status = lab_support.provision("status", "-i", inventory, state_home=state_home)
         assert "pending: placement group" in status.stdout, status.stdout
         assert f"{worker_ip}: 3 of 4 GPU" in status.stdout, status.stdout
-        released = lab_support.provision("lab", "occupy", "h2", "--release",
-                                         state_home=state_home)
-        assert released.returncode == 0, released.stderr
-        stdout, _ = up.communicate(timeout=300)
-    finally:
-        if up.poll() is None:
-            up.kill()
+        stdout = release_then_finish(up, state_home)
     assert up.returncode == 0, stdout + log.read_text()
     assert "completion from" in stdout

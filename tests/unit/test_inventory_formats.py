@@ -13,6 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from render_support import exec_words, rendered_files
+from test_runner_support import rendered_error, write_file
 
 from vllm_provision.cli import cli
 from vllm_provision.core.errors import InventoryError, ProvisionError
@@ -23,16 +24,8 @@ from vllm_provision.inventory.view import node_argv
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "inventories" / "ansible"
 
 
-def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
 def _error(path: Path) -> str:
-    with pytest.raises(InventoryError) as caught:
-        load_inventory(path)
-    return caught.value.render()
+    return rendered_error(InventoryError, load_inventory, path)
 
 
 def test_ini_replica_is_typed_and_validated() -> None:
@@ -77,12 +70,12 @@ def test_legacy_names_from_group_vars() -> None:
 
 
 def test_legacy_name_is_validated_as_the_variable_it_sets(tmp_path: Path) -> None:
-    text = _error(_write(tmp_path / "hosts", "[web]\nw1 ansible_ssh_port=99999\n"))
+    text = _error(write_file(tmp_path / "hosts", "[web]\nw1 ansible_ssh_port=99999\n"))
     assert "hosts:2: ansible_ssh_port" in text and "99999" in text
 
 
 def test_ansible_ssh_pass_is_a_secret(tmp_path: Path) -> None:
-    path = _write(tmp_path / "hosts.ini", "[web]\nw1 ansible_ssh_pass=hunter2secret\n")
+    path = write_file(tmp_path / "hosts.ini", "[web]\nw1 ansible_ssh_pass=hunter2secret\n")
     result = CliRunner().invoke(cli, ["inventory", "-i", str(path), "--list"])
     assert result.exit_code == 0, result.output
     assert "hunter2secret" not in result.output
@@ -107,22 +100,22 @@ def test_ansible_ssh_pass_is_a_secret(tmp_path: Path) -> None:
 ])
 def test_refused_ini_names_file_line_and_item(tmp_path: Path, text: str, where: str,
                                               message: str) -> None:
-    rendered = _error(_write(tmp_path / "hosts.ini", text))
+    rendered = _error(write_file(tmp_path / "hosts.ini", text))
     assert where in rendered and message in rendered, rendered
     assert "YAML" not in rendered and "Traceback" not in rendered
 
 
 def test_ini_host_lines_without_section_never_get_a_yaml_error(tmp_path: Path) -> None:
-    rendered = _error(_write(tmp_path / "hosts", 'h1 ansible_host=10.0.0.1\nh2 a="x\n'))
+    rendered = _error(write_file(tmp_path / "hosts", 'h1 ansible_host=10.0.0.1\nh2 a="x\n'))
     assert "hosts:2" in rendered and "YAML" not in rendered
 
 
 def test_directory_refuses_scripts_and_plugin_configs(tmp_path: Path) -> None:
     folder = tmp_path / "inventory"
-    _write(folder / "a.ini", "[web]\nw1\n")
-    script = _write(folder / "ec2.py", "#!/usr/bin/env python3\nprint('{}')\n")
+    write_file(folder / "a.ini", "[web]\nw1\n")
+    script = write_file(folder / "ec2.py", "#!/usr/bin/env python3\nprint('{}')\n")
     os.chmod(script, 0o755)
-    _write(folder / "aws_ec2.yml", "plugin: amazon.aws.aws_ec2\nregions: [eu-west-1]\n")
+    write_file(folder / "aws_ec2.yml", "plugin: amazon.aws.aws_ec2\nregions: [eu-west-1]\n")
     rendered = _error(folder)
     assert f"{script}" in rendered and "never runs inventory scripts" in rendered
     assert "aws_ec2.yml: plugin" in rendered and "inventory plugin configuration" in rendered
@@ -130,7 +123,7 @@ def test_directory_refuses_scripts_and_plugin_configs(tmp_path: Path) -> None:
 
 def test_empty_directory_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "inventory"
-    _write(folder / "README.md", "notes\n")
+    write_file(folder / "README.md", "notes\n")
     assert "holds no inventory file" in _error(folder)
 
 
@@ -183,7 +176,7 @@ def test_node_argv_is_what_the_unit_runs() -> None:
 
 
 def test_inventory_graph_and_host(tmp_path: Path) -> None:
-    path = _write(tmp_path / "hosts.ini", "[web]\nw1 vllm_api_key=sk-verysecret1234 x=1\n"
+    path = write_file(tmp_path / "hosts.ini", "[web]\nw1 vllm_api_key=sk-verysecret1234 x=1\n"
                                           "[site:children]\nweb\n")
     code, graph = _invoke("-i", str(path), "--graph")
     assert code == 0 and graph.splitlines() == [
@@ -195,7 +188,7 @@ def test_inventory_graph_and_host(tmp_path: Path) -> None:
 
 
 def test_inventory_wants_exactly_one_mode(tmp_path: Path) -> None:
-    path = _write(tmp_path / "hosts.ini", "[web]\nw1\n")
+    path = write_file(tmp_path / "hosts.ini", "[web]\nw1\n")
     code, output = _invoke("-i", str(path), "--list", "--graph")
     assert code == 1 and "exactly one of --list, --graph and --host" in output
 

@@ -8,20 +8,10 @@ from pathlib import Path
 
 import pytest
 from test_runner import run, write_playbook
-from test_runner_support import make_inventory
+from test_runner_support import install_fake_systemctl, make_inventory
 
 from vllm_provision import state
 from vllm_provision.operations.plan import build_plan, plan_lines
-
-# stands in for systemctl: `show` reports the unit as $FAKE_ACTIVE; anything else is logged
-FAKE_SYSTEMCTL = """#!/bin/sh
-if [ "$1" = show ]; then
-  printf 'LoadState=loaded\\nActiveState=%s\\nSubState=running\\n' "$FAKE_ACTIVE"
-  printf 'UnitFileState=enabled\\nNeedDaemonReload=no\\nExecMainStartTimestamp=\\n'
-  exit 0
-fi
-echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
-"""
 
 PLAY = """
 - hosts: all
@@ -46,12 +36,7 @@ SERVING = {"h1": ["vllm.service"], "h2": ["vllm.service"]}
 
 @pytest.fixture
 def playbook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
-    (bin_dir / "systemctl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(tmp_path / "systemctl.log"))
+    install_fake_systemctl(tmp_path, monkeypatch)
     monkeypatch.setenv("FAKE_ACTIVE", "active")
     path = write_playbook(tmp_path, PLAY)
     (path.parent / "templates").mkdir()

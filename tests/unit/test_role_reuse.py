@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from test_runner import run, statuses
-from test_runner_support import make_inventory
+from test_runner_support import make_inventory, rendered_error, write_file
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.runner import load_playbook, managed
@@ -37,16 +37,11 @@ def make_role(root: Path, name: str, *, tasks: str = "", meta: str | None = None
 
 
 def write(root: Path, rel: str, text: str) -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
+    return write_file(root / rel, text)
 
 
 def error_of(path: Path) -> str:
-    with pytest.raises(ProvisionError) as caught:
-        load_playbook(path)
-    return caught.value.render()
+    return rendered_error(ProvisionError, load_playbook, path)
 
 
 # --- copy and files/ ----------------------------------------------------------------------------

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from test_runner import run, write_playbook
-from test_runner_support import FakeHost, make_inventory
+from test_runner_support import FakeHost, install_fake_systemctl, make_inventory
 
 from vllm_provision.runner import prefetch
 from vllm_provision.runner.prefetch import PrefetchingConnection, batch_script, split_batch
 from vllm_provision.transport.connection import CommandResult, LocalConnection
-
-FAKE_SYSTEMCTL = """#!/bin/sh
-# stands in for systemctl: `show` prints a running, enabled unit; anything else is logged
-if [ "$1" = show ]; then
-  printf 'LoadState=loaded\\nActiveState=active\\nSubState=running\\n'
-  printf 'UnitFileState=enabled\\nNeedDaemonReload=no\\nExecMainStartTimestamp=\\n'
-  exit 0
-fi
-echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
-"""
 
 PLAY = """
 - hosts: all
@@ -45,12 +34,7 @@ PLAY = """
 
 @pytest.fixture
 def playbook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
-    (bin_dir / "systemctl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(tmp_path / "systemctl.log"))
+    install_fake_systemctl(tmp_path, monkeypatch)
     path = write_playbook(tmp_path, PLAY)
     templates = path.parent / "templates"
     templates.mkdir()

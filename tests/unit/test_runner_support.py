@@ -1,10 +1,16 @@
-"""Test doubles for the engine (no tests here): hosts whose commands run locally in a temp dir."""
+"""Test doubles for the engine (no tests here): hosts whose commands run locally in a temp dir,
+a stand-in systemctl, and the file and error helpers several test modules share."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import EngineArgs, Group, Host, Inventory, Node, Replica
 from vllm_provision.transport.connection import CommandResult, LocalConnection, UnreachableError
 
@@ -67,3 +73,40 @@ def make_inventory(tmp_path: Path, names: tuple[str, ...] = ("h1", "h2"), *,
         "vllm_followers": Group("vllm_followers", hosts=names[1:]),
     }
     return Inventory(tmp_path / "inventory.yml", hosts, groups, (replica,), extra_vars or {})
+
+
+# stands in for systemctl: `show` reports a running, enabled unit whose ActiveState is
+# $FAKE_ACTIVE (active when unset); anything else is appended to $FAKE_SYSTEMCTL_LOG
+FAKE_SYSTEMCTL = """#!/bin/sh
+if [ "$1" = show ]; then
+  printf 'LoadState=loaded\\nActiveState=%s\\nSubState=running\\n' "${FAKE_ACTIVE:-active}"
+  printf 'UnitFileState=enabled\\nNeedDaemonReload=no\\nExecMainStartTimestamp=\\n'
+  exit 0
+fi
+echo "$*" >> "$FAKE_SYSTEMCTL_LOG"
+"""
+
+
+def install_fake_systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put :data:`FAKE_SYSTEMCTL` first on ``PATH`` (as ``<tmp_path>/bin/systemctl``), logging
+    the commands it is given to ``<tmp_path>/systemctl.log`` (absent until the first)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMCTL_LOG", str(tmp_path / "systemctl.log"))
+
+
+def write_file(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path``, creating its folders; return ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def rendered_error(error: type[ProvisionError], call: Callable[..., object], *args: Any) -> str:
+    """The rendered text of the ``error`` that ``call(*args)`` raises (fails if it raises none)."""
+    with pytest.raises(error) as caught:
+        call(*args)
+    return caught.value.render()

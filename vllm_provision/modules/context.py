@@ -7,6 +7,7 @@ on the runner (docs/runner-contract.md, "Module interface").
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -82,3 +83,15 @@ class ModuleContext(Protocol):
 
         Raises:
             ProvisionError: not found."""
+
+
+def absolute_path_argument(args: Mapping[str, Any], key: str) -> str | None:
+    """The argument ``key`` when it is an absolute path, else None: what a module's
+    ``read_command`` may read before its arguments are validated (``args`` may be anything).
+
+    Args:
+        args: the task's rendered arguments.
+        key: the argument that names the path on the host (``path``, ``dest``).
+    """
+    value = args.get(key) if isinstance(args, Mapping) else None
+    return value if isinstance(value, str) and posixpath.isabs(value) else None

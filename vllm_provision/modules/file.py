@@ -20,7 +20,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, parse_mode, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.context import ModuleContext, absolute_path_argument
 
 STATES = ("file", "directory", "touch", "absent")
 ARGUMENT_SPEC = ArgumentSpec("file", (
@@ -110,10 +110,8 @@ def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
         ctx: the task context (unused; part of the module read protocol).
         args: the task's rendered arguments.
     """
-    path = args.get("path") if isinstance(args, Mapping) else None
-    if not isinstance(path, str) or not posixpath.isabs(path):
-        return None
-    return _stat_command(path)
+    path = absolute_path_argument(args, "path")
+    return None if path is None else _stat_command(path)
 
 
 def _stat_command(path: str) -> str:

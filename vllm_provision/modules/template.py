@@ -34,7 +34,7 @@ from vllm_provision.modules import (
     unified_diff,
 )
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.context import ModuleContext, absolute_path_argument
 
 ARGUMENT_SPEC = ArgumentSpec("template", (
     Argument("src", "str", "template file: relative to the role's templates/ (then the "
@@ -176,10 +176,8 @@ def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
         ctx: the task context (unused; part of the module read protocol).
         args: the task's rendered arguments.
     """
-    dest = args.get("dest") if isinstance(args, Mapping) else None
-    if not isinstance(dest, str) or not posixpath.isabs(dest):
-        return None
-    return _state_command(dest)
+    dest = absolute_path_argument(args, "dest")
+    return None if dest is None else _state_command(dest)
 
 
 def _state_command(dest: str) -> str:

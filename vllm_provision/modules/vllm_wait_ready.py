@@ -103,6 +103,22 @@ def served_model(replica: Replica) -> str:
     return replica.engine.served_model_name or replica.engine.model
 
 
+def replica_or_skip(ctx: ModuleContext, check_mode_reason: str) -> Replica | ModuleResult:
+    """The replica a module run once for it acts on, or the SKIPPED result when the host is not
+    a node of a replica, or in check mode (``check_mode_reason``: what check mode leaves out).
+
+    Args:
+        ctx: the task context.
+        check_mode_reason: the SKIPPED message in check mode (``check mode: ...``).
+    """
+    replica: Replica | None = ctx.replica
+    if replica is None:
+        return ModuleResult(Status.SKIPPED, "not a node of a replica")
+    if ctx.check_mode:
+        return ModuleResult(Status.SKIPPED, check_mode_reason)
+    return replica
+
+
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Poll until the replica serves (see :func:`vllm_provision.transport.api.wait_ready`).
 
@@ -116,11 +132,9 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         failed) otherwise.
     """
     values = ARGUMENT_SPEC.validate(args)
-    replica: Replica | None = ctx.replica
-    if replica is None:
-        return ModuleResult(Status.SKIPPED, "not a node of a replica")
-    if ctx.check_mode:
-        return ModuleResult(Status.SKIPPED, "check mode: readiness is not polled")
+    replica = replica_or_skip(ctx, "check mode: readiness is not polled")
+    if isinstance(replica, ModuleResult):
+        return replica
     own = settings.layered(ctx.vars)
     timeout_s = float(values["timeout_s"] or own["vllm_ready_timeout_s"])
     model = served_model(replica)
