@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_provision.core.models import EngineArgs, Group, Host, Inventory, Node, Replica
-from vllm_provision.transport.connection import CommandResult, LocalConnection, UnreachableError
+from vllm_provision.transport.base import CommandResult, UnreachableError
+from vllm_provision.transport.local import LocalConnection
 
 
 class FakeHost:

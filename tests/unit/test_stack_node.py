@@ -15,7 +15,7 @@ import pytest
 
 from vllm_provision import stack
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.transport.connection import CommandResult
+from vllm_provision.transport.base import CommandResult
 
 
 def node(action: str, venv: Path, **config: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from vllm_provision.facts.model import (
     VenvFound,
 )
 from vllm_provision.settings import variables
-from vllm_provision.transport.connection import Connection, UnreachableError
+from vllm_provision.transport.base import Connection, UnreachableError
 
 # The host's copy of the state record (vllm_provision.state.HOST_STATE_FILE).
 HOST_STATE_FILE = f"{STATE_DIR}/state.json"
