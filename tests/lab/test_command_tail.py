@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from vllm_provision.transport.connection import ConnectionOptions, HostConnection
+from vllm_provision.transport.base import ConnectionOptions
+from vllm_provision.transport.connection import HostConnection
 
 pytestmark = pytest.mark.lab
 

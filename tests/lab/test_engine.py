@@ -16,7 +16,8 @@ import pytest
 from lab_support import provision
 
 from vllm_provision.core.results import Status, TaskResult
-from vllm_provision.transport.connection import ConnectionOptions, HostConnection, HostKeyError
+from vllm_provision.transport.base import ConnectionOptions, HostKeyError
+from vllm_provision.transport.connection import HostConnection
 
 pytestmark = pytest.mark.lab
 

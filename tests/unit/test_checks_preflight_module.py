@@ -8,7 +8,7 @@ from test_facts_probe import make_inventory
 
 from vllm_provision.core.results import Status
 from vllm_provision.modules import vllm_preflight
-from vllm_provision.transport.connection import LocalConnection
+from vllm_provision.transport.local import LocalConnection
 
 
 def make_ctx(tmp_path, vars=None):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from vllm_provision.cli import cli
 from vllm_provision.cli.options import HOST_OPTIONS, OPTIONS, CommonOptions
-from vllm_provision.transport.connection import ConnectionOptions
+from vllm_provision.transport.base import ConnectionOptions
 
 INVENTORY = """\
 all:

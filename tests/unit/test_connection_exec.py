@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from vllm_provision.core.models import Host
-from vllm_provision.transport.connection import ConnectionOptions, HostConnection, UnreachableError
+from vllm_provision.transport.base import ConnectionOptions, UnreachableError
+from vllm_provision.transport.connection import HostConnection
 
 
 class FakeChannel:

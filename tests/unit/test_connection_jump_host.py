@@ -18,15 +18,10 @@ import paramiko
 import pytest
 
 from vllm_provision.core.models import Host
-from vllm_provision.transport import connection
-from vllm_provision.transport.connection import (
-    ConnectionOptions,
-    HostConnection,
-    HostKeyError,
-    JumpHost,
-    UnreachableError,
-    fingerprint_sha256,
-)
+from vllm_provision.transport import base, hostkeys
+from vllm_provision.transport.base import ConnectionOptions, HostKeyError, UnreachableError
+from vllm_provision.transport.connection import HostConnection
+from vllm_provision.transport.hostkeys import JumpHost, fingerprint_sha256
 
 # TEST-NET-1 (RFC 5737): never routed, so a test that reached the target would hang, not pass
 TARGET_ADDRESS = "192.0.2.10"
@@ -66,7 +61,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh ``$HOME`` (Fabric reads ``~/.ssh/config`` from it), no system known_hosts."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    monkeypatch.setattr(connection, "SYSTEM_KNOWN_HOSTS", tmp_path / "no-system-known-hosts")
+    monkeypatch.setattr(hostkeys, "SYSTEM_KNOWN_HOSTS", tmp_path / "no-system-known-hosts")
     (tmp_path / ".ssh").mkdir(mode=0o700)
     return tmp_path
 
@@ -96,7 +91,7 @@ def config_through(jump_port: int) -> str:
             f"Host bastion\n    HostName 127.0.0.1\n    Port {jump_port}\n")
 
 
-def open_target(policy: connection.HostKeyPolicyName = "strict",
+def open_target(policy: base.HostKeyPolicyName = "strict",
                 name: str = "h1") -> HostConnection:
     options = ConnectionOptions(connect_timeout_s=5, connect_attempts=1, host_key_policy=policy)
     conn = HostConnection(Host(name, "target"), options)
@@ -119,10 +114,10 @@ def test_every_proxy_jump_hop_gets_our_policy_and_known_hosts(home: Path,
     hops, gateway = [], fabric_conn.gateway
     while gateway is not None:
         policy = gateway.client._policy
-        assert isinstance(policy, connection._KnownHostsPolicy)
+        assert isinstance(policy, hostkeys.KnownHostsPolicy)
         assert policy.jump_host == JumpHost(gateway.host, int(gateway.port))
         assert policy.host.name == "h1" and policy.policy == "strict"
-        name = connection.known_hosts_name(gateway.host, int(gateway.port))
+        name = hostkeys.known_hosts_name(gateway.host, int(gateway.port))
         assert gateway.client._system_host_keys.lookup(name) is not None
         hops.append(gateway)
         gateway = gateway.gateway
@@ -176,10 +171,10 @@ def test_accept_new_learns_a_jump_host_key_once_for_all_hosts(
     assert lines == [known_hosts_line(f"[127.0.0.1]:{jump_server.port}", jump_key).strip()]
 
 
-def learning_policy(home: Path) -> connection._KnownHostsPolicy:
-    return connection._KnownHostsPolicy(Host("h1", "target"), "accept-new",
-                                        home / ".ssh" / "known_hosts",
-                                        JumpHost("192.0.2.1", 22))
+def learning_policy(home: Path) -> hostkeys.KnownHostsPolicy:
+    return hostkeys.KnownHostsPolicy(Host("h1", "target"), "accept-new",
+                                     home / ".ssh" / "known_hosts",
+                                     JumpHost("192.0.2.1", 22))
 
 
 def test_concurrent_learners_write_a_jump_host_key_once(home: Path,

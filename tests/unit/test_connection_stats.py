@@ -1,4 +1,4 @@
-"""The connection layer's own counters (``connection.STATS``): what ``-vv`` prints and ``--json``
+"""The connection layer's own counters (``stats.STATS``): what ``-vv`` prints and ``--json``
 puts under ``stats``. Commands run on the fake transport of ``test_connection_exec``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from test_connection_exec import FakeChannel, connected
 
 from vllm_provision.output import report
 from vllm_provision.runner.prefetch import PrefetchingConnection
-from vllm_provision.transport.connection import COMMAND_ROUND_TRIPS, STATS, ConnectionStats
+from vllm_provision.transport.stats import COMMAND_ROUND_TRIPS, STATS, ConnectionStats
 
 
 @pytest.fixture(autouse=True)

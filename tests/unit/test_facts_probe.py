@@ -22,7 +22,7 @@ from vllm_provision.facts.gather import (
     probe_command,
     probe_config,
 )
-from vllm_provision.transport.connection import LocalConnection
+from vllm_provision.transport.local import LocalConnection
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ from test_runner import run, statuses, write_playbook
 from test_runner_support import make_inventory
 
 from vllm_provision.modules.systemd import parse_show
-from vllm_provision.transport.connection import fingerprint_sha256, known_hosts_name
+from vllm_provision.transport.hostkeys import fingerprint_sha256, known_hosts_name
 
 
 def test_template_validate_failure_leaves_the_file_unchanged(tmp_path: Path) -> None:

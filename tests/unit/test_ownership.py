@@ -21,7 +21,7 @@ from vllm_provision.facts.gather import parse_owner
 from vllm_provision.facts.model import HostFacts, HostOwner, UnitStart
 from vllm_provision.operations import takeover
 from vllm_provision.runner import Runner, RunOptions
-from vllm_provision.transport.connection import CommandResult
+from vllm_provision.transport.base import CommandResult
 
 RUNNING = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "active", "inv-1")}
 STOPPED = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "inactive", "")}

@@ -21,7 +21,7 @@ from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import vllm_preflight
 from vllm_provision.operations.deploy import replica_results
 from vllm_provision.runner.playbook import load_playbook
-from vllm_provision.transport.connection import LocalConnection
+from vllm_provision.transport.local import LocalConnection
 
 
 def two_replicas(tmp_path: Path, layout: dict[str, tuple[str, ...]],

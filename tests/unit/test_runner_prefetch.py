@@ -10,7 +10,8 @@ from test_runner_support import FakeHost, install_fake_systemctl, make_inventory
 
 from vllm_provision.runner import prefetch
 from vllm_provision.runner.prefetch import PrefetchingConnection, batch_script, split_batch
-from vllm_provision.transport.connection import CommandResult, LocalConnection
+from vllm_provision.transport.base import CommandResult
+from vllm_provision.transport.local import LocalConnection
 
 PLAY = """
 - hosts: all

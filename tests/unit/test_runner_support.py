@@ -12,7 +12,8 @@ import pytest
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import EngineArgs, Group, Host, Inventory, Node, Replica
-from vllm_provision.transport.connection import CommandResult, LocalConnection, UnreachableError
+from vllm_provision.transport.base import CommandResult, UnreachableError
+from vllm_provision.transport.local import LocalConnection
 
 
 class FakeHost:

@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
-from vllm_provision import stack
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.transport.connection import CommandResult
+from vllm_provision.stack import lock as stack_lock
+from vllm_provision.stack import sync as stack_sync
+from vllm_provision.transport.base import CommandResult
 
 
 def node(action: str, venv: Path, **config: Any) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-", json.dumps({"action": action, "venv": str(venv),
                                                            **config})],
-                         input=stack.node_script(), capture_output=True, text=True, check=True)
+                         input=stack_sync.node_script(), capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout))
 
 
@@ -67,7 +68,7 @@ def test_probe_reads_the_platform_and_the_active_stack(tmp_path: Path) -> None:
     complete_stack(venv, "eee")
     node("switch", venv, stack="eee")
     raw = node("probe", venv)
-    probed = stack.node_stack("h1", raw)
+    probed = stack_sync.node_stack("h1", raw)
     assert probed.active_stack == "eee" and probed.active_complete
     assert probed.python == ".".join(map(str, sys.version_info[:3]))
     assert probed.free_bytes > 0
@@ -88,13 +89,13 @@ class FakeConnection:
 
 def test_sync_refuses_with_the_numbers_when_the_disk_is_too_small(tmp_path: Path) -> None:
     wheel = tmp_path / "six-1.17.0-py2.py3-none-any.whl"
-    wheel.write_bytes(b"x" * (200 * stack.MIB // 100))
-    lock = stack.parse_lock(f"six==1.17.0 --hash=sha256:{'a' * 64}\n")
-    wheels = {"six": stack.Wheel(wheel, "a" * 64, 200 * stack.MIB)}
+    wheel.write_bytes(b"x" * (200 * stack_sync.MIB // 100))
+    lock = stack_lock.parse_lock(f"six==1.17.0 --hash=sha256:{'a' * 64}\n")
+    wheels = {"six": stack_sync.Wheel(wheel, "a" * 64, 200 * stack_sync.MIB)}
     conn = FakeConnection()
-    small = stack.NodeStack("h2", free_bytes=500 * stack.MIB, disk_path="/opt")
+    small = stack_sync.NodeStack("h2", free_bytes=500 * stack_sync.MIB, disk_path="/opt")
     with pytest.raises(ProvisionError) as caught:
-        stack.build_node(conn, small, lock, wheels, "/opt/vllm")
+        stack_sync.build_node(conn, small, lock, wheels, "/opt/vllm")
     text = caught.value.render()
     assert "not enough free disk on /opt" in text and "500 MiB free" in text
     assert ">= 864 MiB (wheels to push 200 MiB + new venv ~600 MiB + margin 64 MiB" in text

@@ -16,7 +16,7 @@ from vllm_provision.cli.options import CommonOptions
 from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.transport import connection
 from vllm_provision.transport.api import Endpoint
-from vllm_provision.transport.connection import CommandResult, UnreachableError
+from vllm_provision.transport.base import CommandResult, UnreachableError
 
 REFUSED = "cannot connect to 10.0.0.12:22: [Errno 111] Connection refused"
 PROBE = {"enabled": True, "unit": "vllm.service", "armed": True, "waiting": "",

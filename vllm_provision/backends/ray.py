@@ -317,7 +317,7 @@ class RayBackend(Backend):
         error."""
         from vllm_provision.core.text import one_line
         from vllm_provision.modules.ray_wait_cluster import read_head_snapshot
-        from vllm_provision.transport.connection import UnreachableError
+        from vllm_provision.transport.base import UnreachableError
 
         head_unit = str(vars_.get(HEAD_UNIT[0], HEAD_UNIT[1]))
         head_active = any(s.host == replica.master.name and s.unit == head_unit

@@ -304,7 +304,7 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
         defaults: role defaults (default: read ``roles/preflight/defaults/main.yml``).
     """
     from vllm_provision.checks import stack as stack_checks
-    from vllm_provision.stack import replica_locks
+    from vllm_provision.stack.lock import replica_locks
     from vllm_provision.state import inventory_identity
 
     defaults = load_defaults() if defaults is None else defaults

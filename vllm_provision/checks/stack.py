@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.stack import Lock, compare
+from vllm_provision.stack.lock import Lock, compare
 
 SOURCE = "docs/stack.md (the lock is the expected state)"
 

@@ -126,7 +126,7 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
         errors.setdefault(failed.host, f"{failed.task}: {failed.message}")
 
     order = {name: index for index, name in enumerate(["*", *names])}
-    from vllm_provision.stack import replica_locks
+    from vllm_provision.stack.lock import replica_locks
 
     changes = sorted(drift.compare_layout(record, inventory, names)
                      + drift.compare_facts(record, facts)

@@ -29,7 +29,7 @@ def run_on_hosts(connections: dict[str, Any], command: str, forks: int,
         when the connection failed or the command ran past ``timeout_s``; ``data`` holds
         ``rc``, ``stdout``, ``stderr`` (``rc`` None when unreachable).
     """
-    from vllm_provision.transport.connection import UnreachableError
+    from vllm_provision.transport.base import UnreachableError
 
     def one(name: str) -> TaskResult:
         started = time.monotonic()

@@ -149,7 +149,7 @@ def _read_all(connections: dict[str, Any], units_of: dict[str, list[str]],
     from concurrent.futures import ThreadPoolExecutor
 
     from vllm_provision.output import logs
-    from vllm_provision.transport.connection import UnreachableError
+    from vllm_provision.transport.base import UnreachableError
 
     def one(name: str) -> list[Any]:
         command = logs.journal_command(units_of[name], since=since_s, lines=count)
@@ -177,7 +177,7 @@ def _follow(connections: dict[str, Any], units_of: dict[str, list[str]], order: 
     Ctrl-C, printing entries in time order within a :data:`~vllm_provision.output.logs.HOLD_S`
     window. Returns on Ctrl-C (SIGINT) after closing the channels."""
     from vllm_provision.output import logs
-    from vllm_provision.transport.connection import UnreachableError
+    from vllm_provision.transport.base import UnreachableError
 
     arrived: queue.Queue[tuple[float, Any] | tuple[float, str]] = queue.Queue()
     channels = []

@@ -1,7 +1,7 @@
 """Command-line options every command that touches hosts shares, and what they turn into.
 
 Every shared option is declared once, in :data:`OPTIONS`, with its one default (the connection
-defaults come from :mod:`vllm_provision.transport.connection`). Usage in a command module::
+defaults come from :mod:`vllm_provision.transport.base`). Usage in a command module::
 
     @click.command()
     @common_options                      # every shared option
@@ -27,7 +27,7 @@ from vllm_provision.cli.completion import complete_limit
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.source import load_yaml_data
-from vllm_provision.transport.connection import (
+from vllm_provision.transport.base import (
     DEFAULT_FORKS,
     DEFAULT_HOST_KEY_POLICY,
     DEFAULT_TIMEOUT_S,
@@ -157,7 +157,7 @@ class CommonOptions:
         logging.getLogger("paramiko").setLevel(paramiko_level.get(self.verbosity, level))
 
     def connection_options(self) -> ConnectionOptions:
-        """Return :class:`vllm_provision.transport.connection.ConnectionOptions` for these
+        """Return :class:`vllm_provision.transport.base.ConnectionOptions` for these
         options."""
         return ConnectionOptions(connect_timeout_s=self.timeout_s,
                                  command_timeout_s=self.timeout_s,

@@ -31,8 +31,8 @@ def command() -> None:
 
 
 def _replicas(opts: CommonOptions) -> tuple[Any, list[tuple[Any, Path]]]:
-    from vllm_provision import stack
     from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.stack import lock as stack_lock
 
     inventory = opts.load_inventory()
     wanted = None
@@ -44,7 +44,7 @@ def _replicas(opts: CommonOptions) -> tuple[Any, list[tuple[Any, Path]]]:
     for replica in inventory.replicas:
         if wanted is not None and not any(n.name in wanted for n in replica.nodes):
             continue
-        path = stack.lock_path(inventory, replica)
+        path = stack_lock.lock_path(inventory, replica)
         if path is None:
             raise ProvisionError.single(
                 f"{opts.inventory}: replica {replica.name}", "vllm_stack_lock is not set",
@@ -66,10 +66,10 @@ def _connect(opts: CommonOptions, replica: Any) -> dict[str, Any]:
 
 
 def _probe(connections: dict[str, Any], venv: str) -> dict[str, Any]:
-    from vllm_provision import stack
     from vllm_provision.core.errors import Problem, ProvisionError
+    from vllm_provision.stack import sync as stack_sync
 
-    nodes = stack.probe_nodes(connections, venv)
+    nodes = stack_sync.probe_nodes(connections, venv)
     failed = [Problem(n.host, n.error) for n in nodes.values() if n.error and not n.target]
     if failed:
         raise ProvisionError(failed)
@@ -99,9 +99,10 @@ def lock_command(requirements: Path | None, excludes: Path | None, overrides: Pa
     replica's nodes differ. Prints what changed against the lock already there. uv's
     --excludes and --overrides files are passed on and named in the lock's header.
     """
-    from vllm_provision import stack
     from vllm_provision.core.errors import ProvisionError
     from vllm_provision.core.files import replace_atomically
+    from vllm_provision.stack import lock as stack_lock
+    from vllm_provision.stack import sync as stack_sync
     from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
@@ -114,23 +115,23 @@ def lock_command(requirements: Path | None, excludes: Path | None, overrides: Pa
                                             "or pass -r FILE")
         connections = _connect(opts, replica)
         try:
-            nodes = _probe(connections, stack.venv_of(replica))
+            nodes = _probe(connections, stack_sync.venv_of(replica))
         finally:
             close_all(connections)
-        target, python = stack.same_target(list(nodes.values()))
+        target, python = stack_sync.same_target(list(nodes.values()))
         extra = {name: given or _beside(path, f"{name}.txt")
                  for name, given in (("excludes", excludes), ("overrides", overrides))}
-        text = stack.compile_lock(source, target, python, excludes=extra["excludes"],
-                                  overrides=extra["overrides"])
-        new = stack.parse_lock(text, str(path))
-        old = stack.read_lock(path) if path.exists() else None
+        text = stack_lock.compile_lock(source, target, python, excludes=extra["excludes"],
+                                       overrides=extra["overrides"])
+        new = stack_lock.parse_lock(text, str(path))
+        old = stack_lock.read_lock(path) if path.exists() else None
         old_text = path.read_text(encoding="utf-8") if old is not None else ""
         for name, given in extra.items():
             if given is None and f"\n# {name}: " in old_text:
                 click.echo(f"warning: {path} was written with --{name}; this lock has none "
                            f"(write {name}.txt beside it, or pass --{name} FILE)", err=True)
         replace_atomically(path, text, mode=0o644)
-        changes = stack.diff_locks(old, new)
+        changes = stack_lock.diff_locks(old, new)
         click.echo(f"{path}: {len(new.pins)} packages for {target}, Python {python} "
                    f"(stack {new.id})")
         for name, before, after in changes:
@@ -188,7 +189,7 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
 
 def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
                   wheelhouse: Path | None) -> tuple[str, list[Any]]:
-    """Sync one replica's nodes to its lock at ``path``: ``(lock id, stack.NodeResult per node)``.
+    """Sync one replica's nodes to its lock at ``path``: ``(lock id, sync.NodeResult per node)``.
 
     Two phases: every node builds and checks its stack (in parallel), and only when all of them
     did does any node switch, so a node lost mid-build leaves the whole replica on its old venv
@@ -199,35 +200,36 @@ def _sync_replica(opts: CommonOptions, replica: Any, path: Path,
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from vllm_provision import stack
     from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.stack import lock as stack_lock
+    from vllm_provision.stack import sync as stack_sync
     from vllm_provision.transport.connection import close_all
 
-    lock = stack.read_lock(path)
-    venv = stack.venv_of(replica)
+    lock = stack_lock.read_lock(path)
+    venv = stack_sync.venv_of(replica)
     target = f"{venv}.stack-{lock.id}"
     connections = _connect(opts, replica)
     try:
         nodes = _probe(connections, venv)
-        stack.check_target(lock, nodes)
+        stack_sync.check_target(lock, nodes)
         wheels: dict[str, Any] = {}
         if any(not (n.active == target and n.active_complete) for n in nodes.values()):
             folder = wheelhouse
             if folder is None:
-                folder = stack.default_wheelhouse(lock)
-                stack.download_wheels(path, lock, folder)
-            wheels = stack.wheel_plan(lock, stack.index_wheelhouse(folder), str(folder))
+                folder = stack_sync.default_wheelhouse(lock)
+                stack_sync.download_wheels(path, lock, folder)
+            wheels = stack_sync.wheel_plan(lock, stack_sync.index_wheelhouse(folder), str(folder))
 
         def build(name: str) -> Any:
             try:
-                return stack.build_node(connections[name], nodes[name], lock, wheels,
-                                        venv, progress=click.echo)
+                return stack_sync.build_node(connections[name], nodes[name], lock, wheels,
+                                             venv, progress=click.echo)
             except ProvisionError as exc:
-                return stack.NodeResult(name, active=nodes[name].active, error=exc.render())
+                return stack_sync.NodeResult(name, active=nodes[name].active, error=exc.render())
 
         def switch(result: Any) -> Any:
             try:
-                return stack.switch_node(connections[result.host], result, venv, lock.id)
+                return stack_sync.switch_node(connections[result.host], result, venv, lock.id)
             except ProvisionError as exc:
                 result.error = exc.render()
                 return result
@@ -254,15 +256,15 @@ def rollback_command(**kwargs: Any) -> None:
     restart on the next `provision up`. Revert the lock file too (git), so preflight
     and drift compare the nodes with what they run.
     """
-    from vllm_provision import stack
     from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.stack import sync as stack_sync
     from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
     failed = False
     for replica, _path in chosen:  # replicas are independent: one's failure skips no other
-        venv = stack.venv_of(replica)
+        venv = stack_sync.venv_of(replica)
         try:
             connections = _connect(opts, replica)
         except ProvisionError as exc:
@@ -282,7 +284,7 @@ def rollback_command(**kwargs: Any) -> None:
                 continue
             for name, conn in connections.items():
                 try:
-                    answer = stack.run_node(conn, {"action": "rollback", "venv": venv})
+                    answer = stack_sync.run_node(conn, {"action": "rollback", "venv": venv})
                 except ProvisionError as exc:
                     failed = True
                     click.echo(f"{name}: FAILED: {exc.render()}")
@@ -303,21 +305,22 @@ def status_command(**kwargs: Any) -> None:
 
     Exit status: 0 every node matches, 2 a node differs (as `provision drift`), 1 error.
     """
-    from vllm_provision import stack
+    from vllm_provision.stack import lock as stack_lock
+    from vllm_provision.stack import sync as stack_sync
     from vllm_provision.transport.connection import close_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     _inventory, chosen = _replicas(opts)
     differs = False
     for replica, path in chosen:
-        lock = stack.read_lock(path)
+        lock = stack_lock.read_lock(path)
         connections = _connect(opts, replica)
         try:
-            nodes = _probe(connections, stack.venv_of(replica))
+            nodes = _probe(connections, stack_sync.venv_of(replica))
         finally:
             close_all(connections)
         for name, node in nodes.items():
-            found = stack.compare(lock, name, node.packages)
+            found = stack_lock.compare(lock, name, node.packages)
             differs = differs or bool(found)
             state = "matches the lock" if not found else f"{len(found)} packages differ"
             click.echo(f"{name}: {node.active or '(no venv)'}: {state} (stack {lock.id})")

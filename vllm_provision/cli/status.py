@@ -28,7 +28,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         vars_: rank 0's variables (unit names).
         unreachable: host name -> one-line reason, for nodes whose connection failed to open;
             a node in neither mapping, or whose command fails with
-            :class:`~vllm_provision.transport.connection.UnreachableError`, joins them.
+            :class:`~vllm_provision.transport.base.UnreachableError`, joins them.
         deployed_at: when the ``up`` that last (re)started the replica began (epoch seconds,
             from the state record, ``vllm_provision.state``); failures before it are older
             ones. None: every failure of this boot is current.
@@ -48,7 +48,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     from vllm_provision.modules.vllm_wait_ready import replica_units
     from vllm_provision.state.recovery import node_command, parse_node, replica_whole
     from vllm_provision.transport.api import Endpoint, parse_show, show_command, verdict
-    from vllm_provision.transport.connection import UnreachableError
+    from vllm_provision.transport.base import UnreachableError
 
     expected = replica_units(replica, vars_)
     lost = {host: reason for host, reason in (unreachable or {}).items() if host in expected}

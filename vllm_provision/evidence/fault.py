@@ -178,7 +178,7 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
     """
     from vllm_provision.evidence import load
     from vllm_provision.evidence.bench import served_model
-    from vllm_provision.transport.connection import UnreachableError
+    from vllm_provision.transport.base import UnreachableError
 
     model = served_model(replica)
     url = replica.api_url + "/v1/completions"

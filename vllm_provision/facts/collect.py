@@ -8,7 +8,8 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory
 from vllm_provision.facts.gather import ProbeOptions, gather_facts
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.transport.connection import ConnectionOptions, close_all, open_connections
+from vllm_provision.transport.base import ConnectionOptions
+from vllm_provision.transport.connection import close_all, open_connections
 
 
 def collect_facts(inventory: Inventory, hosts: Sequence[Host],

@@ -33,7 +33,7 @@ from vllm_provision.facts.model import (
     VenvFound,
 )
 from vllm_provision.settings import variables
-from vllm_provision.transport.connection import Connection, UnreachableError
+from vllm_provision.transport.base import Connection, UnreachableError
 
 # The host's copy of the state record (vllm_provision.state.HOST_STATE_FILE).
 HOST_STATE_FILE = f"{STATE_DIR}/state.json"
@@ -76,7 +76,7 @@ class ProbeOptions:
             (``provision init``: the other hosts it was given); a replica's nodes use the
             replica's addresses.
         extra_packages: more distributions whose versions the probe reads (the replica's
-            stack lock, ``vllm_provision.stack.lock_packages``), into ``HostFacts.packages``.
+            stack lock, ``vllm_provision.stack.lock.lock_packages``), into ``HostFacts.packages``.
     """
 
     nccl_loaded: bool = False
@@ -447,7 +447,7 @@ def gather_facts(inventory: Inventory, connections: Mapping[str, Connection],
     errors: dict[str, ProvisionError] = {}
 
     def one(name: str) -> tuple[str, HostFacts | ProvisionError]:
-        from vllm_provision.stack import lock_packages
+        from vllm_provision.stack.lock import lock_packages
 
         host = inventory.hosts[name]
         mine = replace(options, extra_packages=lock_packages(inventory, name))

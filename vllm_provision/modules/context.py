@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vllm_provision.core.models import Host, Inventory, Node, Replica
-from vllm_provision.transport.connection import Connection
+from vllm_provision.transport.base import Connection
 
 
 class ModuleContext(Protocol):

@@ -28,7 +28,7 @@ from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 from vllm_provision.output import progress
-from vllm_provision.transport.connection import Connection
+from vllm_provision.transport.base import Connection
 
 ARGUMENT_SPEC = ArgumentSpec("ray_wait_cluster", (
     Argument("timeout_s", "float", "seconds to wait in all",

@@ -133,10 +133,10 @@ def stats_lines(stats: Mapping[str, Mapping[str, int]]) -> list[str]:
 
 
 def connection_stats() -> dict[str, dict[str, int]]:
-    """The connection layer's counters so far (:data:`vllm_provision.transport.connection.STATS`):
+    """The connection layer's counters so far (:data:`vllm_provision.transport.stats.STATS`):
     host
     -> ``{"connects", "commands", "round_trips"}``; the ``stats`` key of ``--json``."""
-    from vllm_provision.transport.connection import STATS
+    from vllm_provision.transport.stats import STATS
 
     return STATS.snapshot()
 

@@ -10,7 +10,7 @@ from typing import Any
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory, Node, Replica
 from vllm_provision.runner.templating import Templar
-from vllm_provision.transport.connection import Connection
+from vllm_provision.transport.base import Connection
 
 
 @dataclass

@@ -24,12 +24,9 @@ from vllm_provision.runner.prefetch import PrefetchingConnection
 from vllm_provision.runner.templating import Templar
 from vllm_provision.runner.variables import VariableResolver, node_of, registered_value
 from vllm_provision.settings.masking import mask_diff
-from vllm_provision.transport.connection import (
-    Connection,
-    LocalConnection,
-    UnreachableError,
-    open_connections,
-)
+from vllm_provision.transport.base import Connection, UnreachableError
+from vllm_provision.transport.connection import open_connections
+from vllm_provision.transport.local import LocalConnection
 
 LOCALHOST_NAMES = ("localhost", "127.0.0.1")
 

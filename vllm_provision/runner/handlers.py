@@ -21,7 +21,7 @@ from vllm_provision.modules import UNAFFECTED_KEY
 from vllm_provision.runner import handlers_state
 from vllm_provision.runner.outcome import HandlerResult, RunState
 from vllm_provision.runner.playbook import Play, Task
-from vllm_provision.transport.connection import UnreachableError
+from vllm_provision.transport.base import UnreachableError
 
 # runs a handler on one host: (play, handler, host, note) -> its results, recorded
 RunHandler = Callable[[Play, Task, Host, str], list[TaskResult]]

@@ -17,7 +17,7 @@ from vllm_provision.core.models import Inventory
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.runner import handlers_state
 from vllm_provision.settings.masking import Masker
-from vllm_provision.transport.connection import ConnectionOptions
+from vllm_provision.transport.base import ConnectionOptions
 
 
 class Reporter(Protocol):

@@ -38,7 +38,7 @@ from vllm_provision.runner.context import TaskContext
 from vllm_provision.runner.outcome import RunState
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.templating import Templar
-from vllm_provision.transport.connection import CommandResult, UnreachableError, command_failed
+from vllm_provision.transport.base import CommandResult, UnreachableError, command_failed
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from vllm_provision.core.models import EngineArgs, Inventory
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import quote
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.transport.connection import Connection, UnreachableError
+from vllm_provision.transport.base import Connection, UnreachableError
 
 SCHEMA = 1
 HOST_STATE_FILE = f"{STATE_DIR}/state.json"

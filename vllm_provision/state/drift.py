@@ -99,11 +99,11 @@ def compare_lock(locks: Mapping[str, Any], inventory: Inventory,
     state), as ``facts`` changes: recorded = the locked version, current = the installed one.
 
     Args:
-        locks: parsed locks (``vllm_provision.stack.Lock``) by replica name.
+        locks: parsed locks (``vllm_provision.stack.lock.Lock``) by replica name.
         inventory: the inventory (to find each host's replica).
         facts: current facts by host name; their ``packages`` hold the lock's packages.
     """
-    from vllm_provision.stack import compare
+    from vllm_provision.stack.lock import compare
 
     changes: list[Change] = []
     for name, host_facts in facts.items():

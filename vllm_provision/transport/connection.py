@@ -1,51 +1,57 @@
-"""One persistent SSH connection per host: host keys, sudo, timeouts and bounded retries.
+"""One persistent SSH connection per host (:class:`HostConnection`) and the pool that opens them.
 
 Built on Fabric (config, ``~/.ssh/config``, ProxyJump gateways) and Paramiko (the transport).
 Commands run on one exec channel each over the host's single transport, so a run opens exactly
-one TCP/SSH connection per host (paramiko has no ControlMaster: fabric/fabric#2103).
+one TCP/SSH connection per host (paramiko has no ControlMaster: fabric/fabric#2103). Here: the
+connect with bounded retries, sudo, command timeouts, the liveness of a silent host (OpenSSH's
+ServerAlive, :data:`ALIVE_COUNT_MAX`), and :func:`open_connections`/:func:`close_all`.
 
-Host keys (fabric/fabric#1804, #2071: Fabric auto-accepts unknown keys; we do not): the system
-file ``/etc/ssh/ssh_known_hosts``, the user file ``~/.ssh/known_hosts`` and the host's own
-``known_hosts_files`` are loaded; an unknown key is refused unless the policy is ``accept-new``
-(OpenSSH ``StrictHostKeyChecking=accept-new``, ssh_config(5)); a changed key is always refused.
-The same files and policy apply to every ProxyJump hop Fabric builds from ``~/.ssh/config`` (its
-gateway ``Connection`` objects otherwise keep Fabric's ``AutoAddPolicy``). A ProxyCommand runs the
+Host keys are checked on the target and on every ProxyJump hop Fabric builds from
+``~/.ssh/config`` (its gateway ``Connection`` objects otherwise keep Fabric's ``AutoAddPolicy``):
+the files and the policy are :mod:`vllm_provision.transport.hostkeys`'. A ProxyCommand runs the
 system ``ssh``, which checks the jump host's key itself (its own ssh_config); the target's key is
-still ours to check.
+still ours to check. The shared types (:class:`~vllm_provision.transport.base.Connection`, the
+result, the options, the errors) are in :mod:`vllm_provision.transport.base`, the counters in
+:mod:`vllm_provision.transport.stats`, the controller's own connection in
+:mod:`vllm_provision.transport.local`.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
-from vllm_provision.core.errors import Problem, ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host
-from vllm_provision.core.quoting import quote
+from vllm_provision.transport.base import (
+    CommandResult,
+    Connection,
+    ConnectionOptions,
+    HostKeyError,
+    UnreachableError,
+    command_failed,
+    sudo_wrap,
+)
+from vllm_provision.transport.hostkeys import (
+    JumpHost,
+    KnownHostsPolicy,
+    fingerprint_sha256,
+    first_writable,
+    known_hosts_files,
+    known_hosts_name,
+)
+from vllm_provision.transport.stats import COMMAND_ROUND_TRIPS, START_ROUND_TRIPS, STATS
 
 if TYPE_CHECKING:  # paramiko/fabric load lazily: `provision --help` must stay fast
     import paramiko
 
 log = logging.getLogger(__name__)
-
-HostKeyPolicyName = Literal["strict", "accept-new"]
-
-# The one set of defaults of the shared command-line options (``vllm_provision.cli.options``
-# reads them from here): seconds for the SSH connect and for one command, parallel hosts.
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_FORKS = 10
-DEFAULT_HOST_KEY_POLICY: HostKeyPolicyName = "strict"
 
 # Seconds between drains of a running command's output (the exit status wakes the wait at once).
 POLL_S = 0.05
@@ -63,266 +69,6 @@ STDIN_CHUNK = 1 << 20
 # about the connect timeout (``--timeout``), not when a long command's own limit (an hour for a
 # venv build) or TCP's retransmissions (about 15 min, tcp_retries2) run out.
 ALIVE_COUNT_MAX = 3
-SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
-USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
-
-
-class UnreachableError(ProvisionError):
-    """The host cannot be reached: connect refused or timed out, authentication failed, host key
-    refused, or an operation on an open connection timed out. The runner reports ``unreachable``.
-    """
-
-
-class HostKeyError(UnreachableError):
-    """The host's SSH key is unknown (policy ``strict``) or differs from the known one."""
-
-
-# Round trips of one remote command after the connection is open, as :meth:`HostConnection._exec`
-# waits for them: the channel open confirmation, the reply to the exec request (paramiko sends it
-# with want-reply and waits, ``Channel.exec_command``), and the end of the output (exit status,
-# EOF). Standard input is sent without waiting. RFC 4254 sections 5.1, 6.5, 6.10.
-COMMAND_ROUND_TRIPS = 3
-# A channel started and left open (:meth:`HostConnection.start`): open confirmation + exec reply.
-START_ROUND_TRIPS = 2
-
-
-class ConnectionStats:
-    """Counters of what the connection layer sent, per host, for the whole process.
-
-    Kept by :class:`HostConnection` itself (not by its callers), so every command counts, a
-    module's, the runner's, the run lock's or a fact probe's. Per host name:
-
-    - ``connects``: SSH connections opened (handshake and authentication done);
-    - ``commands``: remote commands sent (one exec channel each);
-    - ``round_trips``: the waits on the host those commands cost after connecting
-      (:data:`COMMAND_ROUND_TRIPS` per command, :data:`START_ROUND_TRIPS` per started channel);
-      the connect handshake is not included (TCP, key exchange and authentication take about 4
-      more, RFC 4253 section 7 and RFC 4252).
-
-    Thread-safe. ``provision -vv`` prints them at the end of a run, ``--json`` puts
-    :meth:`snapshot` under ``stats``.
-    """
-
-    KEYS = ("connects", "commands", "round_trips")
-
-    def __init__(self) -> None:
-        """Start with no host counted."""
-        self._lock = threading.Lock()
-        self._hosts: dict[str, dict[str, int]] = {}
-
-    def add(self, host: str, *, connects: int = 0, commands: int = 0,
-            round_trips: int = 0) -> None:
-        """Add to ``host``'s counters (ints >= 0)."""
-        with self._lock:
-            counts = self._hosts.setdefault(host, dict.fromkeys(self.KEYS, 0))
-            counts["connects"] += connects
-            counts["commands"] += commands
-            counts["round_trips"] += round_trips
-
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        """Return ``{host: {"connects", "commands", "round_trips"}}``, hosts in first-use order
-        (a copy)."""
-        with self._lock:
-            return {host: dict(counts) for host, counts in self._hosts.items()}
-
-    def reset(self) -> None:
-        """Forget every count (tests, or a caller measuring one step)."""
-        with self._lock:
-            self._hosts.clear()
-
-
-#: the process's counters (one CLI command per process)
-STATS = ConnectionStats()
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What one remote command did.
-
-    Attributes:
-        exit_code: the command's exit status (sudo's 1 when sudo itself refused).
-        stdout: standard output, decoded as UTF-8 (invalid bytes replaced).
-        stderr: standard error, decoded likewise.
-        duration_s: wall time of the round trip, in seconds.
-    """
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """True when the exit status is 0."""
-        return self.exit_code == 0
-
-
-@dataclass(frozen=True)
-class ConnectionOptions:
-    """Settings shared by every connection of a run.
-
-    Attributes:
-        connect_timeout_s: TCP + SSH handshake timeout per attempt, in seconds.
-        command_timeout_s: default time limit of one remote command, in seconds.
-        host_key_policy: ``strict`` (refuse unknown keys) or ``accept-new`` (learn unknown keys,
-            append them to the first writable known_hosts file; changed keys are still refused).
-        forks: how many connections are opened at once.
-        connect_attempts: attempts for transient connect errors (refused, reset, banner timeout).
-
-    The defaults are those of the shared command-line options (``--timeout``,
-    ``--host-key-policy``, ``-f``): :data:`DEFAULT_TIMEOUT_S`, :data:`DEFAULT_HOST_KEY_POLICY`,
-    :data:`DEFAULT_FORKS`.
-    """
-
-    connect_timeout_s: float = DEFAULT_TIMEOUT_S
-    command_timeout_s: float = DEFAULT_TIMEOUT_S
-    host_key_policy: HostKeyPolicyName = DEFAULT_HOST_KEY_POLICY
-    forks: int = DEFAULT_FORKS
-    connect_attempts: int = 3
-
-
-class Connection(Protocol):
-    """What modules need from a connection (``HostConnection``, ``LocalConnection``, a fake)."""
-
-    name: str
-
-    def run(self, command: str, *, sudo: bool | None = None, stdin: str | bytes | None = None,
-            timeout_s: float | None = None, check: bool = False) -> CommandResult: ...
-
-
-def fingerprint_sha256(key_bytes: bytes) -> str:
-    """Return OpenSSH's ``SHA256:<base64 without padding>`` fingerprint of a raw public key blob."""
-    digest = hashlib.sha256(key_bytes).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    """Return the known_hosts host field: ``addr`` on port 22, else ``[addr]:port`` (sshd(8))."""
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-def sudo_wrap(command: str, become_user: str = "root") -> str:
-    """Wrap ``command`` to run through non-interactive sudo as ``become_user``.
-
-    ``sudo -n`` never prompts (sudo(8)): a missing NOPASSWD rule fails fast with "a password is
-    required" instead of hanging the run.
-    """
-    return f"sudo -n -H -u {quote(become_user)} -- /bin/sh -c {quote(command)}"
-
-
-# One jump host usually serves every host of a run, so several connections may learn its key at
-# once: appends are serialised and re-read so the key is written once and two differing keys
-# for one name are refused.
-_LEARN_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class JumpHost:
-    """One ProxyJump hop (a Fabric gateway ``Connection``) on the way to an inventory host.
-
-    Attributes:
-        address: the hop's address after ``~/.ssh/config`` (``HostName``).
-        port: its SSH port.
-    """
-
-    address: str
-    port: int
-
-    @property
-    def label(self) -> str:
-        """``address:port``, as in our other connection messages."""
-        return f"{self.address}:{self.port}"
-
-
-class _KnownHostsPolicy:
-    """Paramiko missing-host-key policy: refuse (``strict``) or learn and save (``accept-new``).
-
-    ``jump_host`` is set when the policy guards a ProxyJump hop of ``host`` rather than ``host``
-    itself: messages then name the jump host and the host it leads to.
-    """
-
-    def __init__(self, host: Host, policy: HostKeyPolicyName, write_file: Path | None,
-                 jump_host: JumpHost | None = None) -> None:
-        self.host = host
-        self.policy = policy
-        self.write_file = write_file
-        self.jump_host = jump_host
-        self.accepted: str | None = None
-
-    def _subject(self, hostname: str) -> str:
-        if self.jump_host is None:
-            return hostname
-        return f"{hostname}, the jump host (ProxyJump) for {self.host.name},"
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
-        fingerprint = fingerprint_sha256(key.asbytes())
-        owner = "the server's" if self.jump_host is None else "the jump host's"
-        if self.policy != "accept-new":
-            raise HostKeyError.single(
-                self.host.name,
-                f"unknown SSH host key for {self._subject(hostname)} "
-                f"({key.get_name()} {fingerprint})",
-                fix=f"check the fingerprint with {owner} owner (ssh-keygen -lf "
-                    "/etc/ssh/ssh_host_*_key.pub on it), then add it to known_hosts or rerun "
-                    "with --host-key-policy accept-new",
-            )
-        if self.write_file is None:
-            raise HostKeyError.single(
-                self.host.name,
-                f"no writable known_hosts file to record the key of {self._subject(hostname)} in",
-                fix="create ~/.ssh/known_hosts or set provision_known_hosts_file")
-        with _LEARN_LOCK:
-            recorded = self._recorded_key(hostname, key.get_name())
-            if recorded is not None and recorded.asbytes() != key.asbytes():
-                raise HostKeyError.single(
-                    self.host.name,
-                    f"the SSH host key of {self._subject(hostname)} CHANGED during this run: "
-                    f"learned {key.get_name()} {fingerprint_sha256(recorded.asbytes())}, "
-                    f"now offered {fingerprint}",
-                    fix="suspect an attack; check both fingerprints with the server's owner")
-            if recorded is None:
-                self.write_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                with self.write_file.open("a", encoding="ascii") as handle:
-                    handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.accepted = fingerprint
-        if recorded is None:
-            log.warning("%s: accepted new host key of %s %s %s into %s", self.host.name,
-                        self._subject(hostname).rstrip(","), key.get_name(), fingerprint,
-                        self.write_file)
-
-    def _recorded_key(self, hostname: str, key_type: str) -> paramiko.PKey | None:
-        """The key of ``key_type`` the write file already holds for ``hostname``, if any."""
-        import paramiko
-
-        if self.write_file is None or not self.write_file.is_file():
-            return None
-        entry = paramiko.HostKeys(str(self.write_file)).lookup(hostname)
-        return None if entry is None else entry.get(key_type)
-
-
-def _known_hosts_files(host: Host) -> list[Path]:
-    files = [SYSTEM_KNOWN_HOSTS, USER_KNOWN_HOSTS.expanduser(), *host.known_hosts_files]
-    return [Path(os.path.expanduser(str(f))) for f in files]
-
-
-def _first_writable(host: Host) -> Path | None:
-    # OpenSSH writes learned keys to the first UserKnownHostsFile: the host's own file first.
-    for candidate in [*host.known_hosts_files, USER_KNOWN_HOSTS]:
-        path = Path(os.path.expanduser(str(candidate)))
-        if path.exists() and os.access(path, os.W_OK):
-            return path
-        if not path.exists() and os.access(_existing_parent(path), os.W_OK):
-            return path
-    return None
-
-
-def _existing_parent(path: Path) -> Path:
-    for parent in path.parents:
-        if parent.exists():
-            return parent
-    return Path("/")
 
 
 class HostConnection:
@@ -426,7 +172,7 @@ class HostConnection:
         self._fabric = fabric_conn
         STATS.add(self.name, connects=1)
 
-    def _prepare(self) -> tuple[Any, _KnownHostsPolicy]:
+    def _prepare(self) -> tuple[Any, KnownHostsPolicy]:
         """Build the Fabric connection (not opened) with our host-key checking on every hop.
 
         Returns:
@@ -469,16 +215,16 @@ class HostConnection:
         return fabric_conn, policy
 
     def _check_host_keys(self, client: paramiko.SSHClient,
-                         jump_host: JumpHost | None) -> _KnownHostsPolicy:
+                         jump_host: JumpHost | None) -> KnownHostsPolicy:
         """Load our known_hosts files into ``client`` and set our policy on it."""
-        for path in _known_hosts_files(self.host):
+        for path in known_hosts_files(self.host):
             if path.is_file():
                 try:
                     client.load_system_host_keys(str(path))
                 except OSError as exc:  # unreadable: say so, but other files may still know it
                     log.warning("%s: cannot read known_hosts %s: %s", self.name, path, exc)
-        policy = _KnownHostsPolicy(self.host, self.options.host_key_policy,
-                                   _first_writable(self.host), jump_host)
+        policy = KnownHostsPolicy(self.host, self.options.host_key_policy,
+                                   first_writable(self.host), jump_host)
         # paramiko duck-types the policy; subclassing would import paramiko at module load
         client.set_missing_host_key_policy(cast("paramiko.MissingHostKeyPolicy", policy))
         return policy
@@ -739,47 +485,6 @@ class _BecomeView:
                                timeout_s=timeout_s, check=check)
 
 
-class LocalConnection:
-    """Runs commands on the controller (``delegate_to: localhost``, unit tests), via ``/bin/sh``."""
-
-    def __init__(self, name: str = "localhost", *, become: bool = False,
-                 command_timeout_s: float = 30.0) -> None:
-        """Create a local connection named ``name``; ``become`` wraps commands in ``sudo -n``."""
-        self.name = name
-        self.become = become
-        self.command_timeout_s = command_timeout_s
-        self.calls: list[str] = []
-
-    def run(self, command: str, *, sudo: bool | None = None,
-            stdin: str | bytes | IO[bytes] | None = None,
-            timeout_s: float | None = None, check: bool = False) -> CommandResult:
-        """Same contract as :meth:`HostConnection.run`, executed locally."""
-        self.calls.append(command)
-        use_sudo = self.become if sudo is None else sudo
-        line = sudo_wrap(command) if use_sudo and os.geteuid() != 0 else command
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        if data is not None and not isinstance(data, bytes):
-            data = data.read()
-        started = time.monotonic()
-        try:
-            proc = subprocess.run(["/bin/sh", "-c", line], input=data, capture_output=True,
-                                  timeout=timeout_s or self.command_timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise UnreachableError.single(self.name, "local command timed out") from None
-        result = CommandResult(proc.returncode, proc.stdout.decode(errors="replace"),
-                               proc.stderr.decode(errors="replace"), time.monotonic() - started)
-        if check and not result.ok:
-            raise command_failed(self.name, command, result)
-        return result
-
-
-def command_failed(host: str, command: str, result: CommandResult) -> ProvisionError:
-    """Build the error for a command that had to succeed and did not."""
-    detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
-    return ProvisionError.single(host, f"command failed with exit status {result.exit_code}: "
-                                       f"{command[:200]}", actual=detail)
-
-
 def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
                      factory: Callable[[Host], HostConnection] | None = None,
                      ) -> tuple[dict[str, HostConnection], dict[str, UnreachableError]]:
@@ -832,8 +537,6 @@ def probe_tcp(address: str, port: int, timeout_s: float) -> bool:
 
 
 __all__ = [
-    "COMMAND_ROUND_TRIPS", "STATS", "CommandResult", "Connection", "ConnectionOptions",
-    "ConnectionStats", "HostConnection", "HostKeyError",
-    "JumpHost", "LocalConnection", "Problem", "UnreachableError", "close_all", "fingerprint_sha256",
-    "known_hosts_name", "open_connections", "probe_tcp", "sudo_wrap",
+    "ALIVE_COUNT_MAX", "EOF_GRACE_S", "HostConnection", "close_all", "open_connections",
+    "probe_tcp",
 ]

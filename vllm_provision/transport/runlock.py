@@ -47,13 +47,8 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import shell_quote
-from vllm_provision.transport.connection import (
-    ConnectionOptions,
-    HostConnection,
-    UnreachableError,
-    close_all,
-    open_connections,
-)
+from vllm_provision.transport.base import ConnectionOptions, UnreachableError
+from vllm_provision.transport.connection import HostConnection, close_all, open_connections
 
 LOCK_FILE = f"{STATE_DIR}/run.lock"
 HOLDER_FILE = f"{STATE_DIR}/run.lock.holder"
