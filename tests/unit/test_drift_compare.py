@@ -189,3 +189,7 @@ def test_managed_files_name_the_unit_and_env_file_of_every_mp_node() -> None:
         paths = set(files[node.name].values())
         assert "/etc/systemd/system/vllm.service" in paths
         assert "/etc/vllm-provision/vllm.env" in paths
+        # the watchdog's program and the rules it imports, beside it: recorded, compared by
+        # `provision drift` and removed by `down --purge` like every other installed file
+        assert {"/usr/local/lib/vllm-provision/vllm_watchdog.py",
+                "/usr/local/lib/vllm-provision/vllm_watchdog_rules.py"} <= paths

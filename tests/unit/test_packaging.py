@@ -47,6 +47,7 @@ def test_the_wheel_holds_every_playbook_role_template_watchdog_and_verify_file(
     for must in ("vllm_provision/resources/playbooks/up.yml",
                  "vllm_provision/resources/roles/vllm_mp/templates/vllm.service.j2",
                  "vllm_provision/resources/roles/vllm_watchdog/files/vllm_watchdog.py",
+                 "vllm_provision/resources/roles/vllm_watchdog/files/vllm_watchdog_rules.py",
                  "vllm_provision/resources/roles/preflight/defaults/main.yml",
                  "vllm_provision/resources/roles/preflight/tasks/main.yml",
                  "vllm_provision/resources/roles/vllm_mp/meta/main.yml",
@@ -78,8 +79,8 @@ def test_pyproject_lists_every_python_package_of_the_tree() -> None:
 
 def test_resources_are_found_in_the_installed_package() -> None:
     assert resources.playbook("up").name == "up.yml"
-    assert (resources.folder("roles") / "vllm_watchdog" / "files" / "vllm_watchdog.py"
-            ).is_file()
+    for name in ("vllm_watchdog.py", "vllm_watchdog_rules.py"):
+        assert (resources.folder("roles") / "vllm_watchdog" / "files" / name).is_file()
     assert (resources.folder("verify") / "test_replica.py").is_file()
     assert resources.folder("playbooks").parent == resources.folder("roles").parent
 

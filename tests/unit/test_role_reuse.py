@@ -112,12 +112,14 @@ def test_copy_arguments_are_checked_at_load(tmp_path: Path) -> None:
     assert "play.yml: play[0].tasks[0].copy" in message and "mode" in message
 
 
-def test_the_watchdog_is_copied_and_its_file_is_hashed_in_the_state_record() -> None:
+def test_the_watchdog_is_copied_and_its_files_are_hashed_in_the_state_record() -> None:
     plays = load_playbook(REPO / "playbooks" / "up.yml")
-    task = next(t for p in plays for t in p.tasks if t.name == "Install the watchdog script")
-    assert task.module == "copy" and task.role == "vllm_watchdog"
-    assert task.role_path is not None and (task.role_path / "files" / "vllm_watchdog.py").is_file()
-    assert any(task in p.tasks for p in managed.install_plays(plays))
+    for name in ("vllm_watchdog_rules.py", "vllm_watchdog.py"):  # the program imports the rules
+        task = next(t for p in plays for t in p.tasks
+                    if t.module == "copy" and t.args.get("src") == name)
+        assert task.role == "vllm_watchdog"
+        assert task.role_path is not None and (task.role_path / "files" / name).is_file()
+        assert any(task in p.tasks for p in managed.install_plays(plays))
 
 
 # --- meta/main.yml dependencies -----------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from test_templates import _replica, env_values, render
-from test_watchdog import wd
+from test_watchdog_rules import rules
 from vllm_provision_lab.gpu.guest.vllm_lab_standin import ray_engine
 
 from vllm_provision.backends.ray import RayBackend, health_check_bound_s, ray_environment
@@ -26,7 +26,7 @@ def _info(node_id: bytes, ip: str, state: int, gpus: float = 4, reason: str = ""
 
 
 def test_node_table_reads_ray_gcs_node_info() -> None:
-    rows = wd.node_table({"a": _info(b"\x01\x02", "10.0.0.1", 0),
+    rows = rules.node_table({"a": _info(b"\x01\x02", "10.0.0.1", 0),
                           "b": _info(b"\xff", "10.0.0.2", 1, 0, "health check failed")})
     assert rows == [{"id": "0102", "ip": "10.0.0.1", "alive": True, "gpus": 4.0, "reason": ""},
                     {"id": "ff", "ip": "10.0.0.2", "alive": False, "gpus": 0.0,
@@ -36,11 +36,11 @@ def test_node_table_reads_ray_gcs_node_info() -> None:
 def test_cluster_gaps_need_every_node_alive_and_the_world_size_in_gpus() -> None:
     alive = [{"ip": "10.0.0.1", "alive": True, "gpus": 4}, {"ip": "10.0.0.2", "alive": True,
                                                              "gpus": 4}]
-    assert wd.cluster_gaps(alive, ["10.0.0.1", "10.0.0.2"], 8) == []
+    assert rules.cluster_gaps(alive, ["10.0.0.1", "10.0.0.2"], 8) == []
     old_dead = [*alive[:1], {"ip": "10.0.0.2", "alive": False, "gpus": 4}]
-    assert wd.cluster_gaps(old_dead, ["10.0.0.1", "10.0.0.2"], 8) == [
+    assert rules.cluster_gaps(old_dead, ["10.0.0.1", "10.0.0.2"], 8) == [
         "node 10.0.0.2 is not alive in Ray", "4 GPUs alive in Ray, vLLM needs 8"]
-    assert wd.cluster_gaps(alive + [{"ip": "10.0.0.9", "alive": True, "gpus": 8}],
+    assert rules.cluster_gaps(alive + [{"ip": "10.0.0.9", "alive": True, "gpus": 8}],
                            ["10.0.0.1", "10.0.0.2"], 12) == ["8 GPUs alive in Ray, vLLM needs 12"]
 
 
@@ -49,43 +49,43 @@ def test_raylet_node_ids_come_from_the_raylet_argv_only() -> None:
                  "--node_id=abc123"],
                 ["/opt/vllm/bin/python3", "agent.py", "--node-id=zzz", "--node_id=not-a-raylet"],
                 ["raylet", "--node_id="], []]
-    assert wd.raylet_node_ids(cmdlines) == {"abc123"}
+    assert rules.raylet_node_ids(cmdlines) == {"abc123"}
 
 
 def _worker(invocation: str = "w1", sub: str = "running") -> Any:
-    return wd.UnitView(unit=WORKER, invocation=invocation, active="active", sub=sub, age_s=30)
+    return rules.UnitView(unit=WORKER, invocation=invocation, active="active", sub=sub, age_s=30)
 
 
 def test_a_worker_restarts_when_the_gcs_reports_its_raylet_dead() -> None:
     table = [{"id": "old", "ip": "10.0.0.2", "alive": False, "reason": "missed heartbeats"},
              {"id": "mine", "ip": "10.0.0.2", "alive": True}]
-    assert wd.decide_ray_worker(_worker(), {"mine"}, table, 0, 65).action == "keep"
+    assert rules.decide_ray_worker(_worker(), {"mine"}, table, 0, 65).action == "keep"
     table[1]["alive"] = False
-    decision = wd.decide_ray_worker(_worker(), {"mine"}, table, 0, 65)
+    decision = rules.decide_ray_worker(_worker(), {"mine"}, table, 0, 65)
     assert decision.action == "restart" and "dead" in decision.reason
     # a raylet the GCS does not know yet (registering) is not dead; nor is an unknown table
-    assert wd.decide_ray_worker(_worker(), {"new"}, table, 0, 65).action == "keep"
-    assert wd.decide_ray_worker(_worker(), {"mine"}, None, 0, 65).action == "keep"
+    assert rules.decide_ray_worker(_worker(), {"new"}, table, 0, 65).action == "keep"
+    assert rules.decide_ray_worker(_worker(), {"mine"}, None, 0, 65).action == "keep"
 
 
 def test_a_worker_restarts_when_the_gcs_stays_unreachable_for_the_bound() -> None:
-    assert wd.decide_ray_worker(_worker(), set(), None, 64.0, 65).action == "keep"
-    decision = wd.decide_ray_worker(_worker(), set(), None, 65.0, 65)
+    assert rules.decide_ray_worker(_worker(), set(), None, 64.0, 65).action == "keep"
+    decision = rules.decide_ray_worker(_worker(), set(), None, 65.0, 65)
     assert decision.action == "restart" and "65 s" in decision.reason
 
 
 def test_a_stopped_or_restarting_worker_is_left_alone() -> None:
     dead = [{"id": "mine", "ip": "10.0.0.2", "alive": False}]
     for local in (None, _worker(sub="auto-restart")):
-        assert wd.decide_ray_worker(local, {"mine"}, dead, 999, 65).action == "wait"
+        assert rules.decide_ray_worker(local, {"mine"}, dead, 999, 65).action == "wait"
 
 
 def test_a_rule_grace_overrides_the_watchdog_grace() -> None:
-    rule = wd.Rule(WORKER, "h1", "ray-head.service", False, grace_s=65.0)
-    bound = wd.Binding(WORKER, "w1", "h1", "ray-head.service", "h")
-    settings = wd.Settings(grace_s=5.0)
-    assert wd.decide(rule, _worker(), None, False, bound, 10.0, settings).action == "keep"
-    assert wd.decide(rule, _worker(), None, False, bound, 65.0, settings).action == "restart"
+    rule = rules.Rule(WORKER, "h1", "ray-head.service", False, grace_s=65.0)
+    bound = rules.Binding(WORKER, "w1", "h1", "ray-head.service", "h")
+    settings = rules.Settings(grace_s=5.0)
+    assert rules.decide(rule, _worker(), None, False, bound, 10.0, settings).action == "keep"
+    assert rules.decide(rule, _worker(), None, False, bound, 65.0, settings).action == "restart"
 
 
 def test_health_check_bound_follows_ray_defaults_and_ray_env() -> None:

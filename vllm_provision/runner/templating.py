@@ -14,6 +14,7 @@ rendered, as in Ansible ("Unsafe or raw strings", Ansible docs).
 
 from __future__ import annotations
 
+import posixpath
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -80,8 +81,9 @@ def environment_for(search_path: list[Path] | None = None) -> jinja2.Environment
 def make_environment(search_path: list[Path] | None = None) -> jinja2.Environment:
     """Return the engine's Jinja2 environment: an ImmutableSandboxedEnvironment with
     StrictUndefined, trailing newline kept, and the filters ``bool``, ``quote``, ``combine``
-    (Ansible's, a new mapping), ``systemd_exec_quote``, ``env_file_line`` and
-    ``nftables_ruleset`` (:func:`vllm_provision.settings.firewall.ruleset`).
+    (Ansible's, a new mapping), ``dirname`` (Ansible's: a remote path's folder),
+    ``systemd_exec_quote``, ``env_file_line`` and ``nftables_ruleset``
+    (:func:`vllm_provision.settings.firewall.ruleset`).
 
     Args:
         search_path: folders for ``{% include %}`` / ``{% import %}`` (role templates first).
@@ -93,6 +95,8 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
     env.filters["bool"] = _to_bool
     env.filters["combine"] = _combine
     env.filters["quote"] = _quote
+    # A file installed beside another (role vllm_watchdog: the rules beside the script).
+    env.filters["dirname"] = posixpath.dirname
     # Unit and env-file templates quote through these (roles vllm_mp, ray, vllm_ray).
     env.filters["systemd_exec_quote"] = quoting.systemd_exec_quote
     env.filters["env_file_line"] = quoting.env_file_line

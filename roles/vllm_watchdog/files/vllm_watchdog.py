@@ -6,6 +6,12 @@ Installed as it is by vllm-provision (role vllm_watchdog, the ``copy`` module, f
 configuration, ``/etc/vllm-provision/watchdog.json`` (rendered by the role from
 ``templates/watchdog.json.j2``). See docs/recovery.md for the design.
 
+This file is the program: its loop, ``systemctl`` calls, ``/proc`` reads, the ``/state``
+endpoint, the HTTP requests to peers and to the local API, and the Ray helpers' processes. The
+rules it applies (unit and binding state, timings, what to do given what it observed) are pure
+and live in ``vllm_watchdog_rules.py``, which the role installs beside this file and which this
+file imports from its own folder.
+
 Why: a torch.distributed group cannot be rejoined. Measured with vLLM 0.32.0 (docs/measured.md,
 "vLLM mp: a node dies"): after a follower dies, rank 0 keeps answering ``/health`` 200 until
 its next request fails, and after rank 0 dies a headless follower stays up forever. Ray workers
@@ -60,180 +66,39 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-SHOW_PROPERTIES = ("Id", "InvocationID", "ActiveState", "SubState", "MainPID",
-                   "ExecMainStartTimestampMonotonic")
+# The rules live beside this file (vllm_watchdog_rules.py, installed by the same role). Python
+# puts a script's folder first on sys.path, but not under ``-I`` or ``-P``: put it there in any
+# case. No bytecode is written beside the installed files (a root-run ExecStartPre would leave a
+# __pycache__ folder that `provision down --purge` does not know).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+_WRITE_BYTECODE = sys.dont_write_bytecode
+sys.dont_write_bytecode = True
+from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
+    SHOW_PROPERTIES,
+    Binding,
+    Decision,
+    Prober,
+    ProbeResult,
+    Rule,
+    Settings,
+    UnitView,
+    classify,
+    cluster_gaps,
+    decide,
+    decide_ray_worker,
+    log,
+    node_table,
+    parse_show,
+    raylet_node_ids,
+)
 
-
-@dataclass(frozen=True)
-class UnitView:
-    """One unit as seen by its node's watchdog.
-
-    Attributes:
-        unit: unit name (``vllm.service``).
-        invocation: systemd's InvocationID (new on every start, automatic restarts included;
-            systemd.exec(5) ``$INVOCATION_ID``), "" when never started.
-        active: ActiveState; sub: SubState.
-        age_s: seconds since the main process started (ExecMainStartTimestampMonotonic), on the
-            unit's own host; -1 when unknown.
-        main_pid: MainPID, 0 when none.
-    """
-
-    unit: str
-    invocation: str = ""
-    active: str = "inactive"
-    sub: str = "dead"
-    age_s: float = -1.0
-    main_pid: int = 0
-
-    @property
-    def running(self) -> bool:
-        """True when ``active (running)`` with a known invocation."""
-        return self.active == "active" and self.sub == "running" and bool(self.invocation)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """Local ``unit`` depends on ``peer_unit`` of node ``peer`` (the local node allowed).
-
-    ``mutual``: the dependency goes both ways (mp replicas); otherwise one-way (Ray).
-    ``master_addr``/``master_port``: set on a headless node's rule for rank 0 (mp): the
-    rendezvous its workers connect to; "" / 0 otherwise.
-    ``grace_s``: seconds the peer's watchdog may stay silent before the local unit restarts;
-    0 takes ``Settings.grace_s``. A Ray worker's rule uses the GCS health-check bound (Ray
-    survives a shorter silence: see :func:`decide_ray_worker`).
-    """
-
-    unit: str
-    peer: str
-    peer_unit: str
-    mutual: bool = True
-    master_addr: str = ""
-    master_port: int = 0
-    grace_s: float = 0.0
-
-    @property
-    def key(self) -> str:
-        """``unit->peer:peer_unit``, the rule's name in logs and the published state."""
-        return f"{self.unit}->{self.peer}:{self.peer_unit}"
-
-
-@dataclass(frozen=True)
-class Binding:
-    """Local ``unit`` invocation ``invocation`` runs with the peer's ``peer_invocation``."""
-
-    unit: str
-    invocation: str
-    peer: str
-    peer_unit: str
-    peer_invocation: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do for one rule: ``wait``, ``keep``, ``bind`` or ``restart``, and why."""
-
-    action: str
-    reason: str = ""
-    binding: Binding | None = None
-
-
-@dataclass
-class Settings:
-    """Timings, seconds: poll period, how long an unreachable peer is tolerated, the age
-    tolerance used when comparing two units' ages, and how long a restart may take before the
-    watchdog may ask again. Completion probe: seconds between probes, seconds one probe may
-    take, and how many consecutive failures restart the unit (0: no probe)."""
-
-    poll_s: float = 1.0
-    grace_s: float = 5.0
-    slack_s: float = 2.0
-    restart_wait_s: float = 120.0
-    probe_interval_s: float = 30.0
-    probe_timeout_s: float = 60.0
-    probe_failures: int = 3
-
-
-def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound_me: bool,
-           bound: Binding | None, missing_for_s: float, settings: Settings,
-           joined: bool = True) -> Decision:
-    """Decide one rule for one poll (pure).
-
-    Args:
-        rule: the dependency.
-        local: the local unit now, None when unknown.
-        peer: the peer unit now, None when the peer's watchdog did not answer.
-        peer_bound_me: the peer published a binding of ``peer`` to ``local``'s invocation
-            (mutual rules only).
-        bound: the current binding of this rule, if any.
-        missing_for_s: seconds the peer's watchdog has not answered (0 when it answers).
-        settings: timings.
-        joined: for a rule with ``master_addr``: the local unit holds an established
-            connection to the rendezvous (see :func:`connected_to`); True otherwise.
-
-    Returns:
-        a :class:`Decision`; ``bind`` and ``keep`` carry the binding to keep.
-    """
-    if local is None or not local.running:
-        return Decision("wait", f"{rule.unit} is not running")
-    if bound is not None and bound.invocation != local.invocation:
-        bound = None  # the local unit restarted: its old group is gone
-    if bound is not None:
-        if peer is None:
-            grace = rule.grace_s or settings.grace_s
-            if missing_for_s >= grace:
-                return Decision("restart", f"{rule.peer} has not answered for "
-                                f"{missing_for_s:.0f} s (grace {grace:g} s)")
-            return Decision("keep", binding=bound)
-        if peer.invocation != bound.peer_invocation:
-            return Decision("restart", f"{rule.peer}:{rule.peer_unit} restarted "
-                            f"(invocation {bound.peer_invocation[:8]} -> "
-                            f"{(peer.invocation or 'none')[:8]})")
-        if not peer.running:
-            return Decision("restart", f"{rule.peer}:{rule.peer_unit} is "
-                            f"{peer.active} ({peer.sub})")
-        return Decision("keep", binding=bound)
-    if peer is None or not peer.running:
-        return Decision("wait", f"{rule.peer}:{rule.peer_unit} is not running")
-    binding = Binding(rule.unit, local.invocation, rule.peer, rule.peer_unit, peer.invocation)
-    if rule.mutual:
-        if not joined:
-            return Decision("wait", f"{rule.unit} has not joined {rule.peer}'s rendezvous "
-                            f"({rule.master_addr}:{rule.master_port}) yet")
-        if peer.age_s <= local.age_s + settings.slack_s or peer_bound_me:
-            return Decision("bind", "peer is newer than this unit or already bound to it",
-                            binding)
-        return Decision("wait", f"{rule.peer}:{rule.peer_unit} is older than {rule.unit}: "
-                        "waiting for it to restart or to bind this unit")
-    if peer.age_s + settings.slack_s >= local.age_s:
-        return Decision("bind", "the dependency started before this unit", binding)
-    return Decision("restart", f"{rule.peer}:{rule.peer_unit} started after {rule.unit} "
-                    f"({peer.age_s:.0f} s ago vs {local.age_s:.0f} s ago)")
-
-
-def parse_show(text: str, now_monotonic_s: float) -> dict[str, UnitView]:
-    """Parse ``systemctl show -p <SHOW_PROPERTIES> UNIT...`` into views by unit name.
-
-    Args:
-        text: ``KEY=value`` blocks separated by blank lines.
-        now_monotonic_s: CLOCK_MONOTONIC now, seconds (ages are computed against it).
-    """
-    views: dict[str, UnitView] = {}
-    for block in text.strip().split("\n\n"):
-        values = dict(line.split("=", 1) for line in block.strip().splitlines() if "=" in line)
-        if "Id" not in values:
-            continue
-        start_us = _int(values.get("ExecMainStartTimestampMonotonic"))
-        views[values["Id"]] = UnitView(
-            unit=values["Id"], invocation=values.get("InvocationID", ""),
-            active=values.get("ActiveState", ""), sub=values.get("SubState", ""),
-            age_s=round(now_monotonic_s - start_us / 1e6, 3) if start_us else -1.0,
-            main_pid=_int(values.get("MainPID")))
-    return views
+sys.dont_write_bytecode = _WRITE_BYTECODE
 
 
 def _proc_address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
@@ -312,13 +177,6 @@ def connected_to(cgroup: str, host: str, port: int, proc: str = "/proc") -> bool
     return False
 
 
-def _int(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
-
-
 def held_until(path: str, now_s: float) -> float | None:
     """The hold deadline (seconds since the epoch) when ``path`` holds a future one, else None."""
     try:
@@ -331,33 +189,9 @@ def held_until(path: str, now_s: float) -> float | None:
 
 # --- Ray: what the GCS knows ---------------------------------------------------------------------
 #
-# Ray's GCS marks a node DEAD once its raylet missed ``health_check_failure_threshold``
-# consecutive health checks, one every ``health_check_period_ms``, each failing after
-# ``health_check_timeout_ms`` (src/ray/common/ray_config_def.h: 3, 5 and 10 s by default; env
-# ``RAY_health_check_*`` of the head's GCS; src/ray/gcs/gcs_health_check_manager.cc). A DEAD node
-# id never comes back: a frozen or cut-off raylet must be restarted, and a new raylet registers a
-# new node id. The head's watchdog reads the node table with Ray's own GCS client in a child
-# process (``--ray-nodes``, the venv's ray) and publishes it; each worker's watchdog restarts its
-# Ray unit when the table says one of its raylets is DEAD, or when it cannot reach the GCS port for
-# longer than the bound the GCS itself needs to declare it dead. vLLM's unit waits in
-# ``ExecStartPre`` (``--wait-ray-cluster``) until every node of the replica is alive with enough
-# GPUs, so vLLM (re)starts only after the workers rejoined, whoever restarted it.
-
-RAY_ALIVE = 0  # GcsNodeInfo.GcsNodeState (src/ray/protobuf/gcs.proto): ALIVE 0, DEAD 1
-
-
-def node_table(infos: Any) -> list[dict[str, Any]]:
-    """Ray's ``GcsClient.get_all_node_info()`` result (node id -> ``GcsNodeInfo``) as JSON-ready
-    rows: ``id`` (hex), ``ip`` (``node_manager_address``: the raylet's ``--node-ip-address``),
-    ``alive`` (state ALIVE), ``gpus`` (``resources_total["GPU"]``), ``reason`` (why it died)."""
-    rows = []
-    for info in infos.values():
-        death = getattr(info, "death_info", None)
-        rows.append({"id": bytes(info.node_id).hex(), "ip": str(info.node_manager_address),
-                     "alive": int(info.state) == RAY_ALIVE,
-                     "gpus": float(dict(info.resources_total).get("GPU", 0)),
-                     "reason": str(getattr(death, "reason_message", "") or "")})
-    return rows
+# Why and when a worker's Ray unit restarts: vllm_watchdog_rules.py (same heading). Here: the
+# head reads the GCS node table with Ray's own client in a ``--ray-nodes`` child process and
+# publishes it; vLLM's ``ExecStartPre`` on the head waits with ``--wait-ray-cluster``.
 
 
 def read_ray_nodes(address: str, timeout_s: float) -> list[dict[str, Any]]:
@@ -373,34 +207,6 @@ def read_ray_nodes(address: str, timeout_s: float) -> list[dict[str, Any]]:
     return node_table(GcsClient(address=address).get_all_node_info(timeout=timeout_s))
 
 
-def cluster_gaps(nodes: list[dict[str, Any]], expected_ips: list[str],
-                 gpus_needed: float) -> list[str]:
-    """What keeps vLLM from placing its workers, in words; empty when every expected node is
-    alive and the alive expected nodes hold at least ``gpus_needed`` GPUs (pure).
-
-    Args:
-        nodes: :func:`node_table` rows. expected_ips: every node of the replica (its
-            ``--node-ip-address``). gpus_needed: tensor x pipeline parallel size.
-    """
-    alive = {n["ip"]: n for n in nodes if n["alive"]}
-    gaps = [f"node {ip} is not alive in Ray" for ip in expected_ips if ip not in alive]
-    gpus = sum(float(alive[ip]["gpus"]) for ip in expected_ips if ip in alive)
-    if gpus < gpus_needed:
-        gaps.append(f"{gpus:g} GPUs alive in Ray, vLLM needs {gpus_needed:g}")
-    return gaps
-
-
-def raylet_node_ids(cmdlines: list[list[str]]) -> set[str]:
-    """Node ids (hex) of the raylets among ``cmdlines`` (argv lists): ``ray start`` passes each
-    raylet ``--node_id=<hex>`` (ray/_private/services.py ``start_raylet``)."""
-    ids = set()
-    for argv in cmdlines:
-        if argv and os.path.basename(argv[0]) == "raylet":
-            ids.update(word.split("=", 1)[1] for word in argv[1:]
-                       if word.startswith("--node_id=") and len(word) > len("--node_id="))
-    return ids
-
-
 def unit_raylet_node_ids(cgroup: str, proc: str = "/proc") -> set[str]:
     """:func:`raylet_node_ids` of the processes of ``cgroup`` (read from ``/proc/PID/cmdline``,
     which a stopped process still shows)."""
@@ -412,35 +218,6 @@ def unit_raylet_node_ids(cgroup: str, proc: str = "/proc") -> set[str]:
         except OSError:
             continue
     return raylet_node_ids(cmdlines)
-
-
-def decide_ray_worker(local: UnitView | None, node_ids: set[str],
-                      head_nodes: list[dict[str, Any]] | None, gcs_unreachable_s: float,
-                      bound_s: float) -> Decision:
-    """Decide whether a Ray worker's unit must restart (pure).
-
-    Args:
-        local: the worker unit now. node_ids: its raylets' node ids (:func:`raylet_node_ids`).
-        head_nodes: the GCS node table the head's watchdog published, None when unknown.
-        gcs_unreachable_s: seconds the GCS port has refused or timed out (0 when it answers).
-        bound_s: the GCS's own time to declare a silent node dead (health-check bound).
-
-    Returns:
-        ``restart`` when the GCS reports one of this unit's raylets DEAD (a DEAD id never comes
-        back, so how old the table is does not matter) or the GCS has not been reachable for
-        ``bound_s``; ``wait`` when the unit is not running; ``keep`` otherwise.
-    """
-    if local is None or not local.running:
-        return Decision("wait", f"{local.unit if local else 'the Ray unit'} is not running")
-    for row in head_nodes or []:
-        if row.get("id") in node_ids and not row.get("alive"):
-            why = f": {row['reason']}" if row.get("reason") else ""
-            return Decision("restart", f"Ray's GCS reports this node's raylet "
-                            f"{str(row['id'])[:8]} ({row.get('ip')}) dead{why}")
-    if gcs_unreachable_s >= bound_s:
-        return Decision("restart", f"the GCS has not been reachable for {gcs_unreachable_s:.0f} s"
-                        f" (the GCS declares a silent node dead within {bound_s:g} s)")
-    return Decision("keep")
 
 
 def tcp_reachable(address: str, timeout_s: float) -> bool:
@@ -546,46 +323,6 @@ def wait_ray_cluster_main(address: str, timeout_s: float, gpus_needed: float,
 
 # --- completion probe ---------------------------------------------------------------------------
 
-PROBE_OK, PROBE_FAILURE, PROBE_IGNORED = "ok", "failure", "ignored"
-# 408 Request Timeout and 429 Too Many Requests say "not served in time", not "wrong request"
-# (RFC 9110 15.5.9, RFC 6585 4): counted like a timeout. Any other 4xx is our misconfiguration.
-RETRY_LATER_STATUSES = (408, 429)
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """One answer of the local API server.
-
-    Attributes:
-        outcome: ``ok`` (served), ``failure`` (counts toward a restart: no answer within the
-            timeout, refused or reset connection, HTTP 5xx, 408 or 429) or ``ignored`` (any other
-            HTTP 4xx: the probe is misconfigured, e.g. a wrong API key or model name; logged, never
-            restarts anything).
-        detail: one line for the journal and the published state.
-        status: the HTTP status, None when there was none.
-    """
-
-    outcome: str
-    detail: str
-    status: int | None = None
-
-
-def classify(status: int | None, detail: str = "") -> ProbeResult:
-    """Judge one probe answer (pure).
-
-    Args:
-        status: the HTTP status, None when the request got no HTTP answer at all.
-        detail: what happened (the error, or the start of the answer's body).
-    """
-    if status is None:
-        return ProbeResult(PROBE_FAILURE, detail or "no answer", None)
-    if 200 <= status < 300:
-        return ProbeResult(PROBE_OK, f"HTTP {status}", status)
-    if status >= 500 or status in RETRY_LATER_STATUSES:
-        return ProbeResult(PROBE_FAILURE, f"HTTP {status} {detail}".strip(), status)
-    return ProbeResult(PROBE_IGNORED, f"HTTP {status} {detail}".strip(), status)
-
-
 def probe_completion(url: str, model: str, api_key: str | None, timeout_s: float) -> ProbeResult:
     """POST one real completion (``max_tokens`` 1, temperature 0) to ``url``/v1/completions.
 
@@ -633,178 +370,6 @@ def probe_health(url: str, timeout_s: float) -> int | None:
         return int(exc.code)
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
         return None
-
-
-def run_in_thread(work: Callable[[], None]) -> None:
-    """Run ``work`` in a daemon thread (a hung request never blocks the peer rules)."""
-    threading.Thread(target=work, name="probe", daemon=True).start()
-
-
-@dataclass
-class ProbeJob:
-    """One request in flight: ``kind`` (``health`` or ``completion``), the unit invocation it
-    judges, when it started (monotonic seconds), and its result once ``done``."""
-
-    kind: str
-    invocation: str
-    started: float
-    done: threading.Event = field(default_factory=threading.Event)
-    result: ProbeResult | None = None
-    health: int | None = None
-
-
-@dataclass
-class Prober:
-    """The completion probe of the node that runs the API server; driven by :meth:`tick`.
-
-    Args:
-        unit: the vLLM unit the API server runs in (restarted after ``probe_failures``).
-        settings: ``probe_interval_s``, ``probe_timeout_s``, ``probe_failures`` (0: disabled).
-        complete: sends one completion, returns its :class:`ProbeResult` (may block up to the
-            timeout); health: ``GET /health``, the status or None.
-        start: runs a request in the background (a thread; tests run it inline).
-
-    State: ``armed`` is the invocation that answered once (``/health`` 200 or a completion);
-    only an armed invocation is judged. ``failures`` counts consecutive failures, ``restarts``
-    the restarts this probe asked for since the watchdog started.
-    """
-
-    unit: str
-    settings: Settings
-    complete: Callable[[], ProbeResult]
-    health: Callable[[], int | None]
-    start: Callable[[Callable[[], None]], None] = run_in_thread
-    armed: str = ""
-    failures: int = 0
-    restarts: int = 0
-    waiting: str = ""
-    last: ProbeResult | None = None
-    last_at: float | None = None
-    last_start: float | None = None
-    job: ProbeJob | None = None
-
-    @property
-    def enabled(self) -> bool:
-        """False when ``probe_failures`` is 0."""
-        return self.settings.probe_failures > 0
-
-    def tick(self, mono: float, local: dict[str, UnitView], held: bool,
-             restarting: bool = False) -> str | None:
-        """One watchdog poll: collect a finished request, start the next one when due.
-
-        Args:
-            mono: monotonic seconds now.
-            local: every local unit of the watchdog (all must be ``active (running)``).
-            held: the hold file is in force (a planned restart: judge nothing).
-            restarting: a restart of ``unit`` was already requested and is awaited.
-
-        Returns:
-            the reason to restart ``unit`` now (``probe_failures`` consecutive failures of an
-            armed invocation), else None.
-        """
-        if not self.enabled:
-            return None
-        mine = local.get(self.unit)
-        why = ("the watchdog is held" if held else
-               "a restart is under way" if restarting else
-               next((f"{name} is not running" for name, view in sorted(local.items())
-                     if not view.running), "") or
-               ("" if mine is not None else f"{self.unit} is unknown"))
-        if why or mine is None:
-            self._pause(why)
-            return None
-        if self.armed and self.armed != mine.invocation:
-            self._pause(f"{self.unit} restarted")
-        self.waiting = "" if self.armed else f"{self.unit} has not answered /health 200 yet"
-        reason = self._collect(mono, mine)
-        for _ in range(2):  # a /health 200 answered at once is followed by the first completion
-            if reason is not None or self.job is not None or (
-                    self.last_start is not None
-                    and mono - self.last_start < self.settings.probe_interval_s):
-                break
-            self._launch(mono, mine)
-            reason = self._collect(mono, mine)
-        return reason
-
-    def _pause(self, why: str) -> None:
-        """Forget the invocation and any request in flight: nothing is judged meanwhile."""
-        if self.armed or self.failures:
-            log(f"probe: paused ({why}); {self.failures} failure(s) forgotten")
-        self.armed, self.failures, self.job, self.last_start = "", 0, None, None
-        self.waiting = why
-
-    def _launch(self, mono: float, mine: UnitView) -> None:
-        job = ProbeJob("completion" if self.armed == mine.invocation else "health",
-                       mine.invocation, mono)
-        self.job, self.last_start = job, mono
-
-        def work() -> None:
-            try:
-                if job.kind == "completion":
-                    job.result = self.complete()
-                else:
-                    job.health = self.health()
-            finally:
-                job.done.set()
-
-        self.start(work)
-
-    def _collect(self, mono: float, mine: UnitView) -> str | None:
-        job = self.job
-        if job is None:
-            return None
-        if job.invocation != mine.invocation:
-            self.job = None  # it judged an earlier invocation
-            return None
-        if not job.done.is_set():
-            # urllib's timeout bounds each socket operation, not the whole answer: give up here
-            if mono - job.started <= self.settings.probe_timeout_s + self.settings.poll_s + 1:
-                return None
-            job.result = classify(None, f"no answer within {self.settings.probe_timeout_s:g} s")
-            job.health = None
-        self.job = None
-        if job.kind == "health":
-            if job.health == 200:
-                self.armed, self.waiting = mine.invocation, ""
-                self.last_start = None  # the first completion right away
-                log(f"probe: {self.unit} (invocation {mine.invocation[:8]}) answers /health 200:"
-                    f" judging it from now on")
-            return None
-        result = job.result or classify(None, "the probe ended without a result")
-        self.last, self.last_at = result, mono
-        if result.outcome == PROBE_OK:
-            if self.failures:
-                log(f"probe: {self.unit} serves again after {self.failures} failure(s)")
-            self.failures = 0
-            return None
-        if result.outcome == PROBE_IGNORED:
-            log(f"probe: {result.detail}: the probe is misconfigured (API key, model name?); "
-                "not restarting anything")
-            return None
-        self.failures += 1
-        needed = self.settings.probe_failures
-        log(f"probe: failure {self.failures}/{needed} of {self.unit} (invocation "
-            f"{mine.invocation[:8]}): {result.detail}")
-        if self.failures < needed:
-            return None
-        reason = (f"{needed} consecutive completion probes failed, last: {result.detail} "
-                  "(every unit running: a hung group)")
-        self.restarts += 1
-        self.armed, self.failures, self.last_start = "", 0, None
-        return reason
-
-    def state(self, mono: float) -> dict[str, Any]:
-        """What ``/state`` and the state file publish under ``probe``."""
-        if not self.enabled:
-            return {"enabled": False, "unit": self.unit}
-        return {"enabled": True, "unit": self.unit, "armed": bool(self.armed),
-                "waiting": self.waiting, "in_flight": self.job is not None,
-                "last_result": self.last.outcome if self.last else None,
-                "last_detail": self.last.detail if self.last else "",
-                "age_s": round(mono - self.last_at, 1) if self.last_at is not None else None,
-                "consecutive_failures": self.failures,
-                "failures_to_restart": self.settings.probe_failures,
-                "restarts": self.restarts}
 
 
 def make_prober(config: dict[str, Any] | None, settings: Settings) -> Prober | None:
@@ -1033,11 +598,6 @@ def _write_atomic(path: str, text: str) -> None:
         os.replace(temp, path)
     except OSError as exc:
         log(f"cannot write {path}: {exc}")
-
-
-def log(message: str) -> None:
-    """One line to stdout (the journal)."""
-    print(message, flush=True)
 
 
 def serve(watchdog: Watchdog) -> ThreadingHTTPServer:
