@@ -1,9 +1,11 @@
 """One way to extend (vllm_provision/core/registry.py): a duplicate or invalid name is an error
-naming the module and the item, entries come out in their declared order."""
+naming the module and the item, entries come out in their declared order, and every check
+module of vllm_provision/checks registers itself (discovered, not listed by hand)."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 import textwrap
 from pathlib import Path
@@ -87,3 +89,40 @@ def test_the_same_item_again_and_a_reloaded_module_are_no_duplicates(
     finally:
         for name in [n for n in sys.modules if n.startswith("regpkg_reload")]:
             del sys.modules[name]
+
+
+def test_every_check_module_registers_its_checks_and_run_discovers_them_all() -> None:
+    import vllm_provision.checks as package
+    from vllm_provision.checks import run
+    from vllm_provision.checks.context import CHECKS
+
+    modules = {info.name for info in pkgutil.iter_modules(package.__path__)}
+    assert set(run.discover()) == {f"vllm_provision.checks.{m}" for m in modules
+                                   if m not in run.NOT_CHECKS}
+    registered = {e.module.rsplit(".", 1)[1] for e in CHECKS}
+    assert registered == modules - set(run.NOT_CHECKS), "a check module registers no check"
+    assert all(e.name.split(".")[0] == e.module.rsplit(".", 1)[1] for e in CHECKS)
+
+
+def test_the_checks_run_in_the_order_preflight_has_always_run_them() -> None:
+    from vllm_provision.checks.run import checks_of
+
+    assert [e.name for e in checks_of("replica")] == [
+        "topology.topology", "placement.backend", "parity.parity", "parity.pins",
+        "parity.driver_minimum", "network.host_ip_unique", "network.routes",
+        "network.reachability", "fabric.mtu", "fabric.rdma", "fabric.peer_reach", "memory.fit"]
+    assert [e.name for e in checks_of("node")] == [
+        "network.interface", "network.exposure", "network.hostname", "network.ports",
+        "network.watchdog_port", "host.cpu_device", "host.gpus_visible",
+        "host.foreign_gpu_processes", "gpu_health.errors", "gpu_health.mig",
+        "gpu_health.persistence", "gpu_health.fabric_manager", "gpu_health.clock", "host.venv",
+        "host.shm", "host.remove_ipc", "host.model_present", "host.memory",
+        "platform.platform"]
+    assert [e.name for e in checks_of("inventory")] == ["ownership.ownership", "stack.lock"]
+
+
+def test_a_check_with_an_unknown_scope_is_refused() -> None:
+    from vllm_provision.checks.context import check
+
+    with pytest.raises(ProvisionError, match="unknown check scope"):
+        check("x.y", order=1, scope="host")
