@@ -8,7 +8,8 @@ Everything else (inventory, runner, checks, templates, status, verify) asks the 
 (:func:`of`) instead of comparing its name.
 
 The built-in backends are :class:`~vllm_provision.backends.mp.MpBackend` and
-:class:`~vllm_provision.backends.ray.RayBackend`. Another one is one class and one role
+:class:`~vllm_provision.backends.ray.RayBackend`, each registered where it is defined with
+:func:`builtin` (docs/architecture.md, "Extending"). Another one is one class and one role
 (docs/architecture.md, "Adding a backend"): register an instance with :func:`register`, or name
 it in the ``vllm_provision.backends`` entry-point group of a distribution (Python packaging's
 entry points specification); entry points are read once, on the first look-up.
