@@ -4,8 +4,8 @@
 package's lowest room (every room asks a replica's backend instead of comparing its name);
 :mod:`vllm_provision.backends.choice` holds vLLM's default-backend rule. The implementations,
 :mod:`vllm_provision.backends.mp` and :mod:`vllm_provision.backends.ray`, sit above the pipeline's
-rooms and use them; the registry loads them by name on the first look-up
-(docs/architecture.md, "Adding a backend").
+rooms and use them; each registers its class with ``@builtin(order=...)`` and the registry
+imports this package's modules on the first look-up (docs/architecture.md, "Extending").
 """
 
 from vllm_provision.backends.base import (
@@ -16,6 +16,7 @@ from vllm_provision.backends.base import (
     WATCHDOG_UNIT,
     Backend,
     Names,
+    builtin,
     find,
     get,
     names,
@@ -26,4 +27,4 @@ from vllm_provision.backends.base import (
 )
 
 __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "PHASES", "UNIT_KINDS", "WATCHDOG_UNIT", "Backend",
-           "Names", "find", "get", "names", "of", "register", "unit_var", "unregister"]
+           "Names", "builtin", "find", "get", "names", "of", "register", "unit_var", "unregister"]

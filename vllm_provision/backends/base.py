@@ -8,7 +8,8 @@ Everything else (inventory, runner, checks, templates, status, verify) asks the 
 (:func:`of`) instead of comparing its name.
 
 The built-in backends are :class:`~vllm_provision.backends.mp.MpBackend` and
-:class:`~vllm_provision.backends.ray.RayBackend`. Another one is one class and one role
+:class:`~vllm_provision.backends.ray.RayBackend`, each registered where it is defined with
+:func:`builtin` (docs/architecture.md, "Extending"). Another one is one class and one role
 (docs/architecture.md, "Adding a backend"): register an instance with :func:`register`, or name
 it in the ``vllm_provision.backends`` entry-point group of a distribution (Python packaging's
 entry points specification); entry points are read once, on the first look-up.
@@ -19,9 +20,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.registry import Registry, import_submodules
 
 if TYPE_CHECKING:
     from vllm_provision.checks.finding import Finding
@@ -30,9 +32,10 @@ if TYPE_CHECKING:
     from vllm_provision.facts.model import HostFacts
 
 ENTRY_POINT_GROUP = "vllm_provision.backends"
-# The built-in backends: (module, class), loaded on the first look-up.
-BUILTINS = (("vllm_provision.backends.mp", "MpBackend"),
-            ("vllm_provision.backends.ray", "RayBackend"))
+# The built-in backends: classes that register themselves with @builtin(order=...) in their
+# module of this package; the registry imports the package's modules (pkgutil) on the first
+# look-up and instantiates them in their declared order, before the entry points' backends.
+BUILTINS: Registry[type[Backend]] = Registry("backend")
 # The playbook phases a backend contributes plays to (``backend_plays: <phase>``,
 # runner/playbook.py): install its units, start them in order, stop them (restart), stop and
 # disable them (down).
@@ -253,15 +256,14 @@ def _load() -> dict[str, Backend]:
     with _LOCK:
         if _LOADED:
             return _REGISTRY
-        import importlib
         import importlib.metadata  # on first lookup: `provision --help`, `play` need no plug-ins
 
-        # The built-ins are loaded by name, like plug-ins: this registry sits in the package's
+        # The built-ins are found by name, like plug-ins: this registry sits in the package's
         # lowest room and never imports an implementation, which uses the rooms above it
-        # (docs/architecture.md, "Rooms").
-        for module, cls in BUILTINS:
-            builtin = getattr(importlib.import_module(module), cls)()
-            _REGISTRY.setdefault(builtin.name, builtin)
+        # (docs/architecture.md, "Rooms"); importing the package's modules runs their @builtin.
+        import_submodules(__package__ or "vllm_provision.backends")
+        for entry in BUILTINS:
+            _REGISTRY.setdefault(entry.name, entry.obj())
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 loaded = entry.load()
@@ -279,6 +281,24 @@ def _load() -> dict[str, Backend]:
             _register(backend)
         _LOADED = True
     return _REGISTRY
+
+
+B = TypeVar("B", bound=type[Backend])
+
+
+def builtin(*, order: float) -> Callable[[B], B]:
+    """Class decorator for a built-in backend (a module of this package): adds the class to
+    :data:`BUILTINS` under its ``name``, instantiated on the first look-up, in ``order``
+    (mp 10, ray 20). A backend outside the package uses an entry point or :func:`register`.
+
+    Raises:
+        ProvisionError: (when decorating) its ``name`` is invalid or another built-in has it.
+    """
+
+    def decorate(cls: B) -> B:
+        return BUILTINS.add(cls.name, cls, order=order)
+
+    return decorate
 
 
 def register(backend: Backend) -> Backend:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_provision.backends.base import Backend, unit_var
+from vllm_provision.backends.base import Backend, builtin, unit_var
 
 if TYPE_CHECKING:
     from vllm_provision.core.models import Node, Replica
 
 
+@builtin(order=10)
 class MpBackend(Backend):
     """vLLM multi-node multiprocessing: one vLLM unit per node, every node depends on every
     other (a torch.distributed group cannot be rejoined, docs/recovery.md)."""

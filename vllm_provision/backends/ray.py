@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllm_provision.backends.base import Backend, unit_var
+from vllm_provision.backends.base import Backend, builtin, unit_var
 
 if TYPE_CHECKING:
     from vllm_provision.checks.finding import Finding
@@ -81,6 +81,7 @@ def ray_environment(vars_: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+@builtin(order=20)
 class RayBackend(Backend):
     """A Ray cluster with vLLM on the head (roles ray and vllm_ray)."""
 

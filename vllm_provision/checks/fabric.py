@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.network import interface_of
 from vllm_provision.core.models import Node, Replica
@@ -143,3 +144,23 @@ def check_peer_reach(replica: Replica, facts: Mapping[str, HostFacts]) -> list[F
                                     "TCP to the peers' ports", expected="reachable",
                                     actual=", ".join(reached)))
     return findings
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("fabric.mtu", order=90, scope="replica")
+def _mtu(scope: ReplicaScope) -> list[Finding]:
+    """The same MTU on every node's cluster interface."""
+    return check_mtu(scope.replica, scope.facts, scope.interface)
+
+
+@check("fabric.rdma", order=100, scope="replica")
+def _rdma(scope: ReplicaScope) -> list[Finding]:
+    """RDMA ports are active on every node or on none."""
+    return check_rdma(scope.replica, scope.facts)
+
+
+@check("fabric.peer_reach", order=110, scope="replica")
+def _peer_reach(scope: ReplicaScope) -> list[Finding]:
+    """Every peer's API and watchdog ports are reachable through the firewall."""
+    return check_peer_reach(scope.replica, scope.facts)

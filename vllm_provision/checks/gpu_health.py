@@ -8,6 +8,7 @@ visible devices). Each names its source.
 
 from __future__ import annotations
 
+from vllm_provision.checks.context import NodeScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node
 from vllm_provision.facts.model import Gpu, HostFacts, pci_key
@@ -146,3 +147,41 @@ def check_clock(node: Node, facts: HostFacts,
         return [Finding("host.clock", Severity.OK, node.name, "clock", expected="synchronised",
                         actual=actual)]
     return []
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+def _used(scope: NodeScope) -> int:
+    from vllm_provision.checks.topology import local_world_size
+
+    return local_world_size(scope.replica)
+
+
+@check("gpu_health.errors", order=90, scope="node")
+def _errors(scope: NodeScope) -> list[Finding]:
+    """No ECC or Xid errors on the GPUs the replica uses (GPU replicas)."""
+    return check_gpu_errors(scope.node, scope.facts, _used(scope)) if scope.of.gpu else []
+
+
+@check("gpu_health.mig", order=100, scope="node")
+def _mig(scope: NodeScope) -> list[Finding]:
+    """MIG is off on the GPUs the replica uses (GPU replicas)."""
+    return check_mig(scope.node, scope.facts, _used(scope)) if scope.of.gpu else []
+
+
+@check("gpu_health.persistence", order=110, scope="node")
+def _persistence(scope: NodeScope) -> list[Finding]:
+    """Persistence mode is on (GPU replicas)."""
+    return check_persistence(scope.node, scope.facts, _used(scope)) if scope.of.gpu else []
+
+
+@check("gpu_health.fabric_manager", order=120, scope="node")
+def _fabric_manager(scope: NodeScope) -> list[Finding]:
+    """The fabric manager runs where NVSwitch needs it (GPU replicas)."""
+    return check_fabric_manager(scope.node, scope.facts) if scope.of.gpu else []
+
+
+@check("gpu_health.clock", order=130, scope="node")
+def _clock(scope: NodeScope) -> list[Finding]:
+    """The clock is synchronised."""
+    return check_clock(scope.node, scope.facts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vllm_provision import backends
+from vllm_provision.checks.context import NodeScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node
 from vllm_provision.facts.model import HostFacts
@@ -211,3 +212,63 @@ def check_memory(node: Node, facts: HostFacts, model_share_bytes: int) -> list[F
                         source="vllm #2669; ray #39723")]
     return [Finding("host.memory", Severity.OK, node.name, "available memory",
                     expected=f">= {need} MiB", actual=have)]
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("host.cpu_device", order=60, scope="node")
+def _cpu_device(scope: NodeScope) -> list[Finding]:
+    """A CPU replica's node can run vLLM's CPU build."""
+    return check_cpu_device(scope.node, scope.facts) if not scope.of.gpu else []
+
+
+@check("host.gpus_visible", order=70, scope="node")
+def _gpus_visible(scope: NodeScope) -> list[Finding]:
+    """nvidia-smi sees the node's GPUs (GPU replicas)."""
+    return check_gpus_visible(scope.node, scope.facts) if scope.of.gpu else []
+
+
+@check("host.foreign_gpu_processes", order=80, scope="node")
+def _foreign_gpu_processes(scope: NodeScope) -> list[Finding]:
+    """No other job's process holds the node's GPUs (GPU replicas)."""
+    if not scope.of.gpu:
+        return []
+    from vllm_provision.checks.context import shared_pool_wait
+
+    planned, leaving = scope.units
+    return check_foreign_gpu_processes(scope.node, scope.facts, planned,
+                                       shared_pool_wait(scope.replica), leaving=leaving)
+
+
+@check("host.venv", order=140, scope="node")
+def _venv(scope: NodeScope) -> list[Finding]:
+    """The node's venv holds vLLM (and Ray for a Ray replica)."""
+    from vllm_provision.facts.gather import host_var
+
+    return check_venv(scope.node, scope.facts, str(host_var(scope.node.host, "vllm_venv")),
+                      scope.replica.backend)
+
+
+@check("host.shm", order=150, scope="node")
+def _shm(scope: NodeScope) -> list[Finding]:
+    """/dev/shm is large enough."""
+    return check_shm(scope.node, scope.facts, scope.settings.min_shm_mib)
+
+
+@check("host.remove_ipc", order=160, scope="node")
+def _remove_ipc(scope: NodeScope) -> list[Finding]:
+    """logind does not remove the service user's IPC objects."""
+    return check_remove_ipc(scope.node, scope.facts)
+
+
+@check("host.model_present", order=170, scope="node")
+def _model_present(scope: NodeScope) -> list[Finding]:
+    """The model folder is on the node."""
+    return check_model_present(scope.node, scope.facts)
+
+
+@check("host.memory", order=180, scope="node")
+def _memory(scope: NodeScope) -> list[Finding]:
+    """The node's RAM holds its share of the model."""
+    share = scope.of.model_bytes // max(1, scope.replica.nnodes)
+    return check_memory(scope.node, scope.facts, share)

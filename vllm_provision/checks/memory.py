@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_provision import settings
+from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts, ModelWeights
@@ -381,3 +382,13 @@ def check_memory_fit(replica: Replica, facts: Mapping[str, HostFacts], overhead_
                     expected=f"weights within {gib(fits.budget)} per GPU, KV room for "
                              f"max_model_len {need}",
                     actual=per_gpu, source=SOURCE)], result
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("memory.fit", order=120, scope="replica")
+def _fit(scope: ReplicaScope) -> list[Finding]:
+    """The weights and KV cache fit the GPUs (GPU replicas only)."""
+    if not scope.gpu:
+        return []
+    return check_memory_fit(scope.replica, scope.facts, scope.settings.gpu_overhead_mib)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from vllm_provision.checks.context import NodeScope, ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node, Replica
 from vllm_provision.facts.model import HostFacts, Interface
@@ -289,3 +290,61 @@ def check_exposure(node: Node, facts: HostFacts, replica: Replica,
         fix="set vllm_firewall: nftables (and vllm_api_allow_from) in the replica's group vars, "
             "or put the cluster network on private addresses (docs/security.md)",
         source="Ray docs, Security (CVE-2023-48022); vllm --master-port has no authentication")]
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("network.host_ip_unique", order=60, scope="replica")
+def _host_ip_unique(scope: ReplicaScope) -> list[Finding]:
+    """No two nodes share a host IP."""
+    return check_host_ip_unique(scope.replica)
+
+
+@check("network.routes", order=70, scope="replica")
+def _routes(scope: ReplicaScope) -> list[Finding]:
+    """Every node routes to its peers (over the cluster interface when set)."""
+    return check_routes(scope.replica, scope.facts, scope.interface)
+
+
+@check("network.reachability", order=80, scope="replica")
+def _reachability(scope: ReplicaScope) -> list[Finding]:
+    """The backend's rendezvous port is reachable from every node (when it has one)."""
+    meeting = scope.replica.backend_type.rendezvous(scope.replica)
+    if meeting is None:
+        return []
+    return check_reachability(scope.replica, scope.facts, *meeting)
+
+
+@check("network.interface", order=10, scope="node")
+def _interface(scope: NodeScope) -> list[Finding]:
+    """The node's cluster interface exists and is up."""
+    return check_interface(scope.node, scope.facts, scope.interface)
+
+
+@check("network.exposure", order=20, scope="node")
+def _exposure(scope: NodeScope) -> list[Finding]:
+    """Peer-only ports are not exposed beyond the cluster interface."""
+    return check_exposure(scope.node, scope.facts, scope.replica, scope.interface)
+
+
+@check("network.hostname", order=30, scope="node")
+def _hostname(scope: NodeScope) -> list[Finding]:
+    """The node's hostname resolves."""
+    return check_hostname(scope.node, scope.facts)
+
+
+@check("network.ports", order=40, scope="node")
+def _ports(scope: NodeScope) -> list[Finding]:
+    """The node's listen ports are free or held by our own units."""
+    planned, leaving = scope.units
+    ports = scope.replica.backend_type.listen_ports(scope.replica, scope.node.rank)
+    return check_ports(scope.node, scope.facts, ports, planned, leaving=leaving)
+
+
+@check("network.watchdog_port", order=50, scope="node")
+def _watchdog_port(scope: NodeScope) -> list[Finding]:
+    """The peer watchdog's port is free or held by the watchdog."""
+    from vllm_provision.settings import watchdog_port
+
+    return check_watchdog_port(scope.node, scope.facts, watchdog_port(scope.replica, scope.node),
+                               scope.settings.watchdog_unit)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_provision.checks.context import InventoryScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostOwner
@@ -103,3 +104,11 @@ def check_ownership(replica: Replica, owners: Mapping[str, HostOwner | None],
                 actual=f"replica {found.owner.replica or '?'} of {found.owner.inventory}",
                 fix=take_over_fix(found), source="docs/deploy.md, \"Who owns a host\""))
     return findings
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("ownership.ownership", order=10, scope="inventory")
+def _ownership(scope: InventoryScope) -> list[Finding]:
+    """No node belongs to another replica or inventory (the state records)."""
+    return check_ownership(scope.replica, scope.owners, scope.identity)

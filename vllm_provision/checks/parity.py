@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from vllm_provision import settings
+from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts
@@ -279,3 +280,24 @@ def check_driver_minimum(replica: Replica, facts: Mapping[str, HostFacts]) -> li
                                     f"NVIDIA driver for CUDA {cuda_major}",
                                     expected=f">= {minimum}", actual=f.driver_version))
     return findings
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("parity.parity", order=30, scope="replica")
+def _parity(scope: ReplicaScope) -> list[Finding]:
+    """The same versions on every node (``preflight_parity``)."""
+    return check_parity(scope.replica, scope.facts, scope.settings.parity)
+
+
+@check("parity.pins", order=40, scope="replica")
+def _pins(scope: ReplicaScope) -> list[Finding]:
+    """The pinned versions (:data:`PINS`) where the inventory sets them."""
+    pins = {name: scope.values.get(name) for name in PINS}
+    return check_pins(scope.replica, scope.facts, pins)
+
+
+@check("parity.driver_minimum", order=50, scope="replica")
+def _driver_minimum(scope: ReplicaScope) -> list[Finding]:
+    """The driver is new enough for the CUDA build."""
+    return check_driver_minimum(scope.replica, scope.facts)

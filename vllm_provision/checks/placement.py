@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_provision import settings
+from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 
@@ -336,3 +337,12 @@ def check_logical_gpus(replica: Replica, physical: Mapping[str, int],
             fix=f"set ray_num_gpus on {node.name} to {have} or less (or remove it)",
             source=RAY_RESOURCES_DOC))
     return findings
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("placement.backend", order=20, scope="replica")
+def _backend(scope: ReplicaScope) -> list[Finding]:
+    """The replica's backend's own checks (``Backend.check_replica``; Ray's are the placement
+    rules above)."""
+    return scope.replica.backend_type.check_replica(scope.replica, scope.facts, scope.settings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from vllm_provision.checks.context import NodeScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node
 from vllm_provision.facts.model import HostFacts
@@ -91,3 +92,11 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     """``"3.9.2"`` -> ``(3, 9, 2)``; ``"8.4"`` -> ``(8, 4)`` (leading numbers only)."""
     match = re.match(r"[0-9]+(\.[0-9]+)*", text.strip())
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("platform.platform", order=190, scope="node")
+def _platform(scope: NodeScope) -> list[Finding]:
+    """systemd, OpenSSH and Python are in the supported range."""
+    return check_platform(scope.node, scope.facts)

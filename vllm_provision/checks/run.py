@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,23 +14,26 @@ from typing import Any
 import yaml
 
 from vllm_provision import settings
-from vllm_provision.checks import (
-    fabric,
-    gpu_health,
-    memory,
-    network,
-    ownership,
-    parity,
-    platform,
-    topology,
+from vllm_provision.checks import memory
+from vllm_provision.checks.context import (  # noqa: F401 - own_units & co. are used from here
+    CHECKS,
+    InventoryScope,
+    NodeScope,
+    ReplicaScope,
+    device_counts,
+    own_units,
+    shared_pool_wait,
 )
-from vllm_provision.checks import host as host_checks
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Inventory, Node, Replica
-from vllm_provision.facts.gather import ProbeOptions, host_var
+from vllm_provision.core.models import Inventory, Replica
+from vllm_provision.core.registry import Entry, import_submodules
+from vllm_provision.facts.gather import ProbeOptions
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.settings import node_settings, replica_settings, watchdog_port
+from vllm_provision.settings import replica_settings
+
+# modules of this package that hold no check: the runner, the finding type, the registry
+NOT_CHECKS = ("run", "finding", "context")
 
 SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.OK: 2}
 
@@ -133,125 +136,51 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
     )
 
 
-def shared_pool_wait(replica: Replica) -> float | None:
-    """``vllm_gpu_wait_timeout_s`` when the replica's ``vllm_gpu_pool`` is ``shared``, else None
-    (docs/preflight.md, "Shared GPU pool")."""
-    values = settings.replica_settings(replica)
-    if values["vllm_gpu_pool"] != "shared":
-        return None
-    return float(values["vllm_gpu_wait_timeout_s"])
-
-
 def is_skipped(check: str, skip: Iterable[str]) -> bool:
     """True when ``check`` equals a skip name or starts with ``<name>.`` (``parity`` skips all)."""
     return any(check == name or check.startswith(name + ".") for name in skip)
 
 
-def _ports(replica: Replica, rank: int) -> list[tuple[int, str]]:
-    return replica.backend_type.listen_ports(replica, rank)
+def discover() -> list[str]:
+    """Import every check module of this package (``pkgutil`` over it) so that their
+    ``@check`` decorators fill :data:`~vllm_provision.checks.context.CHECKS`; cheap after the
+    first call. Returns the modules' full names.
 
-
-def own_units(replica: Replica, node: Node, facts: HostFacts,
-              watchdog_unit: str) -> tuple[list[str], list[str]]:
-    """``(planned, leaving)``: the units of this plan on ``node`` (its backend's
-    ``node_units``), and the units the host's state record lists that this plan does not have
-    (pure).
-
-    Only these may hold the node's ports and GPUs. A unit that is leaving counts only because
-    ``provision up`` stops it before anything starts (``vllm_provision.state.prune``, the play
-    before
-    the install plays), not because it is ours: a unit of the same name that no record of ours
-    lists is another job's.
+    Raises:
+        ProvisionError: two checks share a name, or one has an invalid name or scope.
     """
-    from vllm_provision.state.prune import unit_names
-
-    planned = list(replica.backend_type.node_units(replica, node, node.host.vars))
-    owner = facts.owner
-    if owner is None:
-        return planned, []
-    recorded = owner.units if owner.units is not None else tuple(
-        u for u in unit_names(owner.files) if u != watchdog_unit)
-    return planned, [u for u in recorded if u not in planned]
+    return import_submodules(__package__ or "vllm_provision.checks", skip=NOT_CHECKS)
 
 
-def device_counts(facts: Mapping[str, HostFacts], device: str) -> dict[str, int]:
-    """Devices per host the topology checks count: GPUs (nvidia-smi), or CPU cores for ``cpu``.
-
-    vLLM's CPU build runs one worker per rank, each bound to its own cores
-    (``VLLM_CPU_OMP_THREADS_BIND``, vllm/v1/worker/cpu_worker.py), so a node can hold at most
-    as many ranks as it has logical CPUs.
-    """
-    if device == "cpu":
-        return {name: f.cpu_count or 0 for name, f in facts.items()}
-    return {name: len(f.gpus) for name, f in facts.items()}
+def checks_of(scope: str) -> list[Entry[Callable[[Any], list[Finding]]]]:
+    """The registered checks of ``scope`` (``replica``, ``node`` or ``inventory``) in their
+    declared order (:func:`vllm_provision.checks.context.check`)."""
+    discover()
+    return [e for e in CHECKS.entries() if e.meta["scope"] == scope]
 
 
 def check_replica(replica: Replica, facts: Mapping[str, HostFacts],
                   settings: PreflightSettings) -> list[Finding]:
-    """Every check for one replica (topology, placement, parity, pins, network, host).
+    """Every ``replica`` check, then every ``node`` check of each node with facts, in their
+    declared order (topology, placement, parity, pins, network, host...; checks/context.py).
 
     Args:
         replica: the replica.
         facts: facts by host name (nodes without facts get no node-level findings).
         settings: merged preflight settings.
     """
-    values = replica_settings(replica)
-    device = str(values["vllm_device"])
-    gpu_counts = device_counts(facts, device)
-    findings = topology.check_topology(replica, gpu_counts)
-    findings += replica.backend_type.check_replica(replica, facts, settings)
-    findings += parity.check_parity(replica, facts, settings.parity)
-    pins = {name: values.get(name) for name in parity.PINS}
-    findings += parity.check_pins(replica, facts, pins)
-    findings += parity.check_driver_minimum(replica, facts)
-    interface = values.get("vllm_cluster_interface")
-    findings += network.check_host_ip_unique(replica)
-    findings += network.check_routes(replica, facts, interface)
-    meeting = replica.backend_type.rendezvous(replica)
-    if meeting is not None:
-        findings += network.check_reachability(replica, facts, *meeting)
-    findings += fabric.check_mtu(replica, facts, interface)
-    findings += fabric.check_rdma(replica, facts)
-    findings += fabric.check_peer_reach(replica, facts)
-    if device != "cpu":
-        findings += memory.check_memory_fit(replica, facts, settings.gpu_overhead_mib)[0]
-    model_bytes = 0
-    master_facts = facts.get(replica.master.name)
-    if master_facts is not None and master_facts.model_files:
-        model_bytes = sum(f.size for f in master_facts.model_files)
+    scope = ReplicaScope(replica, facts, settings)
+    findings: list[Finding] = []
+    for entry in checks_of("replica"):
+        findings += entry.obj(scope)
+    node_checks = checks_of("node")
     for node in replica.nodes:
         f = facts.get(node.name)
         if f is None:
             continue
-        node_interface = node_settings(replica, node).get("vllm_cluster_interface")
-        findings += network.check_interface(node, f, node_interface)
-        findings += network.check_exposure(node, f, replica, node_interface)
-        findings += network.check_hostname(node, f)
-        planned, leaving = own_units(replica, node, f, settings.watchdog_unit)
-        findings += network.check_ports(node, f, _ports(replica, node.rank), planned,
-                                        leaving=leaving)
-        findings += network.check_watchdog_port(
-            node, f, watchdog_port(replica, node),
-            settings.watchdog_unit)
-        if device == "cpu":
-            findings += host_checks.check_cpu_device(node, f)
-        else:
-            findings += host_checks.check_gpus_visible(node, f)
-            findings += host_checks.check_foreign_gpu_processes(
-                node, f, planned, shared_pool_wait(replica), leaving=leaving)
-            used = topology.local_world_size(replica)
-            findings += gpu_health.check_gpu_errors(node, f, used)
-            findings += gpu_health.check_mig(node, f, used)
-            findings += gpu_health.check_persistence(node, f, used)
-            findings += gpu_health.check_fabric_manager(node, f)
-        findings += gpu_health.check_clock(node, f)
-        findings += host_checks.check_venv(node, f, str(host_var(node.host, "vllm_venv")),
-                                           replica.backend)
-        findings += host_checks.check_shm(node, f, settings.min_shm_mib)
-        findings += host_checks.check_remove_ipc(node, f)
-        findings += host_checks.check_model_present(node, f)
-        findings += host_checks.check_memory(node, f, model_bytes // max(1, replica.nnodes))
-        findings += platform.check_platform(node, f)
+        node_scope = NodeScope(scope, node, f)
+        for entry in node_checks:
+            findings += entry.obj(node_scope)
     return findings
 
 
@@ -303,7 +232,6 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
         replicas: the replicas to check (default: all of the inventory).
         defaults: role defaults (default: read ``roles/preflight/defaults/main.yml``).
     """
-    from vllm_provision.checks import stack as stack_checks
     from vllm_provision.stack.lock import replica_locks
     from vllm_provision.state import inventory_identity
 
@@ -314,12 +242,10 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
     for replica in inventory.replicas if replicas is None else replicas:
         settings = settings_for(replica, defaults)
         skipped = (*skip, *settings.skip_checks)
-        owners = {node.name: facts[node.name].owner for node in replica.nodes
-                  if node.name in facts}
-        found = (check_replica(replica, facts, settings)
-                 + ownership.check_ownership(replica, owners, identity))
-        if replica.name in locks:
-            found += stack_checks.check_lock(replica, facts, locks[replica.name])
+        found = check_replica(replica, facts, settings)
+        scope = InventoryScope(ReplicaScope(replica, facts, settings), identity, locks)
+        for entry in checks_of("inventory"):
+            found += entry.obj(scope)
         findings += [replace(f, replica=replica.name) for f in found
                      if not is_skipped(f.check, skipped)]
     findings = [f for f in findings if not is_skipped(f.check, skip)]

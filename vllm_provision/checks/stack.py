@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from vllm_provision.checks.context import InventoryScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostFacts
@@ -46,3 +47,12 @@ def check_lock(replica: Replica, facts: Mapping[str, HostFacts], lock: Lock) -> 
                                     expected=f"{len(lock.pins)} packages of stack {lock.id}",
                                     actual="all as locked", source=SOURCE))
     return findings
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("stack.lock", order=20, scope="inventory")
+def _lock(scope: InventoryScope) -> list[Finding]:
+    """The nodes' Python stack matches the replica's lock (when it has one)."""
+    lock = scope.locks.get(scope.replica.name)
+    return [] if lock is None else check_lock(scope.replica, scope.of.facts, lock)

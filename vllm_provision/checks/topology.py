@@ -16,6 +16,7 @@ from vllm_provision.backends.choice import (  # noqa: F401 - the rules' names, c
     backend_choice,
     default_backend,
 )
+from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 
@@ -232,3 +233,13 @@ def check_topology(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Find
     return (check_parallel_sizes(replica) + check_gpus_per_node(replica, gpu_counts)
             + check_tensor_parallel_in_node(replica) + check_node_ranks(replica)
             + check_default_backend(replica, gpu_counts) + check_backend_args(replica))
+
+
+# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+
+@check("topology.topology", order=10, scope="replica")
+def _topology(scope: ReplicaScope) -> list[Finding]:
+    """Parallel sizes against the nodes' GPUs (CPU cores on ``cpu``)."""
+    from vllm_provision.checks.context import device_counts
+
+    return check_topology(scope.replica, device_counts(scope.facts, scope.device))

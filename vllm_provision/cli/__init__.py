@@ -1,8 +1,10 @@
 """The ``provision`` command line: one module per command, loaded only when that command runs.
 
-Each module in this package defines one ``click`` command (or group) named ``command``; the table
-below maps the command-line name to its module. Keeping imports lazy keeps ``provision --help``
-and every command fast (heavy modules such as paramiko load only when needed).
+Each module in this package defines one ``click`` command (or group) named ``command``; one
+table below (:data:`TABLE`) maps the command-line name to its module and one-line summary. A new
+command is its module and one row (plus its schema in ``vllm_provision/schemas/`` when it has
+``--json``). Keeping imports lazy keeps ``provision --help`` and every command fast (heavy
+modules such as paramiko load only when needed).
 
 Other distributions add commands through entry points of the group ``vllm_provision.commands``
 (name: the command, value: ``module:attribute`` of a click command), loaded only when that command
@@ -22,33 +24,10 @@ from typing import TYPE_CHECKING
 
 import click
 
+from vllm_provision.core.registry import Registry
+
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
-
-# command name -> module in vllm_provision.cli that defines ``command``
-COMMANDS: dict[str, str] = {
-    "up": "up",
-    "down": "down",
-    "restart": "restart",
-    "upgrade": "upgrade",
-    "status": "status",
-    "check": "check",
-    "facts": "facts",
-    "inventory": "inventory",
-    "drift": "drift",
-    "logs": "logs",
-    "exec": "exec_",
-    "play": "play",
-    "verify": "verify",
-    "init": "init",
-    "completion": "completion",
-    "schema": "schema",
-    "bench": "bench",
-    "fault": "fault",
-    "record": "record",
-    "stack": "stack",
-}
-
 
 ENTRY_POINT_GROUP = "vllm_provision.commands"
 
@@ -62,35 +41,61 @@ SEPARATE: dict[str, tuple[str, str, str]] = {
 }
 
 
-# command name -> its one-line summary (the first paragraph of its help), for `provision --help`
-# without importing every command's module; a unit test keeps it equal to the commands' own
-SUMMARIES: dict[str, str] = {
-    'bench': 'Benchmark the replica with streamed completions and record the conditions.',
-    'check': 'Gather facts from every node and run all preflight checks.',
-    'completion': ("Print the shell completion script for SHELL (commands, options, and the "
-                   "inventory's host and group names after -l/--limit)."),
-    'down': 'Stop the replica in reverse start order and disable its units (--purge: remove them).',
-    'drift': 'Show what changed since the last good `provision up`: facts and configuration.',
-    'exec': 'Run COMMAND on every host of the inventory (or of -l PATTERN), in parallel.',
-    'facts': 'Probe every host in one SSH round trip each and print the facts, hosts as columns.',
-    'fault': 'Hit one node of a serving replica and measure how traffic returns.',
-    'init': 'Probe the servers and print a first, working inventory.',
-    'inventory': ('Show what each host gets after group_vars, host_vars and precedence (no host '
-        'contacted).'),
-    'logs': 'Print the journals of every node of the replica, merged in time order.',
-    'play': "Run PLAYBOOK against the inventory's hosts.",
-    'record': ("Write the decision record: GPU pool, who reserves GPUs and starts workers, "
-               "what Ray adds and does not, how traffic returned after faults, the evidence, "
-               "refusals where conditions differ, and one checkable closing sentence."),
-    'restart': 'Restart the whole replica in order, then wait until it serves and verify.',
-    'schema': "Print the JSON Schema (draft 2020-12) of COMMAND's --json output, or list them.",
-    'stack': "Install and upgrade the replica's Python stack from one reviewed lock.",
-    'status': "Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict.",
-    'upgrade': 'Upgrade the replicas N at a time: drain, apply, restart in order, verify, undrain.',
-    'up': 'Deploy the replica: preflight, install, start in order, wait until it serves, verify.',
-    'verify': ("Check a deployed replica with the packaged verify suite (pytest-testinfra "
-               "over SSH)."),
-}
+# The commands, one row each: (name on the command line, module in vllm_provision.cli that
+# defines ``command``, its one-line summary for `provision --help`). One table rather than a
+# declaration in each module: `provision --help` lists the summaries without importing any
+# command (click's default imports them all). The summary is the first paragraph of the
+# command's own help; a unit test keeps the two equal (tests/unit/test_cli_help_completion.py).
+_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("up", "up",
+     "Deploy the replica: preflight, install, start in order, wait until it serves, verify."),
+    ("down", "down",
+     "Stop the replica in reverse start order and disable its units (--purge: remove them)."),
+    ("restart", "restart",
+     "Restart the whole replica in order, then wait until it serves and verify."),
+    ("upgrade", "upgrade",
+     "Upgrade the replicas N at a time: drain, apply, restart in order, verify, undrain."),
+    ("status", "status",
+     "Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict."),
+    ("check", "check", "Gather facts from every node and run all preflight checks."),
+    ("facts", "facts",
+     "Probe every host in one SSH round trip each and print the facts, hosts as columns."),
+    ("inventory", "inventory",
+     "Show what each host gets after group_vars, host_vars and precedence (no host "
+     "contacted)."),
+    ("drift", "drift",
+     "Show what changed since the last good `provision up`: facts and configuration."),
+    ("logs", "logs", "Print the journals of every node of the replica, merged in time order."),
+    ("exec", "exec_",
+     "Run COMMAND on every host of the inventory (or of -l PATTERN), in parallel."),
+    ("play", "play", "Run PLAYBOOK against the inventory's hosts."),
+    ("verify", "verify",
+     "Check a deployed replica with the packaged verify suite (pytest-testinfra over SSH)."),
+    ("init", "init", "Probe the servers and print a first, working inventory."),
+    ("completion", "completion",
+     "Print the shell completion script for SHELL (commands, options, and the inventory's "
+     "host and group names after -l/--limit)."),
+    ("schema", "schema",
+     "Print the JSON Schema (draft 2020-12) of COMMAND's --json output, or list them."),
+    ("bench", "bench",
+     "Benchmark the replica with streamed completions and record the conditions."),
+    ("fault", "fault", "Hit one node of a serving replica and measure how traffic returns."),
+    ("record", "record",
+     "Write the decision record: GPU pool, who reserves GPUs and starts workers, what Ray "
+     "adds and does not, how traffic returned after faults, the evidence, refusals where "
+     "conditions differ, and one checkable closing sentence."),
+    ("stack", "stack", "Install and upgrade the replica's Python stack from one reviewed lock."),
+)
+
+# the command registry (vllm_provision.core.registry): a name twice is an error naming it;
+# entry.obj is the module, entry.meta["summary"] the summary, in the table's order
+TABLE: Registry[str] = Registry("command")
+for _order, (_name, _module, _summary) in enumerate(_TABLE):
+    TABLE.add(_name, _module, order=_order, module=__name__, summary=_summary)
+
+# views of TABLE: command name -> module, command name -> summary
+COMMANDS: dict[str, str] = {entry.name: entry.obj for entry in TABLE}
+SUMMARIES: dict[str, str] = {entry.name: entry.meta["summary"] for entry in TABLE}
 
 
 class LazyGroup(click.Group):
