@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
-import importlib.util
 import json
 import shutil
 import socket
@@ -21,13 +20,12 @@ import threading
 import time
 import types
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jinja2
 import pytest
 import yaml
-from test_watchdog_rules import OK, TIMEOUT, FakeApi, prober, rules
+from test_watchdog_rules import OK, TIMEOUT, FakeApi, load_file, prober, rules
 
 from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 
@@ -36,16 +34,7 @@ SCRIPT = ROLE / "files" / "vllm_watchdog.py"
 RULES = ROLE / "files" / "vllm_watchdog_rules.py"
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_watchdog_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-wd = _load_script()
+wd = load_file("vllm_watchdog_script", SCRIPT)
 
 
 def test_the_program_uses_the_rules_module_it_imports_from_its_folder() -> None:

@@ -24,18 +24,20 @@ RULES = Path(__file__).resolve().parents[2] / "roles" / "vllm_watchdog" / "files
     "vllm_watchdog_rules.py"
 
 
-def _load_rules() -> ModuleType:
-    # Under the name the program imports it by: a program loaded later in this process
-    # (test_watchdog.py) then uses this very module, its classes included.
-    spec = importlib.util.spec_from_file_location("vllm_watchdog_rules", RULES)
+def load_file(name: str, path: Path) -> ModuleType:
+    """Load the Python file ``path`` as the module ``name``, registered in ``sys.modules`` (as
+    the program imports its rules; dataclasses resolve annotations through ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-rules = _load_rules()
+# Under the name the program imports it by: a program loaded later in this process
+# (test_watchdog.py) then uses this very module, its classes included.
+rules = load_file("vllm_watchdog_rules", RULES)
 
 SETTINGS = rules.Settings(poll_s=1.0, grace_s=5.0, slack_s=2.0)
 MUTUAL = rules.Rule("vllm.service", "h2", "vllm.service", True)
