@@ -35,19 +35,15 @@ def pick_replica(inventory: Any, name: str | None) -> Any:
 
 
 def connect(opts: CommonOptions, replica: Any) -> dict[str, Any]:
-    """Open one connection per node of ``replica``.
+    """Open one connection per node of ``replica``
+    (:func:`vllm_provision.transport.connection.open_all`).
 
     Raises:
         ProvisionError: a node cannot be reached (every reason, one per host).
     """
-    from vllm_provision.transport.connection import close_all, open_connections
+    from vllm_provision.transport.connection import open_all
 
-    connections, errors = open_connections([n.host for n in replica.nodes],
-                                           opts.connection_options())
-    if errors:
-        close_all(connections)
-        raise ProvisionError([p for e in errors.values() for p in e.problems])
-    return connections
+    return open_all([n.host for n in replica.nodes], opts.connection_options())
 
 
 def fmt_ms(value: float | None) -> str:

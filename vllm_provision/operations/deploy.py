@@ -156,10 +156,14 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         raise approval.refusal(name, deploy.take_over)
     hosts = runlock.hosts_of_plays(inventory, plays, deploy.limit)
     with runlock.locked_run(hosts, deploy.connection, name, warn=warn) as factory:
-        if not approved and not _approve(deploy, plays, install(), factory, echo):
+        if not approved and not _approve(deploy, plays, hosts, install(), factory, echo):
             return DeployOutcome(exit_code=1, declined=True)
-        taken = guard_ownership(name, inventory, hosts, install(), deploy.connection, factory,
-                                take_over=deploy.take_over, check=deploy.check, echo=echo)
+        # the approval's dry run already read every node's owner under this run lock: without
+        # --take-over that guard either refused or found every host ours, and nothing can have
+        # changed since, so it is not read again (with --take-over the real removal runs now)
+        taken = [] if not approved and not deploy.take_over else guard_ownership(
+            name, inventory, hosts, install(), deploy.connection, factory,
+            take_over=deploy.take_over, check=deploy.check, echo=echo)
         if taken:
             extra["take_over"] = [take.to_json() for take in taken]
         runner = Runner(inventory, RunOptions(check_mode=deploy.check, diff_mode=deploy.diff,
@@ -277,17 +281,16 @@ def run_plan(inventory: Inventory, outcome: Any, *, starts_again: bool = False) 
                       starts_again=starts_again)
 
 
-def _approve(deploy: Deploy, plays: Sequence[Any], up_plays: Sequence[Any], factory: Any,
-             echo: Callable[[str], None]) -> bool:
-    """Dry-run the playbook on the run's connections (the run locks are held), show its plan,
-    and ask for approval where it needs one (:mod:`vllm_provision.operations.approval`); True
-    to go on.
+def _approve(deploy: Deploy, plays: Sequence[Any], hosts: Sequence[Any],
+             up_plays: Sequence[Any], factory: Any, echo: Callable[[str], None]) -> bool:
+    """Dry-run the playbook on the run's connections (the run locks are held on ``hosts``, the
+    hosts of ``plays``), check ownership, show the plan, and ask for approval where it needs
+    one (:mod:`vllm_provision.operations.approval`); True to go on.
 
     Raises:
         ProvisionError: approval is needed and stdin is not a terminal (nothing was changed).
     """
     inventory, name = deploy.inventory, deploy.command
-    hosts = runlock.hosts_of_plays(inventory, plays, deploy.limit)
     guard_ownership(name, inventory, hosts, up_plays, deploy.connection, factory,
                     take_over=deploy.take_over, check=True, echo=echo)
     runner = Runner(inventory, RunOptions(check_mode=True, diff_mode=False, limit=deploy.limit,

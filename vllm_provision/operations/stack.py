@@ -29,11 +29,7 @@ from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.inventory import select_hosts
 from vllm_provision.stack import lock as stack_lock
 from vllm_provision.stack import sync as stack_sync
-from vllm_provision.transport.connection import (
-    ConnectionOptions,
-    close_all,
-    open_connections,
-)
+from vllm_provision.transport.connection import ConnectionOptions, close_all, open_all
 
 
 def replicas_with_locks(inventory: Inventory, limit: str | None) -> list[tuple[Replica, Path]]:
@@ -59,17 +55,13 @@ def replicas_with_locks(inventory: Inventory, limit: str | None) -> list[tuple[R
 
 
 def connect(replica: Replica, options: ConnectionOptions) -> dict[str, Any]:
-    """One connection per node of ``replica`` (host name -> connection).
+    """One connection per node of ``replica`` (host name -> connection), or none
+    (:func:`vllm_provision.transport.connection.open_all`).
 
     Raises:
-        ProvisionError: a node cannot be reached (every reason, one per host; the connections
-            that opened are closed).
+        ProvisionError: a node cannot be reached (every reason, one per host).
     """
-    connections, errors = open_connections([n.host for n in replica.nodes], options)
-    if errors:
-        close_all(connections)
-        raise ProvisionError([p for e in errors.values() for p in e.problems])
-    return connections
+    return open_all([n.host for n in replica.nodes], options)
 
 
 def probe(connections: Mapping[str, Any], venv: str) -> dict[str, stack_sync.NodeStack]:

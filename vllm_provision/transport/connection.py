@@ -519,6 +519,24 @@ def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
     return connections, errors
 
 
+def open_all(hosts: Iterable[Host], options: ConnectionOptions) -> dict[str, HostConnection]:
+    """Open one connection per host, or none: the commands that need every node of a replica
+    (bench, fault, stack) use it.
+
+    Returns:
+        The open connections by host name.
+
+    Raises:
+        ProvisionError: a host cannot be reached (every host's reason, one problem each); the
+            connections that did open are closed.
+    """
+    connections, errors = open_connections(hosts, options)
+    if errors:
+        close_all(connections)
+        raise ProvisionError([p for e in errors.values() for p in e.problems])
+    return connections
+
+
 def close_all(connections: Mapping[str, Any]) -> None:
     """Close every connection that has a ``close`` method."""
     for conn in connections.values():
