@@ -15,10 +15,15 @@ pytestmark = pytest.mark.lab
 
 
 def _rtt_ms(lab: Lab, source: str, target: str) -> float:
-    """Average ping round trip from ``source`` to ``target`` in milliseconds."""
+    """Least ping round trip from ``source`` to ``target`` in milliseconds, over 5 pings.
+
+    The least, not the average: the delay is a floor every packet pays, while a busy machine
+    (three lab workers on two cores) adds scheduling latency to some packets only; CI once saw
+    an average of 42 ms for an asked 25 ms. ping's summary is ``min/avg/max/mdev``.
+    """
     proc = lab.ssh(source, f"ping -c 5 -i 0.2 -q {target}")
     assert proc.returncode == 0, proc.stderr
-    match = re.search(r"= [\d.]+/([\d.]+)/", proc.stdout)
+    match = re.search(r"= ([\d.]+)/[\d.]+/", proc.stdout)
     assert match, proc.stdout
     return float(match.group(1))
 
@@ -33,7 +38,8 @@ def test_delay_raises_round_trip_by_the_asked_amount(lab: Lab, no_delay: None) -
     before = _rtt_ms(lab, "h2", "h1")
     lab.delay("h1", 25)
     delayed = _rtt_ms(lab, "h2", "h1")
-    assert 25 <= delayed - before < 25 + 10
+    # at least the asked delay, and not twice it (which a delay on both directions would give)
+    assert 25 <= delayed - before < 2 * 25
     lab.delay("h1", 0)
     assert _rtt_ms(lab, "h2", "h1") < before + 5
 
@@ -41,8 +47,7 @@ def test_delay_raises_round_trip_by_the_asked_amount(lab: Lab, no_delay: None) -
 def test_delay_to_one_peer_leaves_others_alone(lab: Lab, no_delay: None) -> None:
     lab.delay("h1", 30, peer="h2")
     assert _rtt_ms(lab, "h2", "h1") >= 30
-    proc = lab.ssh("h1", f"ping -c 3 -i 0.2 -q {lab.config.bridge_address}")
-    assert float(re.search(r"= [\d.]+/([\d.]+)/", proc.stdout).group(1)) < 10  # type: ignore[union-attr]
+    assert _rtt_ms(lab, "h1", lab.config.bridge_address) < 10
 
 
 def test_cut_makes_ssh_time_out_and_heal_restores_it(lab: Lab) -> None:
