@@ -77,3 +77,26 @@ def test_a_group_waiting_for_resources_or_created_is_not_a_problem() -> None:
     waiting = _pg([{"GPU": 1.0}] * 8, "NO_RESOURCES")
     created = _pg([{"GPU": 1.0}] * 8, "FINISHED") | {"state": "CREATED"}
     assert pending_placement_problem(_snapshot(pgs=[waiting, created]), "r") is None
+
+
+def test_expected_gpus_are_each_nodes_own_not_the_heads() -> None:
+    """``ray_num_gpus`` on the head alone is not the worker's: the worker's ``ray start`` gets
+    none, so Ray shows the GPUs it found (here the 4 preflight found); a node's own value wins."""
+    from types import SimpleNamespace
+
+    from vllm_provision.core.models import EngineArgs, Host, Node, Replica
+    from vllm_provision.modules.ray_wait_cluster import expected_gpus
+
+    head = Host(name="h1", address=HEAD, vars={"ray_num_gpus": 8})
+    worker = Host(name="h2", address=WORKER)
+    replica = Replica(name="r", backend="ray",
+                      nodes=(Node(host=head, rank=0, host_ip=HEAD),
+                             Node(host=worker, rank=1, host_ip=WORKER)),
+                      engine=EngineArgs(model="/srv/m", tensor_parallel_size=4,
+                                        pipeline_parallel_size=2))
+    ctx = SimpleNamespace(facts={"h2": SimpleNamespace(gpus=[0, 1, 2, 3])},
+                          vars={"ray_num_gpus": 8})
+    assert expected_gpus(ctx, replica, None) == {HEAD: 8.0, WORKER: 4.0}  # type: ignore[arg-type]
+    assert expected_gpus(ctx, replica, 2) == {HEAD: 2.0, WORKER: 2.0}  # type: ignore[arg-type]
+    ctx.facts = {}
+    assert expected_gpus(ctx, replica, None) == {HEAD: 8.0, WORKER: 4.0}  # world 8 / 2 nodes

@@ -306,14 +306,19 @@ def read_head_snapshot(conn: Connection, replica: Replica, vars_: Mapping[str, A
 
 def expected_gpus(ctx: ModuleContext, replica: Replica,
                   gpus_per_node: float | None) -> dict[str, float]:
-    """Node IP -> GPUs it must show in Ray: ``gpus_per_node``, else ``ray_num_gpus``, else the
-    GPUs preflight found on that node, else the world size divided evenly over the nodes."""
+    """Node IP -> GPUs it must show in Ray: ``gpus_per_node``, else the node's own
+    ``ray_num_gpus``, else the GPUs preflight found on that node, else the world size divided
+    evenly over the nodes.
+
+    ``ray_num_gpus`` is a host variable (docs/inventory.md): each node's ``ray start`` gets its
+    own (roles/ray/templates/ray-unit.j2 renders it on that host), so the expectation reads the
+    node's settings (:func:`settings.node_settings`), never the task host's: a value set on the
+    head alone is not the workers'.
+    """
     expected = {}
     for node in replica.nodes:
-        # the node's own ray_num_gpus, else the task host's (the head's)
-        value: Any = gpus_per_node if gpus_per_node is not None else settings.layered(
-            {"ray_num_gpus": ctx.vars.get("ray_num_gpus"), **dict(node.host.vars)},
-        )["ray_num_gpus"]
+        value: Any = gpus_per_node if gpus_per_node is not None else settings.node_settings(
+            replica, node).get("ray_num_gpus")
         facts = ctx.facts.get(node.name) if isinstance(ctx.facts, Mapping) else None
         if value is None and facts is not None and getattr(facts, "gpus", None):
             value = len(facts.gpus)
