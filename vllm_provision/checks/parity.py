@@ -18,7 +18,7 @@ from vllm_provision import settings
 from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
-from vllm_provision.facts.model import HostFacts
+from vllm_provision.facts.model import HostFacts, first_different_file
 
 # NVIDIA CUDA minor-version compatibility: minimum driver branch per CUDA major
 # (docs.nvidia.com/deploy/cuda-compatibility: "CUDA 12.x >= 525", "CUDA 13.x >= 580").
@@ -36,7 +36,8 @@ class ParityItem:
         key: policy key and check-name suffix (``nccl`` -> ``parity.nccl``).
         label: words for the finding's item (``"NCCL version"``).
         read: facts -> comparable text (None when unknown or absent).
-        fix: template for the fix; ``{host}``, ``{want}``, ``{venv}``, ``{package}``, ``{master}``.
+        fix: template for the fix; ``{host}``, ``{want}``, ``{venv}``, ``{package}``, ``{master}``,
+            ``{model}`` (the replica's model path).
         ray_only: compared only for Ray replicas.
         source: where the rule comes from.
     """
@@ -57,6 +58,12 @@ def _manifest(facts: HostFacts) -> str | None:
     if facts.model_files is None:
         return None
     return f"{len(facts.model_files)} files, {sum(f.size for f in facts.model_files)} bytes"
+
+
+def _content(facts: HostFacts) -> str | None:
+    if facts.model_content is None or not facts.model_content.digest:
+        return None
+    return facts.model_content.digest[:12]
 
 
 def _driver_branch(facts: HostFacts) -> str | None:
@@ -104,6 +111,11 @@ ITEMS: tuple[ParityItem, ...] = (
     ParityItem("model_manifest", "model files", _manifest,
                "copy the model to the same path on {host} (same files and sizes as on {master})",
                source="vLLM docs parallelism_scaling.md (same model path); vllm #2289"),
+    ParityItem("model_content", "model content", _content,
+               "copy the model folder {model} from {master} to {host} (rsync -a --delete from "
+               "the one node whose copy is right), so every node loads the same revision",
+               source="vLLM docs parallelism_scaling.md (identical environment); safetensors "
+                      "docs, Format (the header holds every tensor's dtype, shape, offsets)"),
     ParityItem("driver_branch", "NVIDIA driver branch", _driver_branch,
                "install the {want} driver branch on {host} (as on {master})",
                source="NCCL: every rank of a communicator runs the same version (vllm #4114)"),
@@ -147,6 +159,29 @@ def _missing_files(master: HostFacts, other: HostFacts) -> str:
     return "; ".join(parts)
 
 
+def _content_difference(master: HostFacts, other: HostFacts) -> str:
+    """Why ``other``'s model content differs from the master's: the first file whose hash
+    differs (or that one node lacks), or the files a node could not fingerprint; ``""`` when
+    both fingerprints are equal and complete."""
+    mine, theirs = master.model_content, other.model_content
+    if mine is None or theirs is None:
+        return ""  # the model path is missing: model_manifest says it
+    unread = [f"{node.host} could not read {'; '.join(c.errors[:2])}"
+              for node, c in ((other, theirs), (master, mine)) if c.errors]
+    name = first_different_file(mine.files, theirs.files)
+    if name is None:
+        return "; ".join(unread)
+    what = ("header and data samples of " if name.endswith(".safetensors") else "") + name
+    if name not in theirs.files:
+        first = f"first difference: {name} is not fingerprinted on {other.host}"
+    elif name not in mine.files:
+        first = f"first difference: {name} is not fingerprinted on {master.host}"
+    else:
+        first = (f"first difference: {what} ({theirs.files[name][:12]} on {other.host}, "
+                 f"{mine.files[name][:12]} on {master.host})")
+    return "; ".join([first, *unread])
+
+
 def check_parity(replica: Replica, facts: Mapping[str, HostFacts],
                  policy: Mapping[str, str]) -> list[Finding]:
     """Compare every parity item of every node with the master's (rank 0) value.
@@ -166,6 +201,7 @@ def check_parity(replica: Replica, facts: Mapping[str, HostFacts],
     master = facts[nodes[0].name]
     venv = str(settings.replica_settings(replica)["vllm_venv"])
     findings: list[Finding] = []
+    manifest_on = _severity(policy, "model_manifest") is not None
     for item in ITEMS:
         severity = _severity(policy, item.key)
         if severity is None or (item.ray_only and not replica.backend_type.ray_cluster):
@@ -185,6 +221,14 @@ def check_parity(replica: Replica, facts: Mapping[str, HostFacts],
                     continue
                 got = (f"{got}: {detail}" if detail and got else
                        "model path missing" if got is None else got)
+            elif item.key == "model_content":
+                if manifest_on and (_manifest(other) != _manifest(master)
+                                    or _missing_files(master, other)):
+                    continue  # the model_manifest finding already says it
+                detail = _content_difference(master, other)
+                if not detail:
+                    continue
+                got = f"{got or 'nothing fingerprinted'}: {detail}"
             elif got == want:
                 continue
             differing = True
@@ -194,7 +238,7 @@ def check_parity(replica: Replica, facts: Mapping[str, HostFacts],
                 expected=f"{want if want is not None else 'absent'} (as on {master.host})",
                 actual=f"{got if got is not None else 'absent'} (on {node.name})",
                 fix=item.fix.format(host=node.name, want=want, venv=venv, package=package,
-                                    master=master.host),
+                                    master=master.host, model=replica.engine.model),
                 source=item.source))
         if not differing:
             findings.append(Finding(f"parity.{item.key}", Severity.OK, "*", item.label,

@@ -41,6 +41,14 @@ def _weights(f: HostFacts) -> str:
     return text + (f" ({'; '.join(w.errors[:2])})" if w.errors else "")
 
 
+def _content(f: HostFacts) -> str:
+    c = f.model_content
+    if c is None:
+        return "-"
+    text = f"{c.digest[:12]} ({len(c.files)} files)" if c.digest else "nothing to fingerprint"
+    return text + (f" ({'; '.join(c.errors[:2])})" if c.errors else "")
+
+
 def _user(f: HostFacts) -> str:
     user = f.service_user
     if user is None or not user.name:
@@ -124,6 +132,7 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
     ("CPUs", lambda f: str(f.cpu_count)),
     ("model", _model),
     ("model weights", lambda f: _weights(f)),
+    ("model content", _content),
     ("listening TCP", _ports),
     ("logind RemoveIPC", lambda f: "yes" if f.remove_ipc else "no"),
     ("service user", _user),

@@ -46,8 +46,9 @@ PACKAGES: tuple[str, ...] = (
 KERNEL_MODULES: tuple[str, ...] = ("nvidia_peermem", "nv_peer_mem", "nvidia_fs")
 # Seconds a follower keeps trying to reach the master and the master keeps its listener open.
 DEFAULT_REACH_TIMEOUT_S = 8.0
-# Most safetensors header bytes the master reads for the memory estimate (all files together):
-# a 1 TB MoE checkpoint's headers are ~20 MB; the format caps one header at 100 MB.
+# Most safetensors header bytes a node reads for the content fingerprint and the master for the
+# memory estimate (all files together): a 1 TB MoE checkpoint's headers are ~20 MB; the format
+# caps one header at 100 MB.
 WEIGHTS_MAX_BYTES = 256 * 1024 * 1024
 # Where ``provision init`` looks for virtual environments holding vLLM (globs on the host; ``~``
 # is the SSH user's home); the environment of a ``vllm`` on the PATH is added by the probe.
@@ -142,6 +143,8 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         "service_user": host_var(host, "vllm_service_user"),
         "model_path": host_var(host, "vllm_model") or "",
         "sha256": options.sha256,
+        # the content fingerprint (probe_script.model_content) on every node with a local model
+        "content_max_bytes": WEIGHTS_MAX_BYTES,
         "nccl_loaded": options.nccl_loaded,
         "torch_cuda_runtime": options.torch_cuda_runtime,
         "peers": [],
@@ -259,6 +262,8 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
                    if model.get("exists") and model.get("is_dir", True) else None)
     if model.get("truncated"):
         problems.append("model manifest truncated (too many files)")
+    model_content, content_problems = parsers.parse_model_content(raw.get("content"))
+    problems.extend(content_problems)
 
     user = raw.get("user") or {}
     python = raw.get("python") or {}
@@ -340,6 +345,7 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
         problems=tuple(problems),
         owner=parse_owner(host, raw.get("state") or {}, problems),
         model_weights=_weights(raw.get("weights")),
+        model_content=model_content,
         vllm_venvs=tuple(VenvFound(str(v.get("path", "")), str(v.get("vllm", "")))
                          for v in raw.get("venvs") or () if isinstance(v, dict)),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -199,6 +200,56 @@ class ModelFile:
     name: str
     size: int
     sha256: str = ""
+
+
+@dataclass(frozen=True)
+class ModelContent:
+    """The model folder's content fingerprint, read on every node by the probe
+    (``probe_script.model_content``; docs/preflight.md, "Model content").
+
+    Attributes:
+        digest: sha256 hex of the sorted ``name<TAB>sha256<LF>`` lines of ``files``
+            (:func:`content_digest`); ``""`` when the folder holds
+            none of those files.
+        files: file name -> sha256 hex: ``config.json`` and ``model.safetensors.index.json``
+            whole, each ``*.safetensors`` file vLLM loads by its header (the 8-byte length and
+            the JSON) and four 64 KiB samples of its data.
+        errors: files that could not be fingerprinted and why (a header over 100 MB, a JSON
+            file over 64 MiB, unreadable); such a file is left out of ``files``.
+        bytes_read: bytes the probe read for it.
+    """
+
+    digest: str = ""
+    files: Mapping[str, str] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+    bytes_read: int = 0
+
+
+def content_digest(files: Mapping[str, str]) -> str:
+    """The model fingerprint of per-file hashes (pure): sha256 hex of the sorted
+    ``name<TAB>sha256<LF>`` lines; ``""`` for no file.
+
+    Args:
+        files: file name -> sha256 hex (:attr:`ModelContent.files`).
+    """
+    if not files:
+        return ""
+    lines = "".join(f"{name}\t{files[name]}\n" for name in sorted(files))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def first_different_file(want: Mapping[str, str], got: Mapping[str, str]) -> str | None:
+    """The first file name, in sorted order, whose hash differs between ``want`` and ``got``
+    or that only one of them holds; None when both are equal (pure).
+
+    Args:
+        want, got: file name -> sha256 hex (:attr:`ModelContent.files`, or the state record's
+            ``model_content``).
+    """
+    for name in sorted(set(want) | set(got)):
+        if want.get(name) != got.get(name):
+            return name
+    return None
 
 
 @dataclass(frozen=True)
@@ -431,6 +482,9 @@ class HostFacts:
         owner: the host's state record (last good ``provision up``), None when it has none.
         model_weights: config.json and safetensors headers of the model, read on a replica's
             rank 0 only (None elsewhere, or when the model path is not a local folder).
+        model_content: the model folder's content fingerprint (config.json, the safetensors
+            index, every shard's header and data samples), None when the model path is not a
+            local folder.
         vllm_venvs: environments holding vLLM, when the probe was asked to search
             (``ProbeOptions.venv_search``: ``provision init``), sorted by path; else empty.
     """
@@ -481,6 +535,7 @@ class HostFacts:
     problems: tuple[str, ...] = ()
     owner: HostOwner | None = None
     model_weights: ModelWeights | None = None
+    model_content: ModelContent | None = None
     vllm_venvs: tuple[VenvFound, ...] = ()
 
     @property

@@ -18,10 +18,13 @@ from vllm_provision.facts.model import (
     GpuProcess,
     Interface,
     ListeningSocket,
+    ModelContent,
     RdmaPort,
     Route,
     XidEvent,
+    content_digest,
 )
+from vllm_provision.output.progress import printable
 
 # The query the probe sends; the parser is told the fields so real outputs of other queries parse.
 GPU_QUERY_FIELDS: tuple[str, ...] = (
@@ -550,3 +553,35 @@ def parse_clock(timedatectl: str, chronyc: str, container: str = "") -> ClockSyn
                      synchronized=(_parse_bool(values["NTPSynchronized"])
                                    if "NTPSynchronized" in values else None),
                      offset_s=offset, source=source, container=container.strip())
+
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_model_content(raw: Any) -> tuple[ModelContent | None, list[str]]:
+    """The probe's ``content`` section (``probe_script.model_content``) as
+    :class:`ModelContent`, with the problems it holds (pure).
+
+    Args:
+        raw: ``{"files": [[name, sha256 hex], ...], "errors": [str], "bytes_read": int}``,
+            or None when the model path was not a folder (or the fingerprint not asked for).
+
+    Returns:
+        ``(content or None, problems)``. Names are host output: shown through
+        :func:`~vllm_provision.output.progress.printable`; an entry that is not a name and a
+        64-digit hex digest is dropped and named in the problems.
+    """
+    if not isinstance(raw, Mapping):
+        return None, []
+    files: dict[str, str] = {}
+    problems: list[str] = []
+    for entry in raw.get("files") or ():
+        if (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], str) and _SHA256_RE.match(entry[1])):
+            files[printable(entry[0], 200)] = entry[1]
+        else:
+            problems.append(f"model content: not a file hash: {printable(repr(entry), 80)}")
+    errors = tuple(printable(str(e)) for e in raw.get("errors") or ())
+    read = raw.get("bytes_read")
+    return ModelContent(digest=content_digest(files), files=files, errors=errors,
+                        bytes_read=read if isinstance(read, int) and read >= 0 else 0), problems

@@ -124,24 +124,38 @@ def model_manifest(path, want_sha256, max_files):
 
 # safetensors format: an 8-byte little-endian header length, then that many bytes of JSON
 # (name -> {dtype, shape, data_offsets}); the format caps the header at 100 MB
-# (safetensors docs, "Format"). Only headers are read, never the weights.
+# (safetensors docs, "Format"). Only headers are read, never the weights (but for the content
+# fingerprint's few samples, below).
 SAFETENSORS_HEADER_MAX = 100000000
+# The content fingerprint (docs/preflight.md, "Model content"): config.json and the index are
+# hashed whole up to this size (a 1 TB MoE checkpoint's index is a few MB); a larger one is an
+# error reported as a fact.
+MODEL_JSON_MAX = 64 * 1024 * 1024
+# ... and every safetensors file by its header plus CONTENT_SAMPLES blocks of CONTENT_SAMPLE
+# bytes spread evenly over its data (the first and the last included): a revision that only
+# changes weights keeps the headers but not the data.
+CONTENT_SAMPLES = 4
+CONTENT_SAMPLE = 64 * 1024
 
 
-def safetensors_header(path, budget):
-    """Read one safetensors header: ([[name, dtype, shape, nbytes], ...], header bytes read) or
+def read_safetensors_header(handle, budget):
+    """Read one safetensors header from an open binary file at offset 0: the raw JSON bytes, or
     raise ValueError naming what is wrong. ``budget`` bounds the bytes read."""
-    with open(path, "rb") as handle:
-        first = handle.read(8)
-        if len(first) < 8:
-            raise ValueError("shorter than the 8-byte safetensors header length")
-        length = int.from_bytes(first, "little")
-        if length > SAFETENSORS_HEADER_MAX or length > budget:
-            raise ValueError("header length %d is not a safetensors header (limit %d)"
-                             % (length, min(SAFETENSORS_HEADER_MAX, budget)))
-        raw = handle.read(length)
+    first = handle.read(8)
+    if len(first) < 8:
+        raise ValueError("shorter than the 8-byte safetensors header length")
+    length = int.from_bytes(first, "little")
+    if length > SAFETENSORS_HEADER_MAX or length > budget:
+        raise ValueError("header length %d is not a safetensors header (limit %d)"
+                         % (length, min(SAFETENSORS_HEADER_MAX, budget)))
+    raw = handle.read(length)
     if len(raw) < length:
         raise ValueError("header cut short (%d of %d bytes)" % (len(raw), length))
+    return raw
+
+
+def parse_safetensors_header(raw):
+    """A header's JSON bytes -> [[name, dtype, shape, nbytes], ...]; ValueError when malformed."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except ValueError as exc:
@@ -158,55 +172,143 @@ def safetensors_header(path, budget):
                             int(end) - int(begin)])
         except (KeyError, TypeError, ValueError):
             raise ValueError("tensor %r has no dtype, shape or data_offsets" % name) from None
-    return tensors, length + 8
+    return tensors
+
+
+def safetensors_header(path, budget):
+    """Read one safetensors header: ([[name, dtype, shape, nbytes], ...], header bytes read) or
+    raise ValueError naming what is wrong. ``budget`` bounds the bytes read."""
+    with open(path, "rb") as handle:
+        raw = read_safetensors_header(handle, budget)
+    return parse_safetensors_header(raw), len(raw) + 8
+
+
+def sample_data(handle, digest, start, size):
+    """Feed ``digest`` CONTENT_SAMPLES blocks of the data between ``start`` and ``size`` (all of
+    it when shorter), spread evenly, first and last block included; return the bytes read."""
+    span = size - start
+    if span <= CONTENT_SAMPLES * CONTENT_SAMPLE:
+        offsets = [start] if span > 0 else []
+        length = span
+    else:
+        step = (span - CONTENT_SAMPLE) // (CONTENT_SAMPLES - 1)
+        offsets = [start + i * step for i in range(CONTENT_SAMPLES)]
+        length = CONTENT_SAMPLE
+    read = 0
+    for offset in offsets:
+        handle.seek(offset)
+        block = handle.read(length)
+        digest.update(block)
+        read += len(block)
+    return read
+
+
+def read_json_file(path, limit):
+    """A small JSON file's bytes (None when absent); ValueError when larger than ``limit``."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError("unreadable: %s" % exc) from None
+    if len(data) > limit:
+        raise ValueError("larger than %d bytes" % limit)
+    return data
+
+
+def model_content(path, max_bytes, want_weights, max_config_bytes=1 << 20):
+    """One read of the model folder for two facts: its content fingerprint (every node) and,
+    with ``want_weights``, what the memory estimate reads (rank 0).
+
+    Read: ``config.json`` and ``model.safetensors.index.json`` (whole, up to MODEL_JSON_MAX),
+    and every top-level ``*.safetensors`` file vLLM loads (with an index only the shards its
+    ``weight_map`` names: ``filter_duplicate_safetensors_files``,
+    vllm/model_executor/model_loader/weight_utils.py): its header (``max_bytes`` bounds all
+    headers together) and, for the fingerprint, CONTENT_SAMPLES samples of its data. File names
+    are data: listed with os.listdir, opened by path, never passed to a shell.
+
+    Returns {"fingerprint": {"files": [[name, sha256 hex], ...], "errors": [...],
+    "bytes_read": n}, "weights": {"config", "files", "errors"} or None}; ``fingerprint`` is
+    None when ``path`` is not a folder.
+    """
+    weights = {"config": None, "files": [], "errors": []} if want_weights else None
+    if not path or not os.path.isdir(path):
+        return {"fingerprint": None, "weights": weights}
+    hashes = []
+    errors = []
+    read = 0
+    config_bytes = None
+    try:
+        config_bytes = read_json_file(os.path.join(path, "config.json"), MODEL_JSON_MAX)
+    except ValueError as exc:
+        errors.append("config.json: %s" % exc)
+    if config_bytes is not None:
+        hashes.append(["config.json", hashlib.sha256(config_bytes).hexdigest()])
+        read += len(config_bytes)
+    if weights is not None:
+        if config_bytes is None:
+            weights["errors"].append("config.json is missing")
+        elif len(config_bytes) > max_config_bytes:
+            weights["errors"].append("config.json is larger than %d bytes" % max_config_bytes)
+        else:
+            try:
+                weights["config"] = json.loads(config_bytes.decode("utf-8", "replace"))
+            except ValueError as exc:
+                weights["errors"].append("config.json is not JSON: %s" % exc)
+    try:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors")
+                       and os.path.isfile(os.path.join(path, n)))
+    except OSError as exc:
+        errors.append("cannot list %s: %s" % (path, exc))
+        names = []
+    index = "model.safetensors.index.json"
+    try:
+        index_bytes = read_json_file(os.path.join(path, index), MODEL_JSON_MAX)
+    except ValueError as exc:
+        errors.append("%s: %s" % (index, exc))
+        index_bytes = None
+    if index_bytes is not None:
+        hashes.append([index, hashlib.sha256(index_bytes).hexdigest()])
+        read += len(index_bytes)
+        try:
+            wanted = set((json.loads(index_bytes.decode("utf-8", "replace"))
+                          .get("weight_map") or {}).values())
+            names = [n for n in names if n in wanted]
+        except (ValueError, AttributeError) as exc:
+            if weights is not None:
+                weights["errors"].append("%s is not JSON: %s" % (index, exc))
+    budget = max_bytes
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            with open(full, "rb") as handle:
+                raw = read_safetensors_header(handle, budget)
+                digest = hashlib.sha256(len(raw).to_bytes(8, "little"))
+                digest.update(raw)
+                size = os.fstat(handle.fileno()).st_size
+                sampled = sample_data(handle, digest, 8 + len(raw), size)
+        except (OSError, ValueError) as exc:
+            errors.append("%s: %s" % (name, exc))
+            if weights is not None:
+                weights["errors"].append("%s: %s" % (name, exc))
+            continue
+        budget -= len(raw) + 8
+        read += len(raw) + 8 + sampled
+        hashes.append([name, digest.hexdigest()])
+        if weights is not None:
+            try:
+                weights["files"].append({"name": name, "tensors": parse_safetensors_header(raw)})
+            except ValueError as exc:
+                weights["errors"].append("%s: %s" % (name, exc))
+    return {"fingerprint": {"files": hashes, "errors": errors, "bytes_read": read},
+            "weights": weights}
 
 
 def model_weights(path, max_bytes, max_config_bytes=1 << 20):
-    """The model's config.json and every top-level ``*.safetensors`` header (headers only).
-
-    With a ``model.safetensors.index.json`` only the shards its ``weight_map`` names are read,
-    as vLLM loads them (``filter_duplicate_safetensors_files``,
-    vllm/model_executor/model_loader/weight_utils.py).
-    """
-    out = {"config": None, "files": [], "errors": []}
-    if not path or not os.path.isdir(path):
-        return out
-    text = None
-    config_path = os.path.join(path, "config.json")
-    try:
-        if os.path.getsize(config_path) > max_config_bytes:
-            out["errors"].append("config.json is larger than %d bytes" % max_config_bytes)
-        else:
-            text = read_text(config_path)
-    except OSError:
-        out["errors"].append("config.json is missing")
-    if text is not None:
-        try:
-            out["config"] = json.loads(text)
-        except ValueError as exc:
-            out["errors"].append("config.json is not JSON: %s" % exc)
-    try:
-        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    except OSError as exc:
-        out["errors"].append("cannot list %s: %s" % (path, exc))
-        return out
-    index_text = read_text(os.path.join(path, "model.safetensors.index.json"))
-    if index_text is not None:
-        try:
-            wanted = set((json.loads(index_text).get("weight_map") or {}).values())
-            names = [n for n in names if n in wanted]
-        except (ValueError, AttributeError) as exc:
-            out["errors"].append("model.safetensors.index.json is not JSON: %s" % exc)
-    budget = max_bytes
-    for name in names:
-        try:
-            tensors, used = safetensors_header(os.path.join(path, name), budget)
-        except (OSError, ValueError) as exc:
-            out["errors"].append("%s: %s" % (name, exc))
-            continue
-        budget -= used
-        out["files"].append({"name": name, "tensors": tensors})
-    return out
+    """The model's config.json and every ``*.safetensors`` header vLLM loads (headers only):
+    ``model_content(...)["weights"]`` ({"config", "files", "errors"})."""
+    return model_content(path, max_bytes, True, max_config_bytes)["weights"]
 
 
 def statvfs_bytes(path):
@@ -515,9 +617,6 @@ def main():
         "cpu_count": os.cpu_count(),
         "model": model_manifest(config.get("model_path", ""), bool(config.get("sha256")),
                                 int(config.get("max_files", 20000))),
-        "weights": model_weights(config.get("model_path", ""),
-                                 int(config.get("weights_max_bytes", 0)))
-        if config.get("weights") else None,
         "ss": run(["ss", "-Hltnp"]),
         "logind": logind_texts(),
         "login_defs": read_text("/etc/login.defs") or "",
@@ -535,6 +634,16 @@ def main():
         "fabric": fabric_manager(),
         "clock": clock_sync(),
     }
+    # the content fingerprint on every node, and on rank 0 the memory estimate's config.json
+    # and headers, in one read of each file
+    content = {"fingerprint": None, "weights": None}
+    if config.get("content_max_bytes") or config.get("weights"):
+        content = model_content(config.get("model_path", ""),
+                                max(int(config.get("content_max_bytes", 0)),
+                                    int(config.get("weights_max_bytes", 0))),
+                                bool(config.get("weights")))
+    out["content"] = content["fingerprint"] if config.get("content_max_bytes") else None
+    out["weights"] = content["weights"]
     if config.get("venv_search"):
         out["venvs"] = vllm_venvs(config["venv_search"])
     out.update(torch_runtime(bool(config.get("nccl_loaded")),

@@ -29,12 +29,18 @@ Record shape (``schema`` 1)::
                             "start_to_serving_s": 7.1,
                             "deployed_at": "2025-01-01T11:58:40Z"}},
      "hosts": {"h1": {"replica": "llama", "rank": 0, "units": ["vllm.service"],
-                      "facts": {"python": "3.11.2", "vllm": "0.11.0", "NCCL": "2.28.9", ...},
+                      "facts": {"python": "3.11.2", "vllm": "0.11.0", "NCCL": "2.28.9", ...,
+                                "model content": "<sha256>"},
+                      "model_content": {"config.json": "<sha256>",
+                                        "model-00001-of-00002.safetensors": "<sha256>", ...},
                       "files": {"/etc/systemd/system/vllm.service": "<sha256>", ...},
                       "started_from": {"vllm.service": {"invocation": "<InvocationID>",
                                                         "files": {"<path>": "<sha256>"}}}}},
      "host": "h1"}
 
+``model content`` is the model folder's content fingerprint
+(:attr:`vllm_provision.facts.model.ModelContent.digest`) and ``model_content`` its per-file
+hashes, by which ``provision drift`` names the file another revision changed.
 ``units`` are the host's units of the replica's backend in start order
 (``Backend.node_units``) and ``files`` every file the install plays put there (unit files
 included): together, what ``provision up`` stops and removes when a later plan no longer has
@@ -87,7 +93,11 @@ PARITY_FACTS: tuple[tuple[str, Callable[[HostFacts], str | None]], ...] = (
     ("GPU model", lambda f: f.gpu_model),
     ("GPU count", lambda f: str(len(f.gpus))),
     ("model manifest", lambda f: model_manifest_digest(f)),
+    ("model content", lambda f: f.model_content.digest or None if f.model_content else None),
 )
+# The fact whose per-file hashes the record keeps beside it (``model_content``), so drift can
+# name the file that changed.
+MODEL_CONTENT = "model content"
 
 
 def model_manifest_digest(facts: HostFacts) -> str | None:
@@ -163,6 +173,8 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                 "replica": replica.name,
                 "rank": node.rank,
                 "facts": parity_facts(host_facts) if host_facts else {},
+                "model_content": dict(sorted(host_facts.model_content.files.items()))
+                if host_facts and host_facts.model_content else {},
                 "units": replica.backend_type.node_units(replica, node, node.host.vars),
                 "files": dict(sorted(files.get(node.name, {}).items())),
                 "started_from": dict((started or {}).get(node.name, {})),

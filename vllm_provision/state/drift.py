@@ -3,8 +3,8 @@
 Two kinds of change, as Terraform's ``plan -refresh-only`` vs ``plan`` tell them apart
 (https://developer.hashicorp.com/terraform/cli/commands/plan#planning-modes):
 
-- ``facts``: a parity fact of a node (vLLM, torch, NCCL, driver, GPUs, model manifest, ...)
-  differs from the record (:mod:`vllm_provision.state`);
+- ``facts``: a parity fact of a node (vLLM, torch, NCCL, driver, GPUs, model manifest, model
+  content, ...) differs from the record (:mod:`vllm_provision.state`);
 - ``config``: what ``provision up`` would change now: a file or unit the install plays would
   rewrite in check mode (hand edits on the host, inventory or ``-e`` edits), a node added to or
   removed from a replica, an engine argument changed in the inventory.
@@ -21,15 +21,15 @@ from typing import Any, Literal
 
 from vllm_provision.core.models import Inventory
 from vllm_provision.core.results import Status, TaskResult
-from vllm_provision.facts.model import HostFacts
-from vllm_provision.state import engine_record, parity_facts
+from vllm_provision.facts.model import HostFacts, first_different_file
+from vllm_provision.state import MODEL_CONTENT, engine_record, parity_facts
 
 Kind = Literal["facts", "config"]
 EXIT_NO_DRIFT = 0
 EXIT_ERROR = 1
 EXIT_DRIFT = 2
 # Facts shown shortened (digests): first 12 hex digits, as git shows commits.
-_DIGEST_ITEMS = ("model manifest",)
+_DIGEST_ITEMS = ("model manifest", MODEL_CONTENT)
 
 
 @dataclass(frozen=True)
@@ -82,15 +82,29 @@ def compare_facts(record: Mapping[str, Any], facts: Mapping[str, HostFacts]) -> 
     changes: list[Change] = []
     recorded_hosts: Mapping[str, Any] = record.get("hosts") or {}
     for name, host_facts in facts.items():
-        then = (recorded_hosts.get(name) or {}).get("facts")
+        entry = recorded_hosts.get(name) or {}
+        then = entry.get("facts")
         if not then:
             continue
         now = parity_facts(host_facts)
         for label, value in now.items():
             if label in then and then[label] != value:
-                changes.append(Change(name, label, _show(label, then[label]),
+                item = label
+                if label == MODEL_CONTENT:
+                    item = _content_item(entry.get("model_content"), host_facts)
+                changes.append(Change(name, item, _show(label, then[label]),
                                       _show(label, value), "facts"))
     return changes
+
+
+def _content_item(recorded: Any, facts: HostFacts) -> str:
+    """``model content (<first file that differs>)``, or the bare label when the record holds
+    no per-file hashes (written before they were kept)."""
+    if not isinstance(recorded, Mapping) or not recorded:
+        return MODEL_CONTENT
+    files = {str(k): str(v) for k, v in recorded.items()}
+    name = first_different_file(files, facts.model_content.files if facts.model_content else {})
+    return f"{MODEL_CONTENT} ({name})" if name else MODEL_CONTENT
 
 
 def compare_lock(locks: Mapping[str, Any], inventory: Inventory,
