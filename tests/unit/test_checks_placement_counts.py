@@ -78,6 +78,22 @@ def test_whole_bundles_that_do_not_pack_are_still_searched_after_the_totals():
     assert "no assignment of whole bundles" in decision.reason
 
 
+@pytest.mark.parametrize(("shapes", "gpus"), [
+    ([{"GPU": 5}, {"GPU": 3}] * 2, (8, 8)),           # each large bundle beside a small one
+    ([{"GPU": 2}] * 4, (4, 4)),                        # identical nodes, identical splits
+    ([{"GPU": 6}, {"GPU": 2}, {"GPU": 4}, {"GPU": 4}], (8, 8)),
+    ([{"GPU": 4}] * 3 + [{"GPU": 2}] * 2 + [{"GPU": 1}] * 4, (8, 8, 4)),
+])
+def test_bundles_that_fill_the_nodes_exactly_are_placed(shapes, gpus):
+    nodes = nodes_of(*gpus)
+    decision = placement.decide_placement(shapes, "PACK", nodes)
+    assert decision.feasible, decision.reason
+    for name, resources in nodes.items():
+        used = sum(b["GPU"] for b, where in zip(shapes, decision.assignment, strict=True)
+                   if where == name)
+        assert used == resources["GPU"]
+
+
 def test_a_custom_group_short_of_a_custom_resource_names_it():
     nodes = nodes_of(8, 8)
     nodes["h1"]["accel"] = 1.0
@@ -86,12 +102,15 @@ def test_a_custom_group_short_of_a_custom_resource_names_it():
 
 
 def test_a_search_that_meets_its_step_limit_is_a_warning_not_a_verdict(monkeypatch):
-    monkeypatch.setattr(placement, "SEARCH_STEPS", 1)
-    bundles = [{"GPU": 3}] * 4  # infeasible, but only a search says so, in 2 splits
-    decision = placement.decide_placement(bundles, "PACK", nodes_of(4, 4, 4))
+    monkeypatch.setattr(placement, "SEARCH_STEPS", 0)
+    bundles = [{"GPU": 3}] * 4  # no bound says no on 5+4+4 GPUs: only a search can
+    decision = placement.decide_placement(bundles, "PACK", nodes_of(5, 4, 4))
     assert not decision.decided and decision.feasible and "not decided" in decision.reason
-    findings = placement.check_placement(ray_replica(1, 1), nodes_of(4, 4, 4), bundles, "PACK")
-    assert [f.severity for f in findings] == [Severity.OK, Severity.WARNING]
+    findings = placement.check_placement(ray_replica(1, 1), nodes_of(5, 4, 4), bundles, "PACK")
+    custom = findings[-1]
+    assert (custom.item, custom.severity) == ("custom placement group", Severity.WARNING)
+    monkeypatch.undo()
+    assert not placement.decide_placement(bundles, "PACK", nodes_of(5, 4, 4)).feasible
 
 
 def test_the_replica_checks_report_the_shortfall_from_the_nodes_facts():

@@ -49,13 +49,15 @@ def clusters(draw):
     count = draw(st.integers(1, 4))
     nodes = {}
     for i in range(count):
-        resources = placement.node_resources(draw(st.integers(0, 8)), IPS[i],
+        # mostly the sizes of real nodes, so that identical nodes are common
+        gpus = draw(st.one_of(st.sampled_from([4, 8, 8]), st.integers(0, 8)))
+        resources = placement.node_resources(gpus, IPS[i],
                                              draw(st.one_of(st.none(), st.integers(0, 16))))
         if draw(st.booleans()):
             resources["accel"] = float(draw(st.integers(0, 2)))
         nodes[f"h{i + 1}"] = resources
     shape = st.fixed_dictionaries(
-        {"GPU": st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.0, 4.0, 5.0])},
+        {"GPU": st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0])},
         optional={"CPU": st.sampled_from([1.0, 2.0, 4.0, 8.0]),
                   "accel": st.sampled_from([0.5, 1.0]),
                   f"node:{IPS[0]}": st.just(0.001),

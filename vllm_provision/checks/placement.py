@@ -7,6 +7,7 @@ from per-node resources, whether a bundle shape can be placed at all, and explai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -182,10 +183,15 @@ def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
     """How many bundles of each shape go on each node, or None when no split fits.
 
     Bundles of one shape are interchangeable, so the state is (node position, bundles left per
-    shape) and a state that failed once is never searched again: the number of states is at
+    shape) and a state that failed once is never searched again, nor the same bundles from a
+    later node (fewer nodes cannot do better): the number of states is at
     most ``len(caps) x prod(count + 1)``, polynomial in the bundles for a fixed number of
     distinct shapes (bin packing is NP-hard only in the number of distinct sizes). Identical
-    nodes lie next to each other and reach the same states, which the memo merges.
+    nodes lie next to each other. Of all placements, the one whose splits (node by node,
+    each compared shape by shape) are largest has two properties the search asks of every
+    split, so they lose no answer: each split is maximal (a bundle left over that still fit
+    on the node would make it larger), and no node's split is above that of an identical node
+    before it (swapping the two would).
 
     Args:
         shapes: per distinct shape, its amount of each resource (same order as ``caps``).
@@ -204,24 +210,40 @@ def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
                    for i in range(n)] for shape in shapes]
     last_fit = [max((i for i in range(n) if fits_alone[s][i]), default=-1) for s in range(k)]
     slack = _EPSILON * (sum(counts) + n + 1)
-    failed: set[tuple[int, tuple[int, ...]]] = set()
+    same_as_before = [i > 0 and caps[i] == caps[i - 1] for i in range(n)]
+    # per node position and resource: the capacity every node from there on has, or None
+    uniform: list[list[float | None]] = [[None] * width for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for r in range(width):
+            later = uniform[i + 1][r] if i + 1 < n else caps[i][r]
+            uniform[i][r] = caps[i][r] if later == caps[i][r] else None
+    failed_from: dict[tuple[int, ...], int] = {}  # bundles left -> first node they failed from
+    failed: set[tuple[int, tuple[int, ...], tuple[int, ...] | None]] = set()
     steps = [0]
     chosen: list[tuple[int, ...]] = []
 
-    def splits(i: int, left: tuple[int, ...]):
-        """Bundles per shape that fit node ``i`` together, fullest first."""
+    def splits(i: int, left: tuple[int, ...], bound: tuple[int, ...] | None):
+        """Bundles per shape that fit node ``i`` together, fullest first; only maximal ones
+        (no bundle left over still fits beside them), and none above ``bound`` (in the order
+        of the shapes) when the node before is identical."""
         free = list(caps[i])
         taken = [0] * k
 
-        def walk(s: int, room: int):
+        def walk(s: int, room: int, tight: bool):
             if s == k:
                 steps[0] += 1
                 if steps[0] > SEARCH_STEPS:
                     raise _OutOfSteps
+                if room and any(taken[t] < left[t] and all(
+                        shapes[t][r] <= free[r] + _EPSILON for r in range(width))
+                        for t in range(k)):
+                    return
                 yield tuple(taken)
                 return
             most = left[s] if fits_alone[s][i] else 0
             most = min(most, room)
+            if tight and bound is not None:
+                most = min(most, bound[s])
             shape = shapes[s]
             for r in range(width):
                 if shape[r] > 0:
@@ -230,38 +252,71 @@ def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
                 for r in range(width):
                     free[r] -= shape[r] * count
                 taken[s] = count
-                yield from walk(s + 1, room - count)
+                yield from walk(s + 1, room - count,
+                                tight and bound is not None and count == bound[s])
                 for r in range(width):
                     free[r] += shape[r] * count
             taken[s] = 0
 
-        yield from walk(0, 1 if one_each else sum(left))
+        yield from walk(0, 1 if one_each else sum(left), True)
 
-    def place(i: int, left: tuple[int, ...]) -> bool:
+    def hopeless(i: int, left: tuple[int, ...]) -> bool:
+        """What no search from node ``i`` can place: bounds that need no search."""
+        if failed_from.get(left, n) <= i:
+            return True
+        if any(left[s] and last_fit[s] < i for s in range(k)):
+            return True
+        if one_each and sum(left) > n - i:
+            return True
+        if any(sum(left[s] * shapes[s][r] for s in range(k)) > suffix[i][r] + slack
+               for r in range(width)):
+            return True
+        return any(uniform[i][r] is not None and _nodes_needed(
+            [(shapes[s][r], left[s]) for s in range(k) if left[s]], uniform[i][r]) > n - i
+            for r in range(width))
+
+    def place(i: int, left: tuple[int, ...], bound: tuple[int, ...] | None) -> bool:
         if not any(left):
             chosen.extend([(0,) * k] * (n - i))
             return True
-        if i == n or (i, left) in failed:
+        if i == n or (i, left, bound) in failed:
             return False
-        if any(left[s] and last_fit[s] < i for s in range(k)):
-            failed.add((i, left))
+        if hopeless(i, left):
+            failed_from[left] = min(i, failed_from.get(left, n))
             return False
-        if one_each and sum(left) > n - i:
-            failed.add((i, left))
-            return False
-        for r in range(width):
-            if sum(left[s] * shapes[s][r] for s in range(k)) > suffix[i][r] + slack:
-                failed.add((i, left))
-                return False
-        for split in splits(i, left):
+        for split in splits(i, left, bound):
             chosen.append(split)
-            if place(i + 1, tuple(a - b for a, b in zip(left, split, strict=True))):
+            after = tuple(a - b for a, b in zip(left, split, strict=True))
+            if place(i + 1, after, split if i + 1 < n and same_as_before[i + 1] else None):
                 return True
             chosen.pop()
-        failed.add((i, left))
+        if bound is None:  # no bound: a failure for every later node too
+            failed_from[left] = min(i, failed_from.get(left, n))
+        failed.add((i, left, bound))
         return False
 
-    return chosen if place(0, tuple(counts)) else None
+    return chosen if place(0, tuple(counts), None) else None
+
+
+def _nodes_needed(amounts: Sequence[tuple[float, int]], capacity: float) -> int:
+    """A lower bound on the nodes of ``capacity`` that hold these bundles, one resource seen
+    alone: Martello and Toth's L2 bound for bin packing (Knapsack Problems, 1990, section
+    8.3.1), over (amount, count) pairs. For each threshold ``k`` up to half the capacity:
+    each bundle above half needs its own node, those above ``capacity - k`` share with no
+    bundle of ``k`` or more, and the bundles from ``k`` to half fill what the others leave.
+    A placement of whole bundles holds each resource's projection, so the bound holds for it.
+    """
+    half = capacity / 2
+    best = 0
+    for k in {0.0, *(a for a, _ in amounts if a <= half + _EPSILON)}:
+        alone = sum(c for a, c in amounts if a > capacity - k + _EPSILON)
+        big = [(a, c) for a, c in amounts if half + _EPSILON < a <= capacity - k + _EPSILON]
+        room = sum(c * (capacity - a) for a, c in big)
+        small = sum(a * c for a, c in amounts if k - _EPSILON <= a <= half + _EPSILON)
+        over = small - room
+        extra = math.ceil(over / capacity - 1e-9) if over > 0 and capacity > 0 else 0
+        best = max(best, alone + sum(c for _, c in big) + extra)
+    return best
 
 
 def _search_counts(bundles: Sequence[Bundle], names: Sequence[str],
