@@ -171,10 +171,10 @@ class _OutOfSteps(Exception):
     """The counted search met its step limit (:data:`SEARCH_STEPS`) without an answer."""
 
 
-# The counted search's limit: far above what vLLM's bundles (two shapes) or a handful of custom
-# shapes need on 16 nodes (bench/placement.py: under 1,000 steps), low enough to answer in
-# well under a second whatever the shapes.
-SEARCH_STEPS = 200_000
+# The counted search's limit, in steps (a node tried with some bundles left, or one shape's
+# count chosen on a node): the hardest case of bench/placement.py takes under 3,000; 50,000
+# is about half a second on a loaded 2-core machine for 17 distinct custom shapes.
+SEARCH_STEPS = 50_000
 
 
 def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
@@ -200,7 +200,7 @@ def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
         one_each: STRICT_SPREAD: at most one bundle per node.
 
     Raises:
-        _OutOfSteps: more than :data:`SEARCH_STEPS` node splits were tried.
+        _OutOfSteps: the search took more than :data:`SEARCH_STEPS` steps.
     """
     n, k, width = len(caps), len(shapes), len(caps[0]) if caps else 0
     suffix = [[0.0] * width for _ in range(n + 1)]
@@ -230,10 +230,10 @@ def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
         taken = [0] * k
 
         def walk(s: int, room: int, tight: bool):
+            steps[0] += 1
+            if steps[0] > SEARCH_STEPS:
+                raise _OutOfSteps
             if s == k:
-                steps[0] += 1
-                if steps[0] > SEARCH_STEPS:
-                    raise _OutOfSteps
                 if room and any(taken[t] < left[t] and all(
                         shapes[t][r] <= free[r] + _EPSILON for r in range(width))
                         for t in range(k)):
@@ -276,6 +276,7 @@ def _pack_counts(shapes: Sequence[tuple[float, ...]], counts: Sequence[int],
             for r in range(width))
 
     def place(i: int, left: tuple[int, ...], bound: tuple[int, ...] | None) -> bool:
+        steps[0] += 1
         if not any(left):
             chosen.extend([(0,) * k] * (n - i))
             return True
@@ -418,8 +419,9 @@ def decide_placement(bundles: Sequence[Bundle], strategy: str,
         placed = _search_counts(bundles, names, nodes, strategy == "STRICT_SPREAD")
     except _OutOfSteps:
         return PlacementDecision(
-            True, f"{strategy}: not decided: {SEARCH_STEPS} splits of {len(bundles)} bundles "
-                  f"over {len(names)} nodes tried without an answer; Ray decides at start",
+            True, f"{strategy}: not decided: {SEARCH_STEPS} steps of the search over "
+                  f"{len(bundles)} bundles ({len(set(map(_positive, bundles)))} shapes) and "
+                  f"{len(names)} nodes gave no answer; Ray decides at start",
             decided=False)
     if placed is not None:
         counts = {name: placed.count(name) for name in names if name in placed}
