@@ -260,3 +260,62 @@ def test_auto_is_probed_once_per_replica(tmp_path: Path) -> None:
     ("10.0.0.11", "10.0.0.11")])
 def test_tunnel_destination(api_host: str, destination: str) -> None:
     assert tunnel.tunnel_destination(api_host) == destination
+
+
+def _forwarding(outcome: BaseException | None) -> Any:
+    """A ``HostConnection`` whose paramiko transport answers ``open_channel`` with ``outcome``
+    (raised) or a channel; records what it was asked."""
+    from vllm_provision.core.models import Host
+    from vllm_provision.transport.base import ConnectionOptions
+    from vllm_provision.transport.connection import HostConnection
+
+    asked: list[tuple[Any, ...]] = []
+
+    class Transport:
+        def is_active(self) -> bool:
+            return True
+
+        def open_channel(self, kind: str, dest: Any, src: Any, timeout: float) -> str:
+            asked.append((kind, dest, src, timeout))
+            if outcome is not None:
+                raise outcome
+            return "channel"
+
+    class Fabric:
+        class client:  # noqa: N801 - fabric's attribute name
+            @staticmethod
+            def get_transport() -> Transport:
+                return Transport()
+
+        def close(self) -> None:
+            """Nothing behind the fake."""
+
+    conn = HostConnection(Host("h1", "192.0.2.1"), ConnectionOptions())
+    conn._fabric = Fabric()
+    return conn, asked
+
+
+def test_open_forward_asks_sshd_for_a_direct_tcpip_channel() -> None:
+    conn, asked = _forwarding(None)
+    assert conn.open_forward("127.0.0.1", 8000, 3) == "channel"
+    assert asked == [("direct-tcpip", ("127.0.0.1", 8000), ("127.0.0.1", 0), 3.0)]
+
+
+def test_open_forward_maps_sshd_answers_to_os_errors() -> None:
+    import paramiko
+
+    from vllm_provision.transport.connection import HostConnection
+
+    refused = paramiko.ChannelException(paramiko.common.OPEN_FAILED_CONNECT_FAILED,
+                                        "Connection refused")
+    prohibited = paramiko.ChannelException(
+        paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED, "open failed")
+    cases: list[tuple[BaseException, type[BaseException], str]] = [
+        (refused, ConnectionRefusedError, "Connection refused"),
+        (prohibited, ConnectionError, "AllowTcpForwarding"),
+        (paramiko.SSHException("Timeout opening channel."), TimeoutError, "within 2 s")]
+    for raised, expected, words in cases:
+        conn, _ = _forwarding(raised)
+        assert isinstance(conn, HostConnection)
+        with pytest.raises(expected, match=words):
+            conn.open_forward("127.0.0.1", 8000, 2)

@@ -342,7 +342,10 @@ class HostConnection:
         if self._fabric is None:
             with self._lock:
                 if self._fabric is None:
-                    self.open()
+                    try:
+                        self.open()
+                    except ProvisionError as exc:  # unreachable: an OSError for httpcore
+                        raise ConnectionError(" ".join(exc.render().split())[:300]) from None
         transport = self._fabric.client.get_transport()
         if transport is None or not transport.is_active():
             raise ConnectionError(f"connection to {self._address_label()} lost")

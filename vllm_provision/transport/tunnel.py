@@ -34,7 +34,6 @@ from vllm_provision.core.models import Replica
 VIAS = ("auto", "direct", "ssh")
 # Seconds the auto probe waits for the controller's TCP connect and for /health's first line.
 PROBE_TIMEOUT_S = 2.0
-_ALL_INTERFACES = ("0.0.0.0", "::", "")
 
 
 def is_loopback(address: str) -> bool:
@@ -50,7 +49,7 @@ def is_loopback(address: str) -> bool:
 def tunnel_destination(api_host: str) -> str:
     """Where a forwarded channel connects on rank 0: the bind address itself, but ``127.0.0.1``
     for an all-interfaces bind (``0.0.0.0``, empty) and ``localhost``, ``::1`` for ``::``."""
-    if api_host in ("0.0.0.0", "", "localhost") or api_host.lower() == "localhost":
+    if api_host in ("0.0.0.0", "") or api_host.lower() == "localhost":
         return "127.0.0.1"
     if api_host == "::":
         return "::1"
