@@ -52,6 +52,7 @@ def test_api_on_rank_0_loopback_is_reached_through_ssh(replicas: ReplicaBroker) 
 
         up = replica.provision("up", "-i", replica.inventory, *LOOPBACK, timeout=600)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "API path: ssh via h1" in up.stdout, up.stdout[-3000:]
         status = replica.provision("status", "-i", replica.inventory, "--json", *LOOPBACK,
                                    timeout=120)
         assert status.returncode == 0, status.stdout + status.stderr
@@ -100,8 +101,11 @@ def test_behind_a_bastion_up_status_bench_and_fault_go_through_ssh(
             assert (path["via"], path["path"], path["setting"]) == ("ssh", "ssh via h1", "auto")
             assert "not reachable from the controller" in path["reason"], path
 
-            up = replica.provision("up", "-i", replica.inventory, timeout=600, env=env)
+            up = replica.provision("up", "-i", replica.inventory, "--json", timeout=600,
+                                   env=env)
             assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+            (served,) = json.loads(up.stdout)["replicas"]
+            assert served["served"] and served["api_path"]["path"] == "ssh via h1", served
             status = replica.provision("status", "-i", replica.inventory, "--json",
                                        timeout=120, env=env)
             assert status.returncode == 0, status.stdout + status.stderr
