@@ -118,6 +118,7 @@ def test_behind_a_bastion_up_status_bench_and_fault_go_through_ssh(
             assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
             result = json.loads(bench.stdout)
             assert result["client"]["completed"] == 6, result["client"]
+            assert result["conditions"]["api_path"] == "ssh via h1", result["conditions"]
 
             fault = replica.provision("fault", "-i", replica.inventory, "--kill", "h2",
                                       "--streams", "2", "--max-tokens", "200", "--bound", "150",

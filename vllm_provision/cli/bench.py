@@ -59,7 +59,7 @@ def print_result(result: dict[str, Any]) -> None:
                f"{cond['dtype']}, TP={cond['tensor_parallel_size']} "
                f"PP={cond['pipeline_parallel_size']}, vLLM {cond['vllm_version']}, "
                f"start to serving {cond['start_to_serving_s']} s")
-    click.echo(f"inputs: {cond['inputs']}")
+    click.echo(f"inputs: {cond['inputs']}; API path: {cond.get('api_path', 'direct')}")
     click.echo(f"completed {client['completed']}/{client['requests']} "
                f"(rate {client['completion_rate']}), errors {client['errors'] or 'none'}, "
                f"{client['output_tokens_per_s']} output tokens/s over {client['duration_s']} s")

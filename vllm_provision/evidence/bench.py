@@ -44,13 +44,14 @@ def served_model(replica: Any) -> str:
 
 def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
                placement: dict[str, Any], inputs: dict[str, Any],
-               start_to_serving_s: float | None) -> dict[str, Any]:
+               start_to_serving_s: float | None, api_path: str = "direct") -> dict[str, Any]:
     """What a result was measured under: ``replica``, ``backend``, ``model``, ``served_model``,
     ``dtype``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``vllm_version`` (rank
     0's ``/version``), ``gpu_pool`` (``vllm_gpu_pool``), ``hosts`` (name, address, rank),
     ``inputs`` (seed, counts, digest), ``placement`` (the backend's
     :meth:`~vllm_provision.backends.Backend.placement`), ``start_to_serving_s`` (of the last
-    ``up``, from the state record; None when not measured)."""
+    ``up``, from the state record; None when not measured), ``api_path`` (``direct`` or ``ssh
+    via <rank 0>``: the client's latencies include the path, docs/deploy.md)."""
     engine = replica.engine
     return {"replica": replica.name, "backend": replica.backend, "model": engine.model,
             "served_model": served_model(replica), "dtype": dtype_of(engine.extra_args),
@@ -60,7 +61,7 @@ def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
             "hosts": [{"host": n.name, "address": n.host_ip, "rank": n.rank}
                       for n in replica.nodes],
             "inputs": inputs, "placement": placement,
-            "start_to_serving_s": start_to_serving_s}
+            "start_to_serving_s": start_to_serving_s, "api_path": api_path}
 
 
 def scrape(base_url: str, model: str, timeout_s: float = 10.0, route: Any = None,
@@ -164,7 +165,8 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
     server = histogram_deltas(before, after)
     return {"kind": "bench", "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "conditions": conditions(replica, vars_, version, placement, inputs,
-                                     start_to_serving_s),
+                                     start_to_serving_s,
+                                     route.describe if route is not None else "direct"),
             "client": client, "server": server, "agreement": agreement(client, server),
             "requests": [r.as_dict() for r in results]}
 
