@@ -312,10 +312,11 @@ _CHOSEN_LOCK = threading.Lock()
 
 
 def api_via(replica: Replica) -> str:
-    """The replica's ``vllm_api_via`` (rank 0's settings; default ``auto``)."""
+    """The replica's ``vllm_api_via`` (rank 0's settings over the variables table's default,
+    ``auto``)."""
     from vllm_provision import settings
 
-    return str(settings.master_settings(replica).get("vllm_api_via") or "auto")
+    return str(settings.master_settings(replica)["vllm_api_via"])
 
 
 def _address(replica: Replica) -> str:
