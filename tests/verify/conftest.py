@@ -67,6 +67,31 @@ def replica(verify_inventory: Inventory, replica_name: str) -> Replica:
 
 
 @pytest.fixture(scope="session")
+def api_routes() -> Iterator[Any]:
+    """Factory ``api_route(replica) -> ApiRoute``: how the controller reaches rank 0's API
+    (``vllm_api_via``, :func:`vllm_provision.transport.tunnel.route_for`); through SSH over a
+    connection to rank 0 opened the way ``provision`` opens it (ProxyJump included)."""
+    from vllm_provision.transport.base import ConnectionOptions
+    from vllm_provision.transport.connection import HostConnection
+    from vllm_provision.transport.tunnel import choice_for, route_for
+
+    opened: dict[str, HostConnection] = {}
+
+    def route(replica: Replica) -> Any:
+        if choice_for(replica).via != "ssh":
+            return route_for(replica)
+        name = replica.master.name
+        if name not in opened:
+            opened[name] = HostConnection(replica.master.host, ConnectionOptions())
+            opened[name].open()
+        return route_for(replica, opened[name])
+
+    yield route
+    for connection in opened.values():
+        connection.close()
+
+
+@pytest.fixture(scope="session")
 def connect() -> Iterator[Any]:
     """Factory ``connect(host) -> testinfra.host.Host`` with strict host-key checking."""
     import paramiko

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from typing import Any
 
 from vllm_provision import settings as resolver
@@ -64,21 +63,22 @@ def test_master_listens_on_the_api_port(replica: Replica, connect: Any) -> None:
                for address in ("0.0.0.0", replica.engine.api_host, replica.master.host_ip))
 
 
-def test_master_is_healthy_and_serves_the_model(replica: Replica) -> None:
-    base = f"http://{replica.master.host_ip}:{replica.engine.api_port}"
-    with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
-        assert response.status == 200
-    request = urllib.request.Request(f"{base}/v1/models")
-    if replica.engine.api_key:
-        request.add_header("Authorization", f"Bearer {replica.engine.api_key}")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        served = [m["id"] for m in json.load(response)["data"]]
+def test_master_is_healthy_and_serves_the_model(replica: Replica, api_routes: Any) -> None:
+    """``/health`` 200 and the model in ``/v1/models``, on the path ``provision`` uses
+    (``vllm_api_via``: direct, or through rank 0's SSH connection)."""
+    route = api_routes(replica)
+    headers = ({"Authorization": f"Bearer {replica.engine.api_key}"}
+               if replica.engine.api_key else {})
+    with route.client(10) as client:
+        assert client.get(f"{route.base_url}/health").status_code == 200, route.describe
+        answer = client.get(f"{route.base_url}/v1/models", headers=headers)
+        served = [m["id"] for m in json.loads(answer.content)["data"]]
     assert (replica.engine.served_model_name or replica.engine.model) in served
 
 
-def test_master_serves_a_completion(replica: Replica) -> None:
+def test_master_serves_a_completion(replica: Replica, api_routes: Any) -> None:
     """One real streamed completion through rank 0's API (what `provision up` proves last)."""
-    endpoint = Endpoint.for_replica(replica, timeout_s=60)
+    endpoint = Endpoint.for_replica(replica, timeout_s=60, route=api_routes(replica))
     completion = endpoint.complete(replica.engine.served_model_name or replica.engine.model,
                                    max_tokens=4)
     assert completion.text, f"{replica.name}: the completion returned no text"

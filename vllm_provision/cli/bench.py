@@ -59,7 +59,7 @@ def print_result(result: dict[str, Any]) -> None:
                f"{cond['dtype']}, TP={cond['tensor_parallel_size']} "
                f"PP={cond['pipeline_parallel_size']}, vLLM {cond['vllm_version']}, "
                f"start to serving {cond['start_to_serving_s']} s")
-    click.echo(f"inputs: {cond['inputs']}")
+    click.echo(f"inputs: {cond['inputs']}; API path: {cond.get('api_path', 'direct')}")
     click.echo(f"completed {client['completed']}/{client['requests']} "
                f"(rate {client['completion_rate']}), errors {client['errors'] or 'none'}, "
                f"{client['output_tokens_per_s']} output tokens/s over {client['duration_s']} s")
@@ -130,6 +130,7 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
     from vllm_provision import state
     from vllm_provision.evidence import bench, store
     from vllm_provision.transport.connection import close_all
+    from vllm_provision.transport.tunnel import route_for
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory(require_replica=True)
@@ -144,16 +145,19 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
     connections = connect(opts, replica)
     try:
         placement = replica.backend_type.placement(replica, connections, vars_)
+        # through SSH (vllm_api_via) the load rides rank 0's connection: held until the end
+        route = route_for(replica, connections.get(replica.master.name))
+        start_s = state.last_start_s(state.read_controller_record(inv.path)).get(replica.name)
+        with Progress(transient=True, disable=opts.json) as progress:
+            task = progress.add_task(f"bench {replica.name}", total=requests)
+            result = bench.run(replica, vars_, requests=requests, concurrency=concurrency,
+                               rate=rate, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                               seed=seed, placement=placement, start_to_serving_s=start_s,
+                               read_timeout_s=read_timeout,
+                               progress=lambda n: progress.update(task, completed=n),
+                               route=route)
     finally:
         close_all(connections)
-    start_s = state.last_start_s(state.read_controller_record(inv.path)).get(replica.name)
-    with Progress(transient=True, disable=opts.json) as progress:
-        task = progress.add_task(f"bench {replica.name}", total=requests)
-        result = bench.run(replica, vars_, requests=requests, concurrency=concurrency,
-                           rate=rate, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                           seed=seed, placement=placement, start_to_serving_s=start_s,
-                           read_timeout_s=read_timeout,
-                           progress=lambda n: progress.update(task, completed=n))
     stored = store.update(inv.path, bench=result)
     if out_path is not None:
         store.write_json(out_path, result)

@@ -15,17 +15,23 @@ from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_optio
 
 
 def findings_json(findings: list[Finding], replicas: Sequence[Any] = (),
-                  memory: dict[str, Any] | None = None) -> dict:
+                  memory: dict[str, Any] | None = None,
+                  api_paths: dict[str, dict[str, str]] | None = None) -> dict:
     """The ``--json`` object: every finding (with the replica it belongs to), counts per
     severity, per replica its backend and where the backend came from: ``inventory``
     (``vllm_backend``) or ``default`` (vLLM's rule; ``backend_reason`` says why and cites it),
-    and ``memory``: replica name -> its memory estimate (``checks.run.memory_estimates``).
+    and ``memory``: replica name -> its memory estimate (``checks.run.memory_estimates``);
+    ``api_paths``: replica name -> how the controller reaches its API
+    (``modules.vllm_preflight.api_path_json``), shown as each replica's ``api_path``.
     """
     return {
         "memory": memory or {},
         "ok": not any(f.severity is Severity.ERROR for f in findings),
         "counts": {s.value: sum(1 for f in findings if f.severity is s) for s in Severity},
-        "replicas": [backend_json(replica) for replica in replicas],
+        "replicas": [{**backend_json(replica),
+                      **({"api_path": api_paths[replica.name]}
+                         if api_paths and replica.name in api_paths else {})}
+                     for replica in replicas],
         "findings": [{"check": f.check, "severity": f.severity.value, "host": f.host,
                       "replica": f.replica, "item": f.item, "expected": f.expected,
                       "actual": f.actual, "fix": f.fix, "source": f.source} for f in findings],
@@ -142,6 +148,8 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     )
     from vllm_provision.facts.collect import collect_facts
     from vllm_provision.inventory import select_hosts
+    from vllm_provision.modules.vllm_preflight import api_path_json
+    from vllm_provision.transport.tunnel import choice_for
 
     opts = CommonOptions.from_kwargs(kwargs)
     inventory = opts.load_inventory(require_replica=True)
@@ -160,10 +168,13 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     facts, errors = collect_facts(inventory, hosts, probe, opts.connection_options())
     findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
                           defaults=defaults)
+    paths = {replica.name: api_path_json(replica, choice_for(replica)) for replica in replicas}
     if opts.json:
         click.echo(json.dumps(findings_json(findings, replicas, memory_estimates(
-            replicas, facts, defaults)), indent=2))
+            replicas, facts, defaults), paths), indent=2))
     else:
         render_backends(replicas)
+        for name, path in paths.items():
+            click.echo(f"replica {name}: API path: {path['path']} ({path['reason']})")
         render_findings(findings, show_ok=not quiet_ok)
     sys.exit(1 if has_errors(findings) else 0)

@@ -33,7 +33,8 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
             from the state record, ``vllm_provision.state``); failures before it are older
             ones. None: every failure of this boot is current.
 
-    Keys: ``replica``, ``backend``, ``units`` (host, unit, state, main_pid, since, restarts,
+    Keys: ``replica``, ``backend``, ``api_path`` (``direct`` or ``ssh via <rank 0>``: how
+    ``health`` was read, ``vllm_api_via``), ``units`` (host, unit, state, main_pid, since, restarts,
     result, exit_status, last_failure: the last one since ``deployed_at``, older_failures: the
     earlier ones of this boot, newest first; state ``unreachable`` and the rest None for the
     units of an unreachable node), ``unreachable`` (host -> reason, one line naming host and
@@ -49,6 +50,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     from vllm_provision.state.recovery import node_command, parse_node, replica_whole
     from vllm_provision.transport.api import Endpoint, parse_show, show_command, verdict
     from vllm_provision.transport.base import UnreachableError
+    from vllm_provision.transport.tunnel import route_for
 
     expected = replica_units(replica, vars_)
     lost = {host: reason for host, reason in (unreachable or {}).items() if host in expected}
@@ -67,9 +69,15 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         shown, _, rest = result.stdout.partition("== vllm-provision ")
         states.extend(parse_show(host, shown)[0])
         recovery[host] = parse_node("== vllm-provision " + rest if rest else "")
-    health = Endpoint.for_replica(replica, timeout_s=5).health()
+    try:
+        route = route_for(replica, connections.get(replica.master.name))
+        health = Endpoint.for_replica(replica, timeout_s=5, route=route).health()
+        api_path = route.describe
+    except ProvisionError:  # through SSH, and rank 0 has no connection: no answer
+        health, api_path = None, f"ssh via {replica.master.name} (no connection)"
     info: dict[str, Any] = {
         "replica": replica.name, "backend": replica.backend, "health": health,
+        "api_path": api_path,
         "units": [{"host": s.host, "unit": s.unit, "state": s.describe, "main_pid": s.main_pid,
                    "since": _iso(s.started_at) if s.active_state == "active" else None,
                    "restarts": s.restarts, "result": s.result, "exit_status": s.exit_status,
@@ -161,7 +169,7 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory()
     if watch:
-        sys.exit(_watch(inv, interval, duration, opts.json))
+        sys.exit(_watch(inv, interval, duration, opts.json, opts))
     try:
         deployed = deployment_times(state.read_controller_record(inv.path))
     except ProvisionError:
@@ -196,7 +204,8 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
                     click.echo(f"    earlier failure: {line}")
             for host, reason in info["unreachable"].items():
                 click.echo(f"  {host:<12} {'unreachable':<20} {reason}")
-            click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}")
+            click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}  "
+                       f"(API path: {info['api_path']})")
             if "ray" in info:
                 ray = dict(info["ray"])
                 pending = ray.pop("pending", None)
@@ -219,11 +228,33 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     sys.exit(0 if all(i["verdict"] == "serving" for i in replicas) else 3)
 
 
-def _watch(inv: Any, interval_s: float, duration_s: float | None, as_json: bool) -> int:
+def _watch(inv: Any, interval_s: float, duration_s: float | None, as_json: bool,
+           opts: CommonOptions) -> int:
     """``status --watch``: the capacity probe (``vllm_provision.operations.fleet.CapacityProbe``)
     over
     every replica's endpoint, one line per poll; the record at the end (``--json``: the one
-    object). Exit 0 when every replica served at every poll, 3 otherwise."""
+    object). Exit 0 when every replica served at every poll, 3 otherwise. A replica reached
+    through SSH (``vllm_api_via``) is polled over a connection to its rank 0, held meanwhile."""
+    from vllm_provision.transport.connection import close_all, open_connections
+    from vllm_provision.transport.tunnel import choice_for, route_for
+
+    masters = [r.master.host for r in inv.replicas if choice_for(r).via == "ssh"]
+    connections, _ = (open_connections(masters, opts.connection_options()) if masters
+                      else ({}, {}))
+    routes = {}
+    for replica in inv.replicas:
+        try:
+            routes[replica.name] = route_for(replica, connections.get(replica.master.name))
+        except ProvisionError:
+            pass  # rank 0 unreachable over SSH: polled directly, and counted down
+    try:
+        return _watch_routes(inv, interval_s, duration_s, as_json, routes)
+    finally:
+        close_all(connections)
+
+
+def _watch_routes(inv: Any, interval_s: float, duration_s: float | None, as_json: bool,
+                  routes: dict[str, Any]) -> int:
     from vllm_provision.operations import fleet
 
     endpoints = {replica.name: replica.api_url for replica in inv.replicas}
@@ -233,7 +264,7 @@ def _watch(inv: Any, interval_s: float, duration_s: float | None, as_json: bool)
         click.echo(f"{sample['t_s']:8.1f} s  serving {sample['serving']}/{len(endpoints)}"
                    f"{down}", err=as_json)
 
-    probe = fleet.CapacityProbe(endpoints, interval_s, on_sample=line)
+    probe = fleet.CapacityProbe(endpoints, interval_s, on_sample=line, routes=routes)
     try:
         probe.run(duration_s)
     except KeyboardInterrupt:

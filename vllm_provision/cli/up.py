@@ -62,6 +62,10 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     elif "completion" in summary:
         click.echo(f"completion from {summary.get('served_model')}: {summary['completion']!r}")
         click.echo(serving_line(summary))
+        for entry in done.replicas[:1]:
+            if entry.get("api_path"):
+                click.echo(f"API path: {entry['api_path']['path']} "
+                           f"({entry['api_path']['reason']})")
         if summary.get("start_to_serving_s") is None:
             reason = summary.get("start_to_serving_reason") or "the readiness wait did not run"
             click.echo(f"warning: start to serving was not measured: {reason}", err=True)
@@ -77,6 +81,9 @@ def replica_lines(replicas: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"replica {entry['name']}: served; completion from "
                          f"{entry.get('served_model')}: {entry['completion']!r}")
             lines.append(f"  {serving_line(entry)}")
+            if entry.get("api_path"):
+                lines.append(f"  API path: {entry['api_path']['path']} "
+                             f"({entry['api_path']['reason']})")
         elif entry["failed"]:
             lines.append(f"replica {entry['name']}: FAILED")
             for finding in entry["failed_findings"]:

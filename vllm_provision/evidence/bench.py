@@ -44,13 +44,14 @@ def served_model(replica: Any) -> str:
 
 def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
                placement: dict[str, Any], inputs: dict[str, Any],
-               start_to_serving_s: float | None) -> dict[str, Any]:
+               start_to_serving_s: float | None, api_path: str = "direct") -> dict[str, Any]:
     """What a result was measured under: ``replica``, ``backend``, ``model``, ``served_model``,
     ``dtype``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``vllm_version`` (rank
     0's ``/version``), ``gpu_pool`` (``vllm_gpu_pool``), ``hosts`` (name, address, rank),
     ``inputs`` (seed, counts, digest), ``placement`` (the backend's
     :meth:`~vllm_provision.backends.Backend.placement`), ``start_to_serving_s`` (of the last
-    ``up``, from the state record; None when not measured)."""
+    ``up``, from the state record; None when not measured), ``api_path`` (``direct`` or ``ssh
+    via <rank 0>``: the client's latencies include the path, docs/deploy.md)."""
     engine = replica.engine
     return {"replica": replica.name, "backend": replica.backend, "model": engine.model,
             "served_model": served_model(replica), "dtype": dtype_of(engine.extra_args),
@@ -60,12 +61,14 @@ def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
             "hosts": [{"host": n.name, "address": n.host_ip, "rank": n.rank}
                       for n in replica.nodes],
             "inputs": inputs, "placement": placement,
-            "start_to_serving_s": start_to_serving_s}
+            "start_to_serving_s": start_to_serving_s, "api_path": api_path}
 
 
-def scrape(base_url: str, model: str, timeout_s: float = 10.0) -> dict[str, Any]:
+def scrape(base_url: str, model: str, timeout_s: float = 10.0, route: Any = None,
+           ) -> dict[str, Any]:
     """GET ``/metrics`` and parse vLLM's request histograms
-    (:func:`~vllm_provision.evidence.stats.parse_histograms`).
+    (:func:`~vllm_provision.evidence.stats.parse_histograms`); ``route``: how the controller
+    reaches rank 0 (:class:`~vllm_provision.transport.tunnel.ApiRoute`; None: direct).
 
     Raises:
         ProvisionError: no answer, a non-200 status, or a body that is not Prometheus text.
@@ -73,10 +76,13 @@ def scrape(base_url: str, model: str, timeout_s: float = 10.0) -> dict[str, Any]
     import httpx
 
     from vllm_provision.evidence.stats import parse_histograms
+    from vllm_provision.transport.tunnel import http_client
 
     url = base_url + "/metrics"
     try:
-        answer = httpx.get(url, timeout=timeout_s)
+        with (route.client(timeout_s) if route is not None
+              else http_client(timeout_s)) as client:
+            answer = client.get(url)
     except httpx.HTTPError as exc:
         raise ProvisionError.single(url, f"no answer: {exc}",
                                     fix="check rank 0 with `provision status`") from None
@@ -113,7 +119,7 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
         rate: float | None, prompt_tokens: int, max_tokens: int, seed: int,
         placement: dict[str, Any], start_to_serving_s: float | None,
         read_timeout_s: float = 60.0,
-        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[int], None] | None = None, route: Any = None) -> dict[str, Any]:
     """Run the benchmark against ``replica``'s rank 0 and return the result (module doc).
 
     Args:
@@ -122,6 +128,8 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
         prompt_tokens (words), max_tokens, seed: the load (:mod:`~vllm_provision.evidence.load`).
         placement, start_to_serving_s: read before, recorded in the conditions.
         progress: called with the number of finished requests after each one.
+        route: how the controller reaches rank 0 (``vllm_api_via``,
+            :func:`~vllm_provision.transport.tunnel.route_for`); None: direct.
 
     Raises:
         ProvisionError: rank 0's ``/version`` or ``/metrics`` did not answer.
@@ -130,7 +138,7 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
     from vllm_provision.evidence.stats import histogram_deltas
     from vllm_provision.transport.api import Endpoint
 
-    endpoint = Endpoint.for_replica(replica)
+    endpoint = Endpoint.for_replica(replica, route=route)
     version = endpoint.version()
     model = served_model(replica)
     prompts = load.seeded_prompts(requests, prompt_tokens, seed)
@@ -140,7 +148,7 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
               "digest": load.inputs_digest(prompts, max_tokens)}
     headers = ({"Authorization": f"Bearer {replica.engine.api_key}"}
                if replica.engine.api_key else {})
-    before = scrape(replica.api_url, model)
+    before = scrape(replica.api_url, model, route=route)
     finished = [0]
 
     def done(_result: load.StreamResult) -> None:
@@ -151,13 +159,14 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
     started = datetime.now(UTC)
     results, wall = load.run_load(replica.api_url + "/v1/completions", model, prompts,
                                   max_tokens, concurrency, offsets, headers, read_timeout_s,
-                                  on_done=done)
-    after = scrape(replica.api_url, model)
+                                  on_done=done, route=route)
+    after = scrape(replica.api_url, model, route=route)
     client = load.client_summary(results, wall)
     server = histogram_deltas(before, after)
     return {"kind": "bench", "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "conditions": conditions(replica, vars_, version, placement, inputs,
-                                     start_to_serving_s),
+                                     start_to_serving_s,
+                                     route.describe if route is not None else "direct"),
             "client": client, "server": server, "agreement": agreement(client, server),
             "requests": [r.as_dict() for r in results]}
 

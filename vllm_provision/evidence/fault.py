@@ -179,6 +179,7 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
     from vllm_provision.evidence import load
     from vllm_provision.evidence.bench import served_model
     from vllm_provision.transport.base import UnreachableError
+    from vllm_provision.transport.tunnel import route_for
 
     model = served_model(replica)
     url = replica.api_url + "/v1/completions"
@@ -194,7 +195,9 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
             seen.add(res.index)
             first_token.release()
 
-    client = load.make_client(streams + 1, read_timeout_s)
+    # through SSH (vllm_api_via) every stream and poll is a channel of rank 0's connection
+    route = route_for(replica, connections.get(replica.master.name))
+    client = load.make_client(streams + 1, read_timeout_s, route=route)
 
     def one(i: int) -> None:
         body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens,

@@ -184,29 +184,34 @@ def stream_one(client: Any, url: str, body: dict[str, Any], index: int,
 
 
 def make_client(concurrency: int, read_timeout_s: float, connect_timeout_s: float = 10.0,
-                ) -> Any:
+                route: Any = None) -> Any:
     """An ``httpx.Client`` with ``concurrency`` connections, no keep-alive reuse limits beyond
-    that, and the given read and connect timeouts (seconds)."""
+    that, and the given read and connect timeouts (seconds). ``route``: how the controller
+    reaches rank 0 (:class:`~vllm_provision.transport.tunnel.ApiRoute`; through SSH each
+    connection is one forwarded channel); None: direct."""
     import httpx
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    from vllm_provision.transport.tunnel import http_client
+
     timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-    return httpx.Client(limits=limits, timeout=timeout)
+    if route is not None:
+        return route.client(timeout, max_connections=concurrency)
+    return http_client(timeout, concurrency)
 
 
 def run_load(url: str, model: str, prompts: Sequence[str], max_tokens: int, concurrency: int,
              offsets: Sequence[float], headers: dict[str, str] | None = None,
              read_timeout_s: float = 60.0,
              on_done: Callable[[StreamResult], None] | None = None,
-             ) -> tuple[list[StreamResult], float]:
+             route: Any = None) -> tuple[list[StreamResult], float]:
     """Send one streamed completion per prompt, at most ``concurrency`` at once, each not before
     its offset (seconds from the start); return the results in request order and the wall time
     of the whole run (seconds). ``temperature`` 0 and ``ignore_eos`` (a vLLM sampling
-    parameter) make every request generate ``max_tokens``."""
+    parameter) make every request generate ``max_tokens``. ``route``: as :func:`make_client`."""
     results: list[StreamResult | None] = [None] * len(prompts)
     start = time.perf_counter()
     lock = threading.Lock()
-    with make_client(concurrency, read_timeout_s) as client, \
+    with make_client(concurrency, read_timeout_s, route=route) as client, \
             ThreadPoolExecutor(max_workers=concurrency) as pool:
         def one(i: int) -> None:
             delay = start + offsets[i] - time.perf_counter()

@@ -7,6 +7,11 @@ host of it; the other replicas pass on their own findings (``checks.run.findings
 node's result carries its replica's name and findings (``provision up`` reports per replica).
 Read-only: it runs the same in check mode.
 
+It also chooses how the controller reaches each replica's API (``vllm_api_via``; ``auto``
+probes the direct address once, :mod:`vllm_provision.transport.tunnel`) and says which in each
+node's message (``API path: direct`` or ``ssh via <rank 0>``) and in ``data["api_paths"]``;
+readiness and verify of the same run use that choice.
+
 The task's ``skip_checks`` are merged with the ``preflight_skip_checks`` variable and the
 ``skip_checks`` extra variable (``--skip-check``).
 
@@ -24,11 +29,13 @@ from typing import Any
 
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.run import findings_of, load_defaults, run_checks, settings_for
+from vllm_provision.core.models import Replica
 from vllm_provision.core.results import Status
 from vllm_provision.facts.gather import gather_facts
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
+from vllm_provision.transport.tunnel import Choice, choice_for, describe_choice
 
 RUNS_ON = "controller"
 ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (
@@ -51,6 +58,15 @@ def finding_dict(finding: Finding) -> dict[str, str]:
     return {"check": finding.check, "severity": finding.severity.value, "host": finding.host,
             "replica": finding.replica, "item": finding.item, "expected": finding.expected,
             "actual": finding.actual, "fix": finding.fix, "source": finding.source}
+
+
+def api_path_json(replica: Replica, choice: Choice) -> dict[str, str]:
+    """How the controller reaches ``replica``'s API (``vllm_api_via``): ``via`` (``direct`` or
+    ``ssh``), ``host`` (rank 0), ``path`` (``direct`` / ``ssh via <host>``), ``setting`` and
+    ``reason`` (what the probe saw; :func:`~vllm_provision.transport.tunnel.choose`)."""
+    return {"via": choice.via, "host": replica.master.name,
+            "path": describe_choice(replica, choice), "setting": choice.setting,
+            "reason": choice.reason}
 
 
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
@@ -88,13 +104,18 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     data = {"errors": len(failing), "warnings": len(warnings),
             "findings": [finding_dict(f) for f in findings if f.severity is not Severity.OK]}
     host_results: dict[str, ModuleResult] = {}
+    paths = {replica.name: choice_for(replica) for replica in replicas}
+    data["api_paths"] = {replica.name: api_path_json(replica, paths[replica.name])
+                         for replica in replicas}
     for replica in replicas:
         own_findings = findings_of(replica, findings)
         mine = [f for f in own_findings if f.severity is Severity.ERROR]
         # every node's result carries its replica's findings: `provision up` reports per replica
         replica_data = {"replica": replica.name, "errors": len(mine),
                         "findings": [finding_dict(f) for f in own_findings
-                                     if f.severity is not Severity.OK]}
+                                     if f.severity is not Severity.OK],
+                        "api_path": data["api_paths"][replica.name]}
+        path_line = f"API path: {describe_choice(replica, paths[replica.name])}"
         for node in replica.nodes:
             if node.name not in ctx.connections and node.name not in errors:
                 continue
@@ -108,8 +129,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             else:
                 own = [f for f in warnings if f.host == node.name]
                 host_results[node.name] = ModuleResult(
-                    Status.OK, f"preflight passed ({len(own)} warning(s))" if own
-                    else "preflight passed", data=replica_data)
+                    Status.OK, (f"preflight passed ({len(own)} warning(s))" if own
+                                else "preflight passed") + f"; {path_line}", data=replica_data)
     status = Status.FAILED if failing else Status.OK
     message = (f"{len(failing)} preflight error(s), {len(warnings)} warning(s)" if failing
                else f"preflight passed, {len(warnings)} warning(s)")

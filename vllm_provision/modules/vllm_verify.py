@@ -21,7 +21,7 @@ from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.modules.vllm_wait_ready import replica_or_skip, served_model
+from vllm_provision.modules.vllm_wait_ready import api_route, replica_or_skip, served_model
 from vllm_provision.transport.api import Endpoint
 
 ARGUMENT_SPEC = ArgumentSpec("vllm_verify", (
@@ -72,7 +72,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     replica = replica_or_skip(ctx, "check mode: no request is sent")
     if isinstance(replica, ModuleResult):
         return replica
-    endpoint = Endpoint.for_replica(replica, timeout_s=60)
+    endpoint = Endpoint.for_replica(replica, timeout_s=60, route=api_route(ctx, replica))
     completion = endpoint.complete(served_model(replica), prompt=values["prompt"],
                                    max_tokens=values["max_tokens"])
     running = endpoint.version()

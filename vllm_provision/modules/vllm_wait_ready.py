@@ -37,6 +37,7 @@ from vllm_provision.transport.api import (
     show_command,
     wait_ready,
 )
+from vllm_provision.transport.tunnel import ApiRoute, route_for
 
 ARGUMENT_SPEC = ArgumentSpec("vllm_wait_ready", (
     Argument("timeout_s", "float", "seconds to wait in all",
@@ -98,6 +99,12 @@ def read_journal(ctx: ModuleContext, replica: Replica, state: UnitState) -> str:
     return mask(result.stdout or result.stderr, secrets)
 
 
+def api_route(ctx: ModuleContext, replica: Replica) -> ApiRoute:
+    """The route to rank 0's API (``vllm_api_via``; :func:`~vllm_provision.transport.tunnel.
+    route_for`): through SSH it uses the run's connection to rank 0."""
+    return route_for(replica, ctx.connections.get(replica.master.name))
+
+
 def served_model(replica: Replica) -> str:
     """The id ``/v1/models`` lists: ``--served-model-name`` or else the model path."""
     return replica.engine.served_model_name or replica.engine.model
@@ -145,7 +152,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         ready = wait_ready(
             observe=lambda: observe_units(ctx, replica, tail, view),
             journal=lambda state: read_journal(ctx, replica, state),
-            endpoint=Endpoint.for_replica(replica), model=model, timeout_s=timeout_s,
+            endpoint=Endpoint.for_replica(replica, route=api_route(ctx, replica)), model=model,
+            timeout_s=timeout_s,
             vllm_units=(str(own["vllm_unit_name"]),),
             poll_s=values["poll_s"],
             extra_check=replica.backend_type.ready_check(ctx, replica))

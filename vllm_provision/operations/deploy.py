@@ -221,10 +221,11 @@ def replica_results(inventory: Inventory, results: Sequence[TaskResult],
     Each: ``name``, ``backend``, ``hosts`` (its nodes), ``served`` (the completion task on its
     rank 0 succeeded and returned a completion), ``failed`` (a node failed or was unreachable),
     ``failed_findings`` (its preflight error findings, as the ``vllm_preflight`` task reports
-    them), ``failures`` (``host``, ``task``, ``status``, ``message`` of each failed result on its
-    nodes) and, when the readiness and completion tasks ran on its rank 0, their keys
-    (:data:`SERVING_KEYS`: ``completion``, ``start_to_serving_s``, ...). Replicas are
-    independent: one replica's failure shows in its own entry only.
+    them), ``api_path`` (how the controller reaches its API, preflight's choice; absent when
+    preflight did not run), ``failures`` (``host``, ``task``, ``status``, ``message`` of each
+    failed result on its nodes) and, when the readiness and completion tasks ran on its rank
+    0, their keys (:data:`SERVING_KEYS`: ``completion``, ``start_to_serving_s``, ...).
+    Replicas are independent: one replica's failure shows in its own entry only.
 
     Args:
         inventory: the loaded inventory.
@@ -242,14 +243,18 @@ def replica_results(inventory: Inventory, results: Sequence[TaskResult],
                      "message": r.message} for r in mine
                     if r.status in (Status.FAILED, Status.UNREACHABLE)]
         findings: list[dict[str, Any]] = []
+        api_path = None
         for result in mine:
             if result.register == PREFLIGHT_REGISTER and result.data:
                 findings = [f for f in result.data.get("findings", [])
                             if f.get("severity") == "error"]
+                api_path = result.data.get("api_path")
                 break
         entry: dict[str, Any] = {"name": replica.name, "backend": replica.backend,
                                  "hosts": nodes, "served": False, "failed": bool(failures),
                                  "failed_findings": findings, "failures": failures}
+        if api_path:
+            entry["api_path"] = api_path
         entry.update(serving_summary(r for r in mine if r.host == replica.master.name))
         entry["served"] = any(
             r.host == replica.master.name and r.register == "vllm_verified"

@@ -14,15 +14,16 @@ import shlex
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.quoting import quote
+
+if TYPE_CHECKING:
+    from vllm_provision.transport.tunnel import ApiRoute
 
 # Where an upgrade keeps, on each node, the files it is about to replace (a tar of the unit and
 # environment files as they were, plus the list of those that did not exist yet), so that a
@@ -159,19 +160,29 @@ def run_hook(command: str, phase: str, name: str, endpoint: str, timeout_s: floa
                       time.monotonic() - started, output)
 
 
-def _get(url: str, timeout_s: float) -> tuple[int | None, str]:
+def _get(url: str, timeout_s: float, route: ApiRoute | None = None) -> tuple[int | None, str]:
+    """``GET url`` on ``route`` (None: direct): ``(status, body)``; ``(None, "")`` when it did
+    not answer."""
+    import httpx
+
+    from vllm_provision.transport.tunnel import http_client
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return int(response.status), response.read(1 << 20).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), ""
-    except (urllib.error.URLError, OSError, ValueError):
+        with (route.client(timeout_s) if route is not None
+              else http_client(timeout_s)) as client:
+            response = client.get(url)
+            if response.status_code >= 400:
+                return int(response.status_code), ""
+            return int(response.status_code), response.content[:1 << 20].decode("utf-8",
+                                                                                "replace")
+    except (httpx.HTTPError, OSError, ValueError):
         return None, ""
 
 
 def wait_idle(endpoint: str, timeout_s: float, poll_s: float = 0.5,
               clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+              sleep: Callable[[float], None] = time.sleep,
+              route: ApiRoute | None = None) -> dict[str, Any]:
     """Wait until the replica's ``/metrics`` shows no request running
     (``vllm:num_requests_running`` summed to 0), polling every ``poll_s`` seconds.
 
@@ -180,11 +191,13 @@ def wait_idle(endpoint: str, timeout_s: float, poll_s: float = 0.5,
 
     Args:
         endpoint: the API base URL. timeout_s: give up after this many seconds (0: no wait).
+        route: how the controller reaches it (``vllm_api_via``; None: direct).
     """
     started = clock()
     running: float | None = None
     while True:
-        status, body = _get(endpoint + "/metrics", timeout_s=min(5.0, max(timeout_s, 1.0)))
+        status, body = _get(endpoint + "/metrics", timeout_s=min(5.0, max(timeout_s, 1.0)),
+                            route=route)
         if status != 200:
             return {"idle": True, "waited_s": round(clock() - started, 3), "running": None}
         running = parse_running(body)
@@ -332,11 +345,15 @@ class CapacityProbe:
     Args:
         endpoints: replica name -> API base URL. interval_s: seconds between ticks.
         on_sample: called with each sample (a live line for ``status --watch``).
+        routes: replica name -> how the controller reaches it (``vllm_api_via``); a replica
+            without one is reached directly.
     """
 
     def __init__(self, endpoints: Mapping[str, str], interval_s: float = 1.0,
-                 on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_sample: Callable[[dict[str, Any]], None] | None = None,
+                 routes: Mapping[str, ApiRoute] | None = None) -> None:
         self.endpoints = dict(endpoints)
+        self.routes = dict(routes or {})
         self.interval_s = interval_s
         self.on_sample = on_sample
         self.samples: list[dict[str, Any]] = []
@@ -349,7 +366,8 @@ class CapacityProbe:
         t = time.monotonic() - self._started
         timeout = max(0.2, self.interval_s * 0.9)
         names = list(self.endpoints)
-        codes = list(pool.map(lambda n: _get(self.endpoints[n] + "/health", timeout)[0], names))
+        codes = list(pool.map(lambda n: _get(self.endpoints[n] + "/health", timeout,
+                                             self.routes.get(n))[0], names))
         down = [n for n, code in zip(names, codes, strict=True) if code != 200]
         sample = {"t_s": round(t, 3), "serving": len(names) - len(down), "down": down}
         self.samples.append(sample)
@@ -359,6 +377,11 @@ class CapacityProbe:
 
     def run(self, duration_s: float | None = None) -> None:
         """Tick until :meth:`stop` (or ``duration_s`` seconds), in the calling thread."""
+        import httpx  # noqa: F401 - loaded once, before the first tick is timed
+
+        from vllm_provision.transport.tunnel import ssl_context
+
+        ssl_context()  # the CA bundle too
         self._started = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, len(self.endpoints))) as pool:
             next_at = self._started

@@ -29,6 +29,7 @@ from vllm_provision.runner.playbook import load_playbook
 from vllm_provision.settings.masking import Masker
 from vllm_provision.transport import runlock
 from vllm_provision.transport.connection import ConnectionOptions
+from vllm_provision.transport.tunnel import route_for
 
 # A hook always gets at least this long, even with --drain-timeout 0 (no /metrics wait).
 HOOK_MIN_TIMEOUT_S = 30.0
@@ -117,7 +118,9 @@ def run(request: Upgrade, reporter: Any, *, echo: Callable[[str], None],
         by_name = {r.name: r for r in inventory.replicas}
         entries = [fleet.ReplicaOutcome(name, number, by_name[name].api_url)
                    for number, group in enumerate(groups, 1) for name in group]
-        probe = fleet.CapacityProbe({e.name: e.endpoint for e in entries})
+        routes = {e.name: upgrade.route(by_name[e.name]) for e in entries}
+        probe = fleet.CapacityProbe({e.name: e.endpoint for e in entries},
+                                    routes={n: r for n, r in routes.items() if r is not None})
         probe.start()
         failed = 0
         try:
@@ -187,6 +190,16 @@ class _Upgrade:
         outcome = runner.run_plays(plays)
         self.facts.update(runner.facts)
         return outcome
+
+    def route(self, replica: Any) -> Any:
+        """How the controller reaches ``replica``'s API (``vllm_api_via``,
+        :func:`~vllm_provision.transport.tunnel.route_for`, through the run's connection to rank
+        0); None when that needs a connection rank 0 does not have (the probes then count the
+        replica as not answering)."""
+        try:
+            return route_for(replica, self.factory(replica.master.host))
+        except ProvisionError:
+            return None
 
     def on_nodes(self, replica: Any, command: str) -> str | None:
         """Run one shell line on every node of ``replica``; the first error, or None."""
@@ -273,7 +286,8 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
             failed += 1
             continue
         if upgrade.drain_timeout_s > 0:
-            entry.drain = fleet.wait_idle(entry.endpoint, upgrade.drain_timeout_s)
+            entry.drain = fleet.wait_idle(entry.endpoint, upgrade.drain_timeout_s,
+                                          route=upgrade.route(by_name[entry.name]))
         error = upgrade.snapshot(by_name[entry.name])
         entry.timings["drain"] = time.monotonic() - started
         if error:

@@ -310,6 +310,7 @@ KINDS: dict[str, Kind] = {
     "vllm_max_model_len": ("count", _no_check),
     "vllm_gpu_memory_utilization": ("fraction", _no_check),  # checked by check_fraction
     "vllm_api_host": ("address", check_address),
+    "vllm_api_via": ("choice", _no_check),
     "vllm_api_port": ("port", _no_check),
     "vllm_master_port": ("port", _no_check),
     "vllm_extra_args": ("engine_args", _no_check),

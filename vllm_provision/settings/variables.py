@@ -233,6 +233,13 @@ _TABLE: tuple[Variable, ...] = (
              engine_field="gpu_memory_utilization", check=check_fraction),
     Variable("vllm_api_host", str, "0.0.0.0", "Address the master's HTTP server binds "
              "(`--host`).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
+    Variable("vllm_api_via", str, "auto", "How the controller reaches rank 0's API (readiness, "
+             "verify, status, bench, fault, upgrade). `direct`: HTTP to the API address. `ssh`: "
+             "each HTTP connection is a forwarded channel of the SSH connection to rank 0 (no "
+             "process, no port on the controller; through ProxyJump too). `auto`: preflight tries "
+             "the address once; reachable (even refused) is `direct`, a timeout or no route is "
+             "`ssh`, and an API bound to loopback is `ssh` (docs/deploy.md, \"How the controller "
+             "reaches the API\").", "ssh", choices=("auto", "direct", "ssh")),
     Variable("vllm_api_port", int, 8000, "HTTP port of the master (`--port`).", "8000",
              engine_field="api_port", minimum=1, maximum=65535),
     Variable("vllm_master_port", int, 29501, "mp: TCP store port on rank 0 (`--master-port`).",

@@ -7,8 +7,10 @@ loading" -- unless a unit failed or is restarting, which ends the wait at once w
 journal. Verification is one real completion, streamed so the time to first token is measured,
 and ``/version`` compared with the version preflight found.
 
-The HTTP calls go from the controller to rank 0's API address (``vllm_api_port`` on the master's
-cluster IP); the unit states come from ``systemctl show`` over each node's SSH connection.
+The HTTP calls (httpx) go from the controller to rank 0's API address (``vllm_api_port`` on the
+master's cluster IP), directly or through rank 0's SSH connection (``vllm_api_via``,
+:mod:`vllm_provision.transport.tunnel`); the unit states come from ``systemctl show`` over each
+node's SSH connection.
 Pure parsers and the wait loop take their I/O as callables, so they are unit-tested without hosts.
 """
 
@@ -17,14 +19,15 @@ from __future__ import annotations
 import datetime
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
+
+if TYPE_CHECKING:
+    from vllm_provision.transport.tunnel import ApiRoute
 
 # Properties read from `systemctl show` (systemd.unit(5), org.freedesktop.systemd1(5)).
 # Start times come as ExecMainStartTimestampMonotonic (an integer of microseconds on
@@ -211,32 +214,51 @@ class Endpoint:
         api_key: sent as ``Authorization: Bearer`` to ``/v1`` routes when set (vLLM ``--api-key``
             / ``VLLM_API_KEY`` protects only ``/v1``, ``/v2``, ``/inference``: cli_args.py).
         timeout_s: per request, seconds.
+        route: how the controller reaches it (:class:`~vllm_provision.transport.tunnel.ApiRoute`:
+            direct, or through rank 0's SSH connection); None: direct.
     """
 
     base_url: str
     api_key: str | None = None
     timeout_s: float = 10.0
+    route: ApiRoute | None = None
 
     @classmethod
-    def for_replica(cls, replica: Replica, timeout_s: float = 10.0) -> Endpoint:
-        """The endpoint of ``replica``'s rank 0 (:attr:`Replica.api_url`)."""
-        return cls(replica.api_url, replica.engine.api_key, timeout_s)
+    def for_replica(cls, replica: Replica, timeout_s: float = 10.0,
+                    route: ApiRoute | None = None) -> Endpoint:
+        """The endpoint of ``replica``'s rank 0 (:attr:`Replica.api_url`), reached on ``route``
+        (:func:`~vllm_provision.transport.tunnel.route_for`; None: direct)."""
+        return cls(route.base_url if route else replica.api_url, replica.engine.api_key,
+                   timeout_s, route)
 
-    def _request(self, path: str, body: dict[str, Any] | None = None) -> urllib.request.Request:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+    @property
+    def path(self) -> str:
+        """``direct`` or ``ssh via <rank 0 host>``, for messages."""
+        return self.route.describe if self.route is not None else "direct"
+
+    def client(self, timeout: Any = None) -> Any:
+        """An ``httpx.Client`` on this endpoint's route (``timeout``: default ``timeout_s``)."""
+        from vllm_provision.transport.tunnel import http_client
+
+        timeout = self.timeout_s if timeout is None else timeout
+        if self.route is not None:
+            return self.route.client(timeout)
+        return http_client(timeout)
+
+    def _headers(self, path: str, body: bool = False) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"} if body else {}
         if self.api_key and path.startswith("/v1"):
             headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode() if body is not None else None
-        return urllib.request.Request(self.base_url + path, data=data, headers=headers)
+        return headers
 
     def health(self) -> int | None:
         """``GET /health``: the status code, or None when the port refuses or times out."""
+        import httpx
+
         try:
-            with urllib.request.urlopen(self._request("/health"), timeout=self.timeout_s) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (urllib.error.URLError, OSError):
+            with self.client() as client:
+                return int(client.get(self.base_url + "/health").status_code)
+        except (httpx.HTTPError, OSError):
             return None
 
     def get_json(self, path: str) -> Any:
@@ -245,13 +267,18 @@ class Endpoint:
         Raises:
             ProvisionError: the request failed or the answer is not JSON.
         """
+        import httpx
+
         try:
-            with urllib.request.urlopen(self._request(path), timeout=self.timeout_s) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            raise _http_error(self.base_url + path, exc) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ProvisionError.single(self.base_url + path, f"the request failed: {exc}",
+            with self.client() as client:
+                answer = client.get(self.base_url + path, headers=self._headers(path))
+                if answer.status_code >= 400:
+                    raise _http_error(self.base_url + path, answer.status_code,
+                                      answer.reason_phrase, answer.text)
+                return answer.json()
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            raise ProvisionError.single(self.base_url + path, f"the request failed ({self.path})"
+                                        f": {exc}",
                                         fix="check that rank 0's vLLM unit is active") from None
 
     def served_models(self) -> list[str]:
@@ -276,6 +303,8 @@ class Endpoint:
         Raises:
             ProvisionError: non-200 answer, a broken stream, or no text at all.
         """
+        import httpx
+
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True}
         where = self.base_url + "/v1/completions"
@@ -284,10 +313,14 @@ class Endpoint:
         pieces: list[str] = []
         finish_reason = None
         try:
-            with urllib.request.urlopen(self._request("/v1/completions", body),
-                                        timeout=self.timeout_s) as response:
-                for raw in response:
-                    line = raw.decode("utf-8", "replace").strip()
+            with self.client() as client, client.stream(
+                    "POST", where, content=json.dumps(body).encode(),
+                    headers=self._headers("/v1/completions", body=True)) as response:
+                if response.status_code >= 400:
+                    raise _http_error(where, response.status_code, response.reason_phrase,
+                                      response.read().decode("utf-8", "replace"))
+                for raw in response.iter_lines():
+                    line = raw.strip()
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
@@ -300,10 +333,9 @@ class Endpoint:
                             first = clock()
                         pieces.append(text)
                         finish_reason = choice.get("finish_reason") or finish_reason
-        except urllib.error.HTTPError as exc:
-            raise _http_error(where, exc) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ProvisionError.single(where, f"the completion request failed: {exc}",
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            raise ProvisionError.single(where, f"the completion request failed ({self.path}): "
+                                        f"{exc}",
                                         fix="read rank 0's journal: journalctl -u vllm") from None
         total = clock() - started
         if first is None:
@@ -315,12 +347,12 @@ class Endpoint:
                           total_s=round(total, 4), finish_reason=finish_reason)
 
 
-def _http_error(where: str, exc: urllib.error.HTTPError) -> ProvisionError:
-    detail = exc.read().decode("utf-8", "replace")[:300] if exc.fp else ""
+def _http_error(where: str, code: int, reason: str, body: str) -> ProvisionError:
+    detail = body[:300]
     fix = ("set vllm_api_key in the inventory to the key the server was started with"
-           if exc.code == 401 else "read rank 0's journal: journalctl -u vllm")
-    return ProvisionError.single(where, f"HTTP {exc.code} {exc.reason}", expected="HTTP 200",
-                                 actual=detail or str(exc.code), fix=fix)
+           if code == 401 else "read rank 0's journal: journalctl -u vllm")
+    return ProvisionError.single(where, f"HTTP {code} {reason}", expected="HTTP 200",
+                                 actual=detail or str(code), fix=fix)
 
 
 @dataclass(frozen=True)
@@ -428,7 +460,8 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
                     start_to_serving_reason=reason)
             last_seen = f"/health 200 but /v1/models lists {models}, not {model!r}"
         else:
-            last_seen = ("rank 0's API port refuses connections (still loading)" if status is None
+            last_seen = (f"rank 0's API port refuses connections (still loading; API path "
+                         f"{endpoint.path})" if status is None
                          else f"/health answered HTTP {status}")
         first_poll = False
         now = clock()

@@ -318,6 +318,57 @@ class HostConnection:
                     self.name, f"connection to {self._address_label()} lost: {exc}") from None
         return channel
 
+    def open_forward(self, address: str, port: int, timeout_s: float | None = 10.0) -> Any:
+        """Open one forwarded TCP channel (RFC 4254 section 7.2, ``direct-tcpip``) from this host
+        to ``address:port`` over the host's SSH connection: no process, no listening port on the
+        controller (the API path ``ssh``, :mod:`vllm_provision.transport.tunnel`). The caller
+        reads, writes and closes the paramiko channel. sshd must allow it
+        (``AllowTcpForwarding``, sshd_config(5), default yes).
+
+        Args:
+            address: the destination as the host sees it (``127.0.0.1``: its own loopback).
+            port: TCP port. timeout_s: seconds to wait for the channel (None: 10 s).
+
+        Raises:
+            ConnectionRefusedError: the host could not connect (sshd answers "connect failed":
+                nothing listens there yet).
+            TimeoutError: no answer within ``timeout_s``.
+            ConnectionError: the SSH connection is lost or forwarding is refused.
+        """
+        import paramiko
+
+        if self._broken is not None:
+            raise ConnectionError(self._broken)
+        if self._fabric is None:
+            with self._lock:
+                if self._fabric is None:
+                    try:
+                        self.open()
+                    except ProvisionError as exc:  # unreachable: an OSError for httpcore
+                        raise ConnectionError(" ".join(exc.render().split())[:300]) from None
+        transport = self._fabric.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectionError(f"connection to {self._address_label()} lost")
+        wait = 10.0 if timeout_s is None else max(0.1, float(timeout_s))
+        try:
+            channel = transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                             timeout=wait)
+        except paramiko.ChannelException as exc:
+            reason = exc.text or str(exc)
+            if exc.code == paramiko.common.OPEN_FAILED_CONNECT_FAILED:
+                raise ConnectionRefusedError(f"{self.name}: {address}:{port}: {reason}") from None
+            raise ConnectionError(f"{self.name}: forwarding to {address}:{port} refused: "
+                                  f"{reason} (sshd's AllowTcpForwarding?)") from None
+        except paramiko.SSHException as exc:
+            if "Timeout" in str(exc):
+                raise TimeoutError(f"{self.name}: no channel to {address}:{port} within "
+                                   f"{wait:g} s") from None
+            raise ConnectionError(f"{self.name}: {exc}") from None
+        except EOFError as exc:
+            raise ConnectionError(f"{self.name}: connection lost: {exc}") from None
+        STATS.add(self.name, round_trips=1)  # the channel open and its confirmation
+        return channel
+
     def _exec(self, line: str, stdin: str | bytes | IO[bytes] | None,
               limit: float) -> CommandResult:
         started = time.monotonic()
@@ -483,6 +534,10 @@ class _BecomeView:
             timeout_s: float | None = None, check: bool = False) -> CommandResult:
         return self._inner.run(command, sudo=self.become if sudo is None else sudo, stdin=stdin,
                                timeout_s=timeout_s, check=check)
+
+    def open_forward(self, address: str, port: int, timeout_s: float | None = 10.0) -> Any:
+        """:meth:`HostConnection.open_forward` of the connection (``become`` plays no part)."""
+        return self._inner.open_forward(address, port, timeout_s)
 
 
 def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
