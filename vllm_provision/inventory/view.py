@@ -155,7 +155,8 @@ def node_argv(replica: Replica, node: Node) -> list[str] | None:
 
 def replicas_view(inventory: Inventory) -> dict[str, Any]:
     """The replicas: owner id (``Replica.replica_id``), backend, API URL, and per node its rank,
-    role, cluster IP and ``vllm serve`` arguments; every secret value masked (:class:`~vllm_provision.settings.masking.Masker`)."""
+    role, cluster IP and ``vllm serve`` arguments; every secret value masked
+    (:class:`~vllm_provision.settings.masking.Masker`)."""
     from vllm_provision.settings.masking import Masker
 
     masker = Masker.from_inventory(inventory)

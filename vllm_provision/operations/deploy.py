@@ -7,8 +7,8 @@ One call of :func:`run` does, in this order (docs/deploy.md; docs/architecture.m
    connections;
 2. **approval**: a run that may stop a serving replica is dry-run first, its plan shown, and
    asked (:mod:`vllm_provision.operations.approval`);
-3. **ownership guard**: hosts another replica (another replica id) deployed are refused, or taken over
-   with ``--take-over`` (:mod:`vllm_provision.operations.takeover`);
+3. **ownership guard**: hosts another replica (another replica id) deployed are refused, or
+   taken over with ``--take-over`` (:mod:`vllm_provision.operations.takeover`);
 4. **apply and verify**: the playbook runs once in the engine (preflight, install, start in
    order, readiness, one completion);
 5. **state record**: a verified ``up`` records who owns the hosts now
