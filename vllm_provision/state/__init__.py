@@ -55,13 +55,12 @@ id (``Replica.replica_id``: ``vllm_replica_id``, else derived from the replica's
 decides who owns a host (``checks.ownership``). ``inventory`` (the inventory's path:
 :func:`inventory_identity`) and ``controller`` (the host name of the controller that wrote the
 record) only say where the owner was run from, for messages; a record written before
-``replica_id`` existed is matched by its ``inventory`` (``checks.ownership.legacy_match``). ``started_from``
-keeps, per unit, the InvocationID systemd gave its running process (systemd.exec(5),
-``$INVOCATION_ID``) and the digests of the installed files when the first good ``up`` after
-that start recorded them: what the running
-process read. It is carried over unchanged while the InvocationID stays the same, so a later
-``up`` can tell that restoring a hand-edited file gives the running process nothing new
-(``modules/template.py``).
+``replica_id`` existed is matched by its ``inventory`` (``checks.ownership.legacy_match``).
+``started_from`` keeps, per unit, the InvocationID systemd gave its running process
+(systemd.exec(5), ``$INVOCATION_ID``) and the digests of the installed files when the first
+good ``up`` after that start recorded them: what the running process read. It is carried
+over unchanged while the InvocationID stays the same, so a later ``up`` can tell that
+restoring a hand-edited file gives the running process nothing new (``modules/template.py``).
 """
 
 from __future__ import annotations
