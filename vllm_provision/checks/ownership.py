@@ -133,8 +133,8 @@ def take_over_fix(item: Conflict) -> str:
         where += f" on {item.owner.controller}"
     return (f"if this inventory is now meant to run {item.host} (the replica's name, hosts or "
             f"model changed, or it is a copy that declares another vllm_replica_id), run once "
-            f"with --take-over to hand it to replica {item.replica!r} (what replica "
-            f"{item.owner.replica!r} installed that this inventory does not is removed); "
+            f"with --take-over to hand it to replica {item.replica!r} (what the old owner "
+            f"installed that this inventory does not is removed); "
             f"declare vllm_replica_id to keep the ownership across such changes. Otherwise "
             f"leave it to its owner ({where}), or run `provision down` from there to free it")
 

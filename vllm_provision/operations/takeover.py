@@ -112,7 +112,8 @@ def refusal(conflicts: Sequence[Conflict], command: str) -> ProvisionError:
     """The error of a run that meets hosts of another owner without ``--take-over``."""
     return ProvisionError([Problem(
         item.host, f"`provision {command}` refused: {item.describe()}; nothing was changed",
-        expected=f"{item.run_owner()}, or no owner", actual=recorded_owner(item.owner),
+        expected=f"replica id {item.replica_id}, or no owner",
+        actual=f"replica id {item.owner.replica_id or 'none (an older record, another path)'}",
         fix=take_over_fix(item)) for item in conflicts])
 
 
