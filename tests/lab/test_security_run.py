@@ -13,7 +13,8 @@ One module-scoped sequence, four ``provision`` runs in all:
    journal: only the 0600 files that must hold it (the env file, the watchdog's config) may.
 
 The session's ``replicas`` broker hands the hosts over with no replica serving (held
-exclusively; the keyed inventory is another owner than the lab's). At the end the replica is
+exclusively; the keyed inventory differs from the lab's only in its API key, so it has the same
+replica id and is the same owner). At the end the replica is
 taken down (``down``), as the module found the lab, and the broker is told so: later modules
 start vLLM stand-ins by hand on the same ports.
 
@@ -130,7 +131,8 @@ def _outcome(lab: Any, folder: Path) -> Generator[Outcome, None, int]:
         result.outputs["state_record"] = record.read_text() if record.exists() else ""
         yield result
     finally:
-        # the keyed inventory owns the hosts now (its up ran last): only it may take them down
+        # the keyed inventory's up ran last: take the hosts down with it (the lab's inventory,
+        # the same replica id, could too)
         down = provision("down", *inv, state_home=result.state_home)
     return down.returncode
 

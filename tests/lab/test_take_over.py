@@ -2,7 +2,8 @@
 
 In order, on one deployment: a hand edit of an env file that the running process never read
 is reverted by `up` without restarting anything; a second inventory naming the same hosts
-(replica `llm`, its own unit name) is refused by `check` and `up`, then accepted with
+(replica `llm`, its own unit name: another replica id) is refused by `check` and `up`, naming
+both replica ids, the lab inventory's path and this controller, then accepted with
 `--take-over`, after which no unit of the old replica is left. The deployment is the session's
 mp replica, held exclusively (the ``replicas`` broker's: reused when it knows it serving, else
 deployed). The module ends with `down --purge` and tells the broker the hosts are purged.
@@ -13,6 +14,7 @@ Cost: about 85 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.m
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,22 +80,34 @@ def test_reverted_hand_edit_the_process_never_read_restarts_nothing(
     assert invocations(lab_host) == before
 
 
+def replica_id(inventory: str, name: str) -> str:
+    """The owner id of replica ``name`` (``provision inventory --list``)."""
+    listed = provision("inventory", "-i", inventory, "--list")
+    assert listed.returncode == 0, listed.stderr
+    return str(json.loads(listed.stdout)["_vllm_provision"]["replicas"][name]["replica_id"])
+
+
 def test_second_inventory_is_refused_by_check_and_up(deployed: dict[str, Path],
                                                      lab_host: Any) -> None:
+    # another replica name is another derived replica id (docs/deploy.md, "Who owns a host")
     mine, other = str(deployed["mine"].resolve()), str(deployed["other"].resolve())
+    old_id, new_id = replica_id(mine, "lab"), replica_id(other, "llm")
+    assert old_id != new_id
+    old_owner = f"replica 'lab' (id {old_id}) of {mine} on {socket.gethostname()}"
     before = invocations(lab_host)
     check = provision("check", "-i", other, "--json", state_home=deployed["state"])
     assert check.returncode == 1, check.stdout + check.stderr
     errors = [f for f in json.loads(check.stdout)["findings"]
               if f["check"] == "ownership" and f["severity"] == "error"]
     assert sorted(f["host"] for f in errors) == list(NODES)
-    assert all(f"replica lab of {mine}" == f["actual"] and "--take-over" in f["fix"]
+    assert all(old_owner == f["actual"] and "--take-over" in f["fix"]
                for f in errors), errors
     up = provision("up", "-i", other, state_home=deployed["state"])
     assert up.returncode == 1, up.stdout + up.stderr
+    flat = " ".join(up.stderr.split())
     for name in NODES:
-        assert (f"{name} belongs to replica 'lab' of {mine}, not to replica 'llm' of {other}"
-                in up.stderr), up.stderr
+        assert (f"{name} belongs to {old_owner}, not to replica 'llm' (id {new_id}) of {other}"
+                in flat), up.stderr
     assert invocations(lab_host) == before
     assert not lab_host("h1").file("/etc/systemd/system/llm.service").exists
 

@@ -5,8 +5,9 @@ through the legacy ``ansible_ssh_host``/``ansible_ssh_user`` names; the director
 hosts as INI with the connection in ``group_vars/all.yml`` and the engine in a
 ``group_vars/lab/`` folder whose file has no extension. The session's ``replicas`` broker hands
 the hosts over with no replica serving (held exclusively); the first ``up`` deploys the replica;
-the second, from the directory, finds the same replica (same units, same engine arguments), so
-it changes nothing, and must still see it serve. One ``down --purge`` at the end, of which the
+the second, from the directory, finds the same replica (same units, same engine arguments, and
+the same replica id, so it is the same owner without ``--take-over``), so it changes nothing,
+and must still see it serve. One ``down --purge`` at the end, of which the
 broker is told.
 
 Cost: about 40 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
@@ -116,9 +117,9 @@ def test_up_from_ini_inventory_serves(sources: dict[str, Path], lab_host: Any) -
 
 def test_up_from_inventory_directory_serves_the_same_replica(sources: dict[str, Path],
                                                              lab_host: Any) -> None:
-    # the INI file deployed the hosts: another inventory is refused without --take-over
-    refused = provision("up", "-i", str(sources["dir"]), timeout=300)
-    assert refused.returncode == 1 and "--take-over" in refused.stdout + refused.stderr
-    run = provision("up", "-i", str(sources["dir"]), "--take-over", timeout=300)
+    # the INI file deployed the hosts; the directory describes the same replica (name, hosts,
+    # model: the same derived replica id), so it is the same owner: no --take-over
+    run = provision("up", "-i", str(sources["dir"]), timeout=300)
     _assert_served(run, sources["dir"], lab_host)
+    assert "take-over" not in run.stdout + run.stderr
     assert "deprecated" not in run.stderr

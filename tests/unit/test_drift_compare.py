@@ -98,6 +98,18 @@ def test_engine_argument_and_added_node_are_config_drift() -> None:
     assert ("*", "engine pipeline_parallel_size (llama)") in by_item
 
 
+def test_a_changed_replica_id_is_config_drift_and_an_older_record_has_none() -> None:
+    record = _record()
+    same = [c for c in drift.compare_layout(record, _inventory()) if c.item.startswith("replica")]
+    assert same == []
+    moved = _inventory(hosts=("h1", "h3"))
+    [change] = [c for c in drift.compare_layout(record, moved) if c.item == "replica id (llama)"]
+    assert (change.recorded, change.current, change.kind) == (
+        _inventory().replicas[0].replica_id, moved.replicas[0].replica_id, "config")
+    del record["replicas"]["llama"]["replica_id"]
+    assert not [c for c in drift.compare_layout(record, moved) if c.item.startswith("replica")]
+
+
 def test_removed_node_and_limit() -> None:
     changes = drift.compare_layout(_record(), _inventory(hosts=("h1",)))
     assert [c.line() for c in changes if c.item == "node"] == ["- h2  node  llama rank 1"]

@@ -31,17 +31,19 @@ def owner(inventory: str, replica: str, started: Any = None, **files: str) -> Ho
     return HostOwner(inventory, replica, "h1", files, RUNNING if started is None else started)
 
 
-def test_a_host_of_another_inventory_or_replica_is_an_error_naming_both(tmp_path: Path) -> None:
+def test_an_older_record_of_another_inventory_or_replica_is_an_error_naming_both(
+        tmp_path: Path) -> None:
+    # records without a replica id (an earlier version's) are matched by path and replica name
     replica = make_inventory(tmp_path).replicas[0]
     mine = str(tmp_path / "inventory.yml")
     findings = check_ownership(replica, {"h1": owner("/other/inv.yml", "lab"),
                                          "h2": owner(mine, "other")}, mine)
     assert [(f.host, f.severity) for f in findings] == [("h1", Severity.ERROR),
                                                         ("h2", Severity.ERROR)]
-    assert findings[0].actual == "replica lab of /other/inv.yml"
-    assert findings[0].expected.startswith(f"replica llama of {mine}")
+    assert findings[0].actual == "replica 'lab' (no replica id: an older record) of /other/inv.yml"
+    assert findings[0].expected == f"replica 'llama' (id {replica.replica_id}), or no owner"
     assert "--take-over" in findings[0].fix and "/other/inv.yml" in findings[0].fix
-    assert findings[1].actual == f"replica other of {mine}"
+    assert findings[1].actual == f"replica 'other' (no replica id: an older record) of {mine}"
 
 
 def test_own_hosts_unrecorded_hosts_and_hosts_of_a_down_replica_pass(tmp_path: Path) -> None:
@@ -151,7 +153,8 @@ def test_guard_refuses_without_take_over_and_changes_nothing(tmp_path: Path) -> 
         takeover.guard(inventory, ["h1", "h2"], {}, hosts, command="up", take_over=False,
                        check_mode=False, echo=lambda line: None)
     text = raised.value.render()
-    assert "h1 belongs to replica 'lab' of /a.yml, not to replica 'llama' of " in text
+    assert ("h1 belongs to replica 'lab' (no replica id: an older record) of /a.yml, not to "
+            f"replica 'llama' (id {inventory.replicas[0].replica_id}) of ") in text
     assert "nothing was changed" in text and "--take-over" in text
     assert not [c for h in hosts.values() for c in h.commands if "rm -f" in c]
 

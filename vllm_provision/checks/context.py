@@ -201,7 +201,8 @@ class InventoryScope:
 
     Attributes:
         of: the replica's :class:`ReplicaScope`.
-        identity: the inventory's identity in state records (``state.inventory_identity``).
+        identity: the inventory's path as state records hold it (``state.inventory_identity``);
+            ownership compares replica ids and reads it only for records without one.
         locks: replica name -> its stack lock (``stack.replica_locks``).
     """
 

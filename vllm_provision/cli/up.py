@@ -114,7 +114,8 @@ def serving_line(extra: dict[str, Any]) -> str:
             f"time to first token: {seconds(extra.get('ttft_s'))}")
 
 
-TAKE_OVER_HELP = ("Take over hosts that another replica or inventory deployed: remove what it "
+TAKE_OVER_HELP = ("Take over hosts whose state record names another replica id (another "
+                  "replica, or this one with another name, hosts or model): remove what it "
                   "installed that this inventory does not, then go on.")
 
 

@@ -6,6 +6,9 @@ reads them and nothing writes them. ``inventory.load_inventory`` is the only pro
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +123,8 @@ class Replica:
         vars: the replica group's merged vars (for roles), read-only.
         backend_reason: empty when ``vllm_backend`` is set; else why vLLM's default rule gave
             ``backend`` (``backends.choice.backend_choice``), shown by ``provision check``.
+        declared_id: ``vllm_replica_id`` when the inventory sets it, else None
+            (:attr:`replica_id` is then derived).
     """
 
     name: str
@@ -128,6 +133,13 @@ class Replica:
     engine: EngineArgs
     vars: Mapping[str, Any] = field(default_factory=dict)
     backend_reason: str = ""
+    declared_id: str | None = None
+
+    @property
+    def replica_id(self) -> str:
+        """The replica's owner id in state records: ``vllm_replica_id`` when declared, else
+        :func:`derived_replica_id` (docs/deploy.md, "Who owns a host")."""
+        return self.declared_id or derived_replica_id(self)
 
     @property
     def backend_type(self) -> Backend:
@@ -196,6 +208,50 @@ def hosts_under(groups: Mapping[str, _GroupLike], hosts: Iterable[str], name: st
         members.update(groups[current].hosts)
         stack.extend(groups[current].children)
     return [host for host in hosts if host in members]
+
+
+# The version of what derived_replica_id hashes: a change of its inputs is a new version, so
+# that every derived id changes at once and on purpose.
+DERIVED_ID_VERSION = 1
+
+
+def _one_spelling(address: str) -> str:
+    """One spelling per IP address (IPv4-mapped IPv6 as IPv4, IPv6 compressed); a non-address
+    as it is (the same rule as ``settings.kinds.canonical_ip``, which core cannot import)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return str(parsed.ipv4_mapped)
+    return str(parsed)
+
+
+def derived_replica_id(replica: Replica) -> str:
+    """The owner id of a replica that declares no ``vllm_replica_id``: ``<name>@<16 hex>``.
+
+    The hex digits are the first 16 of the sha256 of a JSON document (sorted keys, no spaces)
+    holding, and holding only: the replica's name; its nodes in node-rank order, each as
+    ``[inventory host name, cluster address]`` (``Node.host_ip``: ``vllm_host_ip``, else
+    ``ansible_host``; one spelling per IP); ``vllm_model``; and :data:`DERIVED_ID_VERSION`.
+    These say which machines serve which model under which name: two inventories that agree
+    on them describe the same replica, wherever their files lie. The inventory's path, the
+    controller, the backend, ports, engine arguments other than the model, the SSH address
+    (how one controller reaches a host, which may differ between controllers) and secrets are
+    left out, so none of them changes the owner (docs/deploy.md, "Who owns a host").
+
+    ``@`` is not allowed in a declared id (``settings.kinds.REPLICA_ID_RE``), so a derived id
+    never equals a declared one.
+
+    Args:
+        replica: the replica (nodes already sorted by rank, as the loader builds them).
+    """
+    content = {"v": DERIVED_ID_VERSION, "replica": replica.name,
+               "nodes": [[node.name, _one_spelling(node.host_ip)]
+                         for node in sorted(replica.nodes, key=lambda n: n.rank)],
+               "model": replica.engine.model}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return f"{replica.name}@{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)

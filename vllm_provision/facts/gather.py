@@ -389,16 +389,23 @@ def parse_owner(host: str, raw: Mapping[str, Any], problems: list[str]) -> HostO
             active_now=str(now.get("active") or ""),
             invocation_now=str(now.get("invocation") or ""))
     replica = str(entry.get("replica") or "")
-    about = (record.get("replicas") or {}).get(replica)
+    found_about = (record.get("replicas") or {}).get(replica)
+    about: dict[str, Any] = found_about if isinstance(found_about, dict) else {}
     units = entry.get("units")
     rank = entry.get("rank")
+    nodes = about.get("nodes")
+    engine = about.get("engine")
     return HostOwner(inventory=str(record.get("inventory") or ""),
                      replica=replica, host=me,
                      files={str(k): str(v) for k, v in (entry.get("files") or {}).items()},
                      started=started,
-                     backend=str(about.get("backend") or "") if isinstance(about, dict) else "",
+                     backend=str(about.get("backend") or ""),
                      rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-                     units=tuple(str(u) for u in units) if isinstance(units, list) else None)
+                     units=tuple(str(u) for u in units) if isinstance(units, list) else None,
+                     replica_id=str(about.get("replica_id") or ""),
+                     controller=str(record.get("controller") or ""),
+                     nodes=tuple(str(n) for n in nodes) if isinstance(nodes, list) else (),
+                     model=str(engine.get("model") or "") if isinstance(engine, dict) else "")
 
 
 def probe_host(host: Host, conn: Connection, replica: Replica | None,

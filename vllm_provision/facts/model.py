@@ -387,7 +387,7 @@ class HostOwner:
     """Who deployed a host last, from its state record (``vllm_provision.state``).
 
     Attributes:
-        inventory: the inventory identity the record holds (resolved absolute path).
+        inventory: the inventory path the record holds (resolved absolute path).
         replica: the replica the host belonged to (``""`` when the record lacks the host).
         host: the host's name in that inventory.
         files: installed file path -> sha256 hex, as recorded.
@@ -396,6 +396,11 @@ class HostOwner:
         rank: the host's node rank in the record (None: not recorded).
         units: the backend's units the record lists on the host, in start order; None for a
             record written before it held them (``vllm_provision.state.prune.from_record``).
+        replica_id: the owner id of the host's replica (``Replica.replica_id``); ``""`` for a
+            record written before it held one.
+        controller: the host name of the controller that wrote the record (``""``: unknown).
+        nodes: the replica's node names in the record, in node-rank order.
+        model: the replica's ``vllm_model`` in the record (``""``: not recorded).
     """
 
     inventory: str
@@ -406,6 +411,10 @@ class HostOwner:
     backend: str = ""
     rank: int | None = None
     units: tuple[str, ...] | None = None
+    replica_id: str = ""
+    controller: str = ""
+    nodes: tuple[str, ...] = ()
+    model: str = ""
 
     @property
     def running(self) -> bool:

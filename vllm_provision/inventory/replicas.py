@@ -365,5 +365,31 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
         replicas.append(Replica(name=name, backend=backend,
                                 nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
                                 engine=EngineArgs(**engine_values), vars=replica_vars,
-                                backend_reason=backend_reason))
+                                backend_reason=backend_reason,
+                                declared_id=agreed["vllm_replica_id"]))
+    _check_replica_ids(replicas, tree, settings, problems)
     return tuple(replicas)
+
+
+def _check_replica_ids(replicas: list[Replica], tree: Tree,
+                       settings: Mapping[str, Mapping[str, Setting]], problems: Problems) -> None:
+    """Record a problem for every replica whose declared ``vllm_replica_id`` another replica of
+    the inventory declared first, naming both: two replicas with one id would own each other's
+    hosts (docs/deploy.md, "Who owns a host")."""
+    first: dict[str, str] = {}
+    for replica in replicas:
+        if replica.declared_id is None:
+            continue
+        if replica.declared_id not in first:
+            first[replica.declared_id] = replica.name
+            continue
+        setting = settings[replica.nodes[0].name].get("vllm_replica_id")
+        where = setting.origin.where if setting else f"{tree.file}: replica {replica.name!r}"
+        other = first[replica.declared_id]
+        problems.add(where, f"replicas {other!r} and {replica.name!r} both declare "
+                     f"vllm_replica_id {replica.declared_id!r}",
+                     expected="a different vllm_replica_id per replica of the inventory",
+                     actual=repr(replica.declared_id),
+                     fix=f"give {replica.name!r} an id of its own, or remove vllm_replica_id "
+                         "from one of them (an unset id is derived from the replica's "
+                         "content)")

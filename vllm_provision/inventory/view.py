@@ -154,14 +154,16 @@ def node_argv(replica: Replica, node: Node) -> list[str] | None:
 
 
 def replicas_view(inventory: Inventory) -> dict[str, Any]:
-    """The replicas: backend, API URL, and per node its rank, role, cluster IP and ``vllm serve``
-    arguments; every secret value masked (:class:`~vllm_provision.settings.masking.Masker`)."""
+    """The replicas: owner id (``Replica.replica_id``), backend, API URL, and per node its rank,
+    role, cluster IP and ``vllm serve`` arguments; every secret value masked
+    (:class:`~vllm_provision.settings.masking.Masker`)."""
     from vllm_provision.settings.masking import Masker
 
     masker = Masker.from_inventory(inventory)
     replicas: dict[str, Any] = {}
     for replica in inventory.replicas:
         replicas[replica.name] = {
+            "replica_id": replica.replica_id,
             "backend": replica.backend,
             "api_url": replica.api_url,
             "nodes": [{"host": node.name, "rank": node.rank, "role": node_role(replica, node),

@@ -7,8 +7,8 @@ One call of :func:`run` does, in this order (docs/deploy.md; docs/architecture.m
    connections;
 2. **approval**: a run that may stop a serving replica is dry-run first, its plan shown, and
    asked (:mod:`vllm_provision.operations.approval`);
-3. **ownership guard**: hosts another replica or inventory deployed are refused, or taken over
-   with ``--take-over`` (:mod:`vllm_provision.operations.takeover`);
+3. **ownership guard**: hosts another replica (another replica id) deployed are refused, or
+   taken over with ``--take-over`` (:mod:`vllm_provision.operations.takeover`);
 4. **apply and verify**: the playbook runs once in the engine (preflight, install, start in
    order, readiness, one completion);
 5. **state record**: a verified ``up`` records who owns the hosts now
@@ -64,7 +64,7 @@ class Deploy:
         connection: the run's connection options.
         limit: the ``--limit`` pattern, or None.
         check / diff: ``--check`` (dry run) and ``--diff``.
-        take_over: ``--take-over``: take over hosts another inventory deployed.
+        take_over: ``--take-over``: take over hosts another replica (another replica id) deployed.
         assume_yes: ``--yes``: approve without asking.
         verbosity: the count of ``-v`` (for the reporter's detail).
     """
@@ -129,7 +129,7 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         ProvisionError: the command is not one of :data:`COMMANDS`, or an invalid playbook
             (nothing was changed).
         RunLockError: another run holds a host's lock (nothing was changed).
-        ProvisionError: a host belongs to another replica or inventory and ``take_over`` is
+        ProvisionError: a host belongs to another replica (replica id) and ``take_over`` is
             false, or the run needs approval and stdin is not a terminal and ``assume_yes`` is
             false (nothing was changed).
     """

@@ -74,7 +74,7 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         # a secret reached a recorded value (a fact, an argument).
         begun = started_at or datetime.now(UTC)
         serving = {r.name: serving_record(previous or None, r.name, (measured or {}).get(r.name),
-                                          begun)
+                                          begun, replica_id=r.replica_id)
                    for r in inventory.replicas}
         record = Masker.from_inventory(inventory).data(
             build_record(inventory, facts, hashes, serving=serving, started=started))

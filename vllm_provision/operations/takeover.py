@@ -1,9 +1,9 @@
 """The ownership guard of ``provision up``, ``restart`` and ``down``, and ``--take-over``.
 
 Before a run changes any host, each targeted node's state record is read (one round trip per
-host, on the run's own connections) and compared with the run's replica and inventory
-(``checks.ownership``). A node of another replica or inventory stops the run before anything
-changed, naming both owners, unless ``--take-over`` was given. Taking over removes, from each
+host, on the run's own connections) and its replica id compared with the run's replica's
+(``checks.ownership``). A node of another replica stops the run before anything changed, naming
+both owners, unless ``--take-over`` was given. Taking over removes, from each
 such node, what the old owner installed that this inventory's ``up`` does not install (its
 units, stopped and disabled first, its env files, its watchdog), then lets the run go on; the
 next good ``up`` writes the new owner's record (docs/deploy.md, "Who owns a host").
@@ -15,7 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_provision.checks.ownership import Conflict, conflict, take_over_fix
+from vllm_provision.checks.ownership import (
+    Conflict,
+    conflict,
+    recorded_owner,
+    same_owner,
+    take_over_fix,
+)
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Inventory
 from vllm_provision.core.quoting import quote
@@ -28,7 +34,7 @@ class TakeOver:
     """What taking over one host does.
 
     Attributes:
-        conflict: the host, its old owner and the run's replica and inventory.
+        conflict: the host, its old owner and the run's replica, its id and inventory.
         remove: files the old owner installed that the new plan does not, sorted.
         units: the units among them (stopped and disabled before their files go).
     """
@@ -41,17 +47,21 @@ class TakeOver:
         """The human lines: who owned the host, and each unit and file removed."""
         item = self.conflict
         verb = "would remove" if check_mode else "removed"
-        head = (f"take-over: {item.host}: from replica {item.owner.replica!r} of "
-                f"{item.owner.inventory} to replica {item.replica!r} of {item.inventory}")
+        head = (f"take-over: {item.host}: from {recorded_owner(item.owner)} to "
+                f"{item.run_owner()}")
         if not self.remove:
             return [head + " (nothing of the old replica is outside the new plan)"]
         return [head] + [f"  {verb} unit {u} (stopped and disabled)" for u in self.units] + [
             f"  {verb} {path}" for path in self.remove]
 
     def to_json(self) -> dict[str, Any]:
-        """``host``, ``from_replica``, ``from_inventory``, ``removed_units``, ``removed``."""
+        """``host``, ``from_replica``, ``from_replica_id`` (``""``: an older record),
+        ``from_inventory``, ``from_controller`` (``""``: unknown), ``removed_units``,
+        ``removed``."""
         return {"host": self.conflict.host, "from_replica": self.conflict.owner.replica,
+                "from_replica_id": self.conflict.owner.replica_id,
                 "from_inventory": self.conflict.owner.inventory,
+                "from_controller": self.conflict.owner.controller,
                 "removed_units": list(self.units), "removed": list(self.remove)}
 
 
@@ -102,8 +112,8 @@ def refusal(conflicts: Sequence[Conflict], command: str) -> ProvisionError:
     """The error of a run that meets hosts of another owner without ``--take-over``."""
     return ProvisionError([Problem(
         item.host, f"`provision {command}` refused: {item.describe()}; nothing was changed",
-        expected=f"replica {item.replica} of {item.inventory}",
-        actual=f"replica {item.owner.replica} of {item.owner.inventory}",
+        expected=f"replica id {item.replica_id}, or no owner",
+        actual=f"replica id {item.owner.replica_id or 'none (an older record, another path)'}",
         fix=take_over_fix(item)) for item in conflicts])
 
 
@@ -144,8 +154,7 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
             except ProvisionError:
                 record = None  # not a record we can read: nobody's (drift reports it)
             owner: HostOwner | None = parse_owner(node.name, {"record": record}, [])
-            if owner is not None and owner.started and (
-                    owner.inventory != identity or owner.replica != replica.name):
+            if owner is not None and owner.started and not same_owner(replica, owner, identity):
                 owner = parse_owner(node.name, {"record": record, "invocations": unit_states(
                     conn, sorted(owner.started))}, [])
             found = conflict(replica, node.name, owner, identity)

@@ -34,6 +34,11 @@ SSH_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*$")
 SSH_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$")
 # Version pins compared with pip's versions (PEP 440 public and local versions).
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_!-]*$")
+# A declared replica id (``vllm_replica_id``, docs/deploy.md "Who owns a host"): a short
+# printable word, 1-63 characters, so it reads the same in a message, a JSON record and a file
+# name. No "@": derived ids (``core.models.derived_replica_id``) carry one, so a declared id never
+# equals a derived one.
+REPLICA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 # A check name of `provision check --skip-check` (host.shm, parity.vllm).
 CHECK_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -234,6 +239,14 @@ def check_version(value: str) -> str | None:
     return None if VERSION_RE.match(value) else "a version such as 0.12.0 or 2.9.0+cu129"
 
 
+def check_replica_id(value: str) -> str | None:
+    """Return why ``value`` cannot be a declared replica id (:data:`REPLICA_ID_RE`), or None."""
+    if REPLICA_ID_RE.match(value):
+        return None
+    return ("a replica id of 1-63 characters A-Za-z0-9 . _ -, starting with a letter or digit, "
+            "such as llm-prod")
+
+
 def check_check_names(value: list[str]) -> str | None:
     """Return why a list of check names holds something else, or None."""
     for item in value:
@@ -283,7 +296,7 @@ Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
 # ssh_host, ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret,
-# version, count, seconds, fraction, flag, choice, text, data.
+# version, count, seconds, fraction, flag, choice, text, data, replica_id.
 KINDS: dict[str, Kind] = {
     # connection
     "ansible_host": ("ssh_host", check_ssh_host),
@@ -298,6 +311,7 @@ KINDS: dict[str, Kind] = {
     "provision_owned_dirs": ("path_list", _no_check),  # checked by check_setting itself
     # replica and nodes
     "vllm_backend": ("choice", _no_check),
+    "vllm_replica_id": ("replica_id", check_replica_id),
     "vllm_node_rank": ("count", _no_check),
     "vllm_host_ip": ("address", check_address),
     "vllm_cluster_interface": ("interface", check_interface),
@@ -412,7 +426,8 @@ KINDS: dict[str, Kind] = {
 # Kinds whose rule is about the shape of the text: a Jinja template in their place is refused
 # (it could not be checked before it is rendered).
 STRUCTURED = frozenset({"unit", "path", "owned_dir", "owned_file", "unit_dir", "address",
-                        "ssh_host", "ssh_user", "interface", "name", "port", "count", "seconds"})
+                        "ssh_host", "ssh_user", "interface", "name", "port", "count", "seconds",
+                        "replica_id"})
 # Kinds that take provision_owned_dirs into account.
 OWNED = frozenset({"owned_dir", "owned_file"})
 # preflight_placement_strategy: Ray's placement strategies (ray.util.placement_group).

@@ -201,6 +201,13 @@ _TABLE: tuple[Variable, ...] = (
              "(`~` expanded, relative to the inventory file's folder).",
              "/var/lib/vllm-provision/lab/known_hosts", scope="host"),
     # The replica and its nodes.
+    Variable("vllm_replica_id", str, None, "The replica's owner id in the hosts' state records: "
+             "a run owns a host whose record holds the same id (docs/deploy.md, \"Who owns a "
+             "host\"). Unset: derived from the replica's name, its hosts' names and cluster "
+             "addresses in node-rank order, and `vllm_model`, so a copy of the inventory at "
+             "another path is the same owner. Set it to keep the ownership across a change of "
+             "those; unique among the inventory's replicas. 1-63 characters A-Za-z0-9 . _ -, "
+             "starting with a letter or digit.", "llm-prod", check=kinds.check_replica_id),
     Variable("vllm_backend", str, None, "Executor backend: vLLM multi-node multiprocessing "
              "(`mp`) or a Ray cluster (`ray`). Unset: vLLM's own default rule picks it (`mp`; "
              "see \"Backend default\").", "mp", choices=backends.Names()),

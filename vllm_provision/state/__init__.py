@@ -6,7 +6,9 @@ Written only after ``provision up`` verified a served completion, in two places:
   0600, written to a temp file in the same folder, fsynced and renamed: rename(2) is atomic);
 - on the controller: ``$XDG_STATE_HOME/vllm-provision/<inventory stem>-<12 hex of the sha256 of
   the inventory's absolute path>.json`` (``XDG_STATE_HOME`` defaults to ``~/.local/state``, XDG
-  Base Directory spec 0.8), 0600, also written atomically.
+  Base Directory spec 0.8), 0600, also written atomically. It stays keyed by the inventory's
+  path: it is this controller's cache of one file's last good ``up`` (several replicas in one
+  file, the evidence store beside it), not who owns a host; the hosts' copies decide that.
 
 ``start_to_serving_s`` is the last MEASURED start to serving of the replica (seconds; an ``up``
 that found it already serving keeps the previous value): the outage estimate of the plan
@@ -22,8 +24,9 @@ installed files only as sha256 digests.
 Record shape (``schema`` 1)::
 
     {"schema": 1, "time": "2025-01-01T12:00:00Z", "tool_version": "0.1.0",
-     "inventory": "/abs/inventory.yml",
-     "replicas": {"llama": {"backend": "mp", "nodes": ["h1", "h2"],
+     "inventory": "/abs/inventory.yml", "controller": "ops-laptop",
+     "replicas": {"llama": {"replica_id": "llama@3f2a9c01d4e5b6a7",
+                            "backend": "mp", "nodes": ["h1", "h2"],
                             "engine": {"model": "...", "tensor_parallel_size": 1, ...,
                                        "api_key_set": false},
                             "start_to_serving_s": 7.1,
@@ -47,13 +50,17 @@ included): together, what ``provision up`` stops and removes when a later plan n
 them, and what ``provision down --purge`` removes (``vllm_provision.state.prune``; a record without
 ``units`` gives them from the unit files among ``files``).
 ``host`` (only in a host's own copy) names that host's entry, so a second inventory that calls
-the same machine by another name still finds who owns it. ``inventory`` is the inventory's
-identity (:func:`inventory_identity`). ``started_from`` keeps, per unit, the InvocationID
-systemd gave its running process (systemd.exec(5), ``$INVOCATION_ID``) and the digests of the
-installed files when the first good ``up`` after that start recorded them: what the running
-process read. It is carried over unchanged while the InvocationID stays the same, so a later
-``up`` can tell that restoring a hand-edited file gives the running process nothing new
-(``modules/template.py``).
+the same machine by another name still finds who owns it. ``replica_id`` is the replica's owner
+id (``Replica.replica_id``: ``vllm_replica_id``, else derived from the replica's content); it
+decides who owns a host (``checks.ownership``). ``inventory`` (the inventory's path:
+:func:`inventory_identity`) and ``controller`` (the host name of the controller that wrote the
+record) only say where the owner was run from, for messages; a record written before
+``replica_id`` existed is matched by its ``inventory`` (``checks.ownership.legacy_match``).
+``started_from`` keeps, per unit, the InvocationID systemd gave its running process
+(systemd.exec(5), ``$INVOCATION_ID``) and the digests of the installed files when the first
+good ``up`` after that start recorded them: what the running process read. It is carried
+over unchanged while the InvocationID stays the same, so a later ``up`` can tell that
+restoring a hand-edited file gives the running process nothing new (``modules/template.py``).
 """
 
 from __future__ import annotations
@@ -125,19 +132,32 @@ def engine_record(engine: EngineArgs) -> dict[str, Any]:
 
 
 def inventory_identity(path: Path | str) -> str:
-    """The identity of an inventory in state records: its absolute path with every symlink
-    resolved (``Path.resolve``), so the same file reached through a symlink or a relative path
-    is one inventory. A copied or moved file is another inventory (docs/deploy.md, "Who owns a
+    """The inventory's path in state records: its absolute path with every symlink resolved
+    (``Path.resolve``), so the same file reached through a symlink or a relative path reads
+    the same. It names where an owner ran from; ownership itself compares replica ids, and
+    this path only for records written before they held one (docs/deploy.md, "Who owns a
     host")."""
     return str(Path(path).resolve())
+
+
+def controller_name() -> str:
+    """This controller's host name (``socket.gethostname()``) for the records it writes: the
+    refusal of another inventory's run names it (``""`` when the name cannot be read)."""
+    import socket
+
+    try:
+        return socket.gethostname()
+    except OSError:
+        return ""
 
 
 def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
                  files: Mapping[str, Mapping[str, str]], *,
                  now: datetime | None = None,
                  serving: Mapping[str, Mapping[str, Any]] | None = None,
-                 started: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Build the record (pure) for every node of every replica.
+                 started: Mapping[str, Mapping[str, Any]] | None = None,
+                 controller: str | None = None) -> dict[str, Any]:
+    """Build the record (pure but for the controller's name) for every node of every replica.
 
     Args:
         inventory: the inventory ``up`` ran with (extra vars merged).
@@ -148,6 +168,7 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
             (:func:`serving_record`); absent replicas get None for both.
         started: by host name, unit -> ``{"invocation": id, "files": {path: sha256}}``
             (:func:`started_from`); hosts without one get ``{}``.
+        controller: the controller's name to record (default :func:`controller_name`).
     """
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     record: dict[str, Any] = {
@@ -155,11 +176,13 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
         "time": moment.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "tool_version": __version__,
         "inventory": inventory_identity(inventory.path),
+        "controller": controller_name() if controller is None else controller,
         "replicas": {},
         "hosts": {},
     }
     for replica in inventory.replicas:
         record["replicas"][replica.name] = {
+            "replica_id": replica.replica_id,
             "backend": replica.backend,
             "nodes": [node.name for node in replica.nodes],
             "engine": engine_record(replica.engine),
@@ -183,7 +206,8 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
 
 
 def serving_record(previous: Mapping[str, Any] | None, replica: str,
-                   measured_s: float | None, started_at: datetime) -> dict[str, Any]:
+                   measured_s: float | None, started_at: datetime, *,
+                   replica_id: str | None = None) -> dict[str, Any]:
     """The ``start_to_serving_s`` and ``deployed_at`` of ``replica`` for the new record (pure).
 
     Args:
@@ -192,6 +216,8 @@ def serving_record(previous: Mapping[str, Any] | None, replica: str,
         measured_s: the start to serving this ``up`` measured, in seconds; None when it did not
             start the replica (it was already serving) or could not measure it.
         started_at: when this ``up`` began.
+        replica_id: the replica's owner id; a previous entry that holds another one (another
+            inventory now at the same path) is not carried over. None: not compared.
 
     A measured value means this ``up`` (re)started the replica: both keys are new. Otherwise
     both are carried over from ``previous`` (None when it has no such replica).
@@ -200,6 +226,8 @@ def serving_record(previous: Mapping[str, Any] | None, replica: str,
         return {"start_to_serving_s": round(float(measured_s), 3),
                 "deployed_at": started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     old = ((previous or {}).get("replicas") or {}).get(replica) or {}
+    if replica_id is not None and old.get("replica_id") not in (None, replica_id):
+        old = {}
     return {"start_to_serving_s": old.get("start_to_serving_s"),
             "deployed_at": old.get("deployed_at")}
 

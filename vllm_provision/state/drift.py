@@ -132,7 +132,8 @@ def compare_lock(locks: Mapping[str, Any], inventory: Inventory,
 
 def compare_layout(record: Mapping[str, Any], inventory: Inventory,
                    hosts: Iterable[str] | None = None) -> list[Change]:
-    """Nodes added, removed or moved, and engine arguments changed, since the record.
+    """Nodes added, removed or moved, the replica id and engine arguments changed, since the
+    record.
 
     Args:
         record: a state record.
@@ -160,6 +161,11 @@ def compare_layout(record: Mapping[str, Any], inventory: Inventory,
         then = then_replicas.get(replica.name)
         if not then:
             continue
+        if then.get("replica_id") and then["replica_id"] != replica.replica_id:
+            # another owner id: the next `up` is refused as another owner (docs/deploy.md,
+            # "Who owns a host"); a record written before ids holds none
+            changes.append(Change("*", f"replica id ({replica.name})", str(then["replica_id"]),
+                                  replica.replica_id, "config"))
         if then.get("backend") != replica.backend:
             changes.append(Change("*", f"backend ({replica.name})", str(then.get("backend")),
                                   replica.backend, "config"))
