@@ -126,13 +126,24 @@ class TaskExecutor:
         Raises:
             RunLockLost: this run's lock on one of them was lost (docs/security.md, "Run lock").
         """
-        ensure = getattr(self.connection_factory, "ensure_held", None)
-        if ensure is None:
-            return
         names = [host.name]
         if task.delegate_to and task.delegate_to in self.state.inventory.hosts:
             names.append(task.delegate_to)
-        ensure(*names)
+        self._ensure_held(names)
+
+    def lock_held(self, name: str) -> bool:
+        """Whether this run still holds host ``name``'s run lock (True without a lock); for the
+        prefetcher, which runs a task's lead command ahead of the task."""
+        try:
+            self._ensure_held([name])
+        except ProvisionError:
+            return False
+        return True
+
+    def _ensure_held(self, names: list[str]) -> None:
+        ensure = getattr(self.connection_factory, "ensure_held", None)
+        if ensure is not None:
+            ensure(*names)
 
     def _execute(self, play: Play, task: Task, host: Host) -> tuple[ModuleResult, bool]:
         self.ensure_lock_held(task, host)
