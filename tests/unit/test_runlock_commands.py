@@ -261,9 +261,10 @@ def test_answered_heartbeats_keep_the_lock_and_unanswered_ones_lose_it_past_the_
     offset = [0.0]
     lock, hosts, _ = _lock(tmp_path, ("h1",), clock=lambda: time.monotonic() + offset[0])
     try:
+        start = lock._beats["h1"].confirmed
         offset[0] = 100.0  # far past the bound since the start, but the holder answers
         deadline = time.monotonic() + 10
-        while lock._beats["h1"].confirmed < 100 and time.monotonic() < deadline:
+        while lock._beats["h1"].confirmed < start + 100 and time.monotonic() < deadline:
             time.sleep(0.05)  # until a heartbeat sent on the moved clock was answered
         lock.ensure_held("h1")
         holder = hosts["h1"].channels[0].process
