@@ -1,6 +1,7 @@
 """``provision fault``: a bounded fault experiment: K streams in flight, one fault, polls until
 the replica serves again; each stream's fate and what systemd and the watchdog did
-(docs/evidence.md)."""
+(docs/evidence.md). It holds the run lock on every node of the replica, as ``provision up``
+does (docs/security.md, "Run lock")."""
 
 from __future__ import annotations
 
@@ -71,11 +72,13 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
     SSH connections), polls with new completions until one succeeds or the bound passes, and
     reports the time from the fault to the first new success, each stream's fate, start
     limits hit, and systemd's and the watchdog's journal lines with their times. The result is
-    stored for ``provision record``. Exit 0 when the replica served again, 3 otherwise.
+    stored for ``provision record``. Holds the run lock on every node of the replica, as
+    `provision up` does. Exit 0 when the replica served again, 3 otherwise.
     """
-    from vllm_provision.cli.bench import connect, pick_replica
+    from vllm_provision.cli.bench import pick_replica
     from vllm_provision.evidence import fault, store
-    from vllm_provision.transport.connection import close_all
+    from vllm_provision.transport import runlock
+    from vllm_provision.transport.connection import close_all, open_all
 
     opts = CommonOptions.from_kwargs(kwargs)
     inv = opts.load_inventory(require_replica=True)
@@ -89,14 +92,20 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
                                     fix="add --heal-command (or --partition-command)")
     argv = (fault.partition_commands(node.host, partition_command, heal_command)
             if partition_s is not None else None)
-    connections = connect(opts, replica)
-    try:
-        result = fault.run(replica, connections, dict(replica.master.host.vars), node=node,
-                           unit=unit, signal=signal, streams=streams, max_tokens=max_tokens,
-                           reboot=reboot, partition_s=partition_s, partition_argv=argv,
-                           bound_s=bound_s, read_timeout_s=read_timeout)
-    finally:
-        close_all(connections)
+    options = opts.connection_options()
+    hosts = [n.host for n in replica.nodes]
+    with runlock.locked_run(hosts, options, "fault",
+                            warn=lambda line: click.echo(f"warning: {line}", err=True)
+                            ) as factory:
+        connections = open_all(hosts, options, factory)
+        try:
+            result = fault.run(replica, connections, dict(replica.master.host.vars), node=node,
+                               unit=unit, signal=signal, streams=streams,
+                               max_tokens=max_tokens, reboot=reboot, partition_s=partition_s,
+                               partition_argv=argv, bound_s=bound_s,
+                               read_timeout_s=read_timeout, held=factory.ensure_held)
+        finally:
+            close_all(connections)
     result["conditions"] = {"replica": replica.name, "backend": replica.backend,
                             "model": replica.engine.model,
                             "tensor_parallel_size": replica.engine.tensor_parallel_size,

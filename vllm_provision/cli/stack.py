@@ -4,7 +4,8 @@ parses and prints, :mod:`vllm_provision.operations.stack` does the work.
 ``lock`` resolves a short requirements list for the nodes' platform and Python with ``uv pip
 compile --generate-hashes``; ``sync`` installs the lock on every node, air-gapped, into a new
 venv and switches to it atomically; ``rollback`` returns to the previous venv; ``status``
-compares each node's active venv with the lock.
+compares each node's active venv with the lock. ``sync`` and ``rollback`` hold the run lock on
+every node they act on, as ``provision up`` does (docs/security.md, "Run lock").
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def command() -> None:
 def _chosen(opts: CommonOptions) -> list[tuple[Any, Path]]:
     """The replicas the options choose, each with its lock path."""
     return stack_op.replicas_with_locks(opts.load_inventory(), opts.limit)
+
+
+def _warn(line: str) -> None:
+    """A warning line on stderr (a stale run lock taken over)."""
+    click.echo(f"warning: {line}", err=True)
 
 
 @command.command("lock", epilog=examples(
@@ -89,29 +95,33 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
     --no-index --no-deps --require-hashes, checks versions and imports (and vllm --version),
     then points vllm_venv at the new venv with one rename(2). The previous venv is kept for
     rollback. A second run changes nothing; an interrupted run leaves the old venv active.
+    Holds the run lock on every node, as `provision up` does.
     """
     opts = CommonOptions.from_kwargs(kwargs)
     failed = False
-    for replica, path in _chosen(opts):  # replicas are independent: one's failure skips none
-        try:
-            lock_id, results = stack_op.sync_replica(replica, path, wheelhouse,
-                                                     opts.connection_options(),
-                                                     progress=click.echo)
-        except ProvisionError as exc:
-            failed = True
-            click.echo(f"replica {replica.name}: FAILED: {exc.render()}")
-            continue
-        for result in results:
-            click.echo(result.line())
-        changed = sum(r.changed for r in results)
-        errors = sum(bool(r.error) for r in results)
-        failed = failed or bool(errors)
-        click.echo(f"replica {replica.name}: stack {lock_id}: {changed} changed, "
-                   f"{len(results) - changed - errors} unchanged, {errors} failed"
-                   + ("; no node switched, run sync again" if any(r.held for r in results)
-                      else "")
-                   + ("; `provision up` restarts the replica once to use it"
-                      if changed and not errors else ""))
+    chosen = _chosen(opts)
+    options = opts.connection_options()
+    with stack_op.locked([replica for replica, _ in chosen], options, "stack sync",
+                         warn=_warn) as factory:
+        for replica, path in chosen:  # replicas are independent: one's failure skips none
+            try:
+                lock_id, results = stack_op.sync_replica(replica, path, wheelhouse, options,
+                                                         progress=click.echo, factory=factory)
+            except ProvisionError as exc:
+                failed = True
+                click.echo(f"replica {replica.name}: FAILED: {exc.render()}")
+                continue
+            for result in results:
+                click.echo(result.line())
+            changed = sum(r.changed for r in results)
+            errors = sum(bool(r.error) for r in results)
+            failed = failed or bool(errors)
+            click.echo(f"replica {replica.name}: stack {lock_id}: {changed} changed, "
+                       f"{len(results) - changed - errors} unchanged, {errors} failed"
+                       + ("; no node switched, run sync again" if any(r.held for r in results)
+                          else "")
+                       + ("; `provision up` restarts the replica once to use it"
+                          if changed and not errors else ""))
     sys.exit(1 if failed else 0)
 
 
@@ -122,15 +132,20 @@ def rollback_command(**kwargs: Any) -> None:
 
     Every node of a replica must keep a previous stack, or no node is rolled back. The units
     restart on the next `provision up`. Revert the lock file too (git), so preflight
-    and drift compare the nodes with what they run.
+    and drift compare the nodes with what they run. Holds the run lock on every node, as
+    `provision up` does.
     """
     opts = CommonOptions.from_kwargs(kwargs)
     failed = False
-    for replica, _path in _chosen(opts):  # replicas are independent: one's failure skips none
-        replica_failed, lines = stack_op.rollback_replica(replica, opts.connection_options())
-        failed = failed or replica_failed
-        for line in lines:
-            click.echo(line)
+    chosen = _chosen(opts)
+    options = opts.connection_options()
+    with stack_op.locked([replica for replica, _ in chosen], options, "stack rollback",
+                         warn=_warn) as factory:
+        for replica, _path in chosen:  # replicas are independent: one's failure skips none
+            replica_failed, lines = stack_op.rollback_replica(replica, options, factory)
+            failed = failed or replica_failed
+            for line in lines:
+                click.echo(line)
     sys.exit(1 if failed else 0)
 
 

@@ -15,6 +15,10 @@ each), ``recovery`` (``first_failure_s``, ``recovered_s``: fault to the end of t
 successful completion, ``polls``, ``failures`` by kind, ``bound_s``, ``served_throughout``),
 ``start_limit_hit`` (units that hit their start limit), ``events`` (systemd and watchdog journal
 lines with seconds since the fault). docs/evidence.md.
+
+The fault changes the replica's nodes: ``provision fault`` holds the run lock on every node of
+the replica for the whole experiment, and checks that this run still holds the target node's
+lock just before applying the fault (``held``; docs/security.md, "Run lock").
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -154,12 +158,72 @@ def partition_commands(host: Any, cut: str | None, heal: str | None
                                 fix="give both, e.g. a firewall rule on a switch you run")
 
 
+def apply(conn: Any, node: Any, unit: str, signal: str, *, reboot: bool = False,
+          partition_s: float | None = None,
+          partition_argv: tuple[list[str], list[str]] | None = None,
+          held: Callable[[str], None] | None = None,
+          ) -> tuple[str, float, float, threading.Thread | None]:
+    """Apply the fault to ``node`` over ``conn`` (its connection): signal ``unit``, reboot, or
+    cut its network for ``partition_s`` seconds (healed by a thread, returned to be joined).
+
+    Args:
+        conn: the node's connection. node: the :class:`~vllm_provision.core.models.Node`.
+        unit / signal / reboot / partition_s / partition_argv: as :func:`run`.
+        held: the run lock's check point, called with the node's name before the fault
+            (raises when this run's lock on it was lost: no fault is applied).
+
+    Returns:
+        ``(the command applied, the fault's wall-clock epoch, its perf_counter time, the
+        healing thread or None)``.
+
+    Raises:
+        ProvisionError: the fault command failed; RunLockLost (from ``held``): the run's lock
+            on the node was lost (nothing was applied).
+    """
+    from vllm_provision.transport.base import UnreachableError
+
+    if held is not None:
+        held(node.name)
+    fault_epoch, fault_clock = time.time(), time.perf_counter()
+    healer: threading.Thread | None = None
+    if reboot:
+        try:
+            conn.run("systemctl reboot", timeout_s=10)
+        except UnreachableError:
+            pass  # the connection drops as the host goes down
+        return "systemctl reboot", fault_epoch, fault_clock, None
+    if partition_s is not None:
+        cut, heal = partition_argv or partition_commands(node.host, None, None)
+        done = subprocess.run(cut, capture_output=True, text=True, check=False, timeout=60)
+        if done.returncode != 0:
+            raise ProvisionError.single(node.name, f"the partition command failed: "
+                                        f"{(done.stderr or done.stdout).strip()[:200]}",
+                                        fix="check --partition-command")
+
+        def heal_later() -> None:
+            time.sleep(max(0.0, fault_clock + partition_s - time.perf_counter()))  # the plan
+            subprocess.run(heal, capture_output=True, text=True, check=False, timeout=60)
+
+        healer = threading.Thread(target=heal_later, daemon=True)
+        healer.start()
+        return (f"{shlex.join(cut)}; after {partition_s:g} s: {shlex.join(heal)}", fault_epoch,
+                fault_clock, healer)
+    command = kill_command(unit, signal)
+    result = conn.run(command, timeout_s=30)
+    if result.exit_code != 0:
+        raise ProvisionError.single(node.name, f"`{command}` failed: "
+                                    f"{(result.stderr or result.stdout).strip()[:200]}",
+                                    fix="name a unit of this node (provision status)")
+    return command, fault_epoch, fault_clock, None
+
+
 def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], *,
         node: Any, unit: str, signal: str = "KILL", streams: int = 3, max_tokens: int = 512,
         reboot: bool = False, partition_s: float | None = None,
         partition_argv: tuple[list[str], list[str]] | None = None,
         bound_s: float = 300.0, read_timeout_s: float = 60.0,
-        poll_interval_s: float = 0.5) -> dict[str, Any]:
+        poll_interval_s: float = 0.5,
+        held: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the experiment (module doc) and return its result.
 
     Args:
@@ -171,10 +235,12 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
             seconds instead (``partition_argv``: cut and heal argv, :func:`partition_commands`).
         bound_s: give up polling after this many seconds. read_timeout_s: a stream silent this
             long is ``hung``. poll_interval_s: pause between two polls.
+        held: the run lock's check point (:func:`apply`), or None.
 
     Raises:
         ProvisionError: the streams did not start generating within 60 s (the replica does not
-            serve), or the fault command failed.
+            serve), or the fault command failed; RunLockLost: the run's lock on the node was
+            lost before the fault (nothing was applied).
     """
     from vllm_provision.evidence import load
     from vllm_provision.evidence.bench import served_model
@@ -220,38 +286,13 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
         raise ProvisionError.single(replica.api_url, "a stream failed before the fault: "
                                     f"{failed[0].error} {failed[0].detail[:120]}",
                                     fix="run the fault on a serving replica")
-    conn = connections[node.name]
-    fault_epoch, fault_clock = time.time(), time.perf_counter()
-    healer: threading.Thread | None = None
-    if reboot:
-        try:
-            conn.run("systemctl reboot", timeout_s=10)
-        except UnreachableError:
-            pass  # the connection drops as the host goes down
-        applied = "systemctl reboot"
-    elif partition_s is not None:
-        cut, heal = partition_argv or partition_commands(node.host, None, None)
-        done = subprocess.run(cut, capture_output=True, text=True, check=False, timeout=60)
-        if done.returncode != 0:
-            raise ProvisionError.single(node.name, f"the partition command failed: "
-                                        f"{(done.stderr or done.stdout).strip()[:200]}",
-                                        fix="check --partition-command")
-
-        def heal_later() -> None:
-            time.sleep(max(0.0, fault_clock + partition_s - time.perf_counter()))  # the plan
-            subprocess.run(heal, capture_output=True, text=True, check=False, timeout=60)
-
-        healer = threading.Thread(target=heal_later, daemon=True)
-        healer.start()
-        applied = f"{shlex.join(cut)}; after {partition_s:g} s: {shlex.join(heal)}"
-    else:
-        command = kill_command(unit, signal)
-        result = conn.run(command, timeout_s=30)
-        if result.exit_code != 0:
-            raise ProvisionError.single(node.name, f"`{command}` failed: "
-                                        f"{(result.stderr or result.stdout).strip()[:200]}",
-                                        fix="name a unit of this node (provision status)")
-        applied = command
+    try:
+        applied, fault_epoch, fault_clock, healer = apply(
+            connections[node.name], node, unit, signal, reboot=reboot, partition_s=partition_s,
+            partition_argv=partition_argv, held=held)
+    except BaseException:
+        client.close()  # the streams end with an error; the run reports why it stopped
+        raise
     recovery = poll(client, url, model, headers, fault_clock, bound_s, poll_interval_s)
     for thread in threads:
         thread.join(timeout=read_timeout_s + max_tokens * 1.0)

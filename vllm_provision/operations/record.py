@@ -48,6 +48,7 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
 
     Raises:
         ProvisionError: a node could not be reached or written, or the controller's copy failed.
+        RunLockLost: the run lost its lock on a node (nothing is written).
     """
     chosen = install_plays(plays)
     files = managed_files(inventory, chosen)
@@ -78,6 +79,9 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
                    for r in inventory.replicas}
         record = Masker.from_inventory(inventory).data(
             build_record(inventory, facts, hashes, serving=serving, started=started))
+        ensure_held = getattr(factory, "ensure_held", None)
+        if ensure_held is not None:  # the run lock's check point before writing on the nodes
+            ensure_held(*connections)
         path, write_errors = save_record(inventory, record, connections)
         problems += [p for exc in write_errors.values() for p in exc.problems]
     finally:

@@ -12,13 +12,19 @@ next one when one fails) over one connection per node:
 - :func:`rollback_replica`: every node back to its previous stack, or none;
 - :func:`status_replica`: each node's active venv against the lock.
 
+``sync`` and ``rollback`` change the nodes: the command holds the run lock on every node of
+the replicas it acts on for the whole command (:func:`locked`, the same lock as ``provision
+up``), and each step that writes on a node checks first that this run still holds that node's
+lock (docs/security.md, "Run lock"). ``lock`` and ``status`` only read the nodes: no lock.
+
 The command module (``vllm_provision.cli.stack``) only parses options and prints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,7 @@ from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.inventory import select_hosts
 from vllm_provision.stack import lock as stack_lock
 from vllm_provision.stack import sync as stack_sync
+from vllm_provision.transport import runlock
 from vllm_provision.transport.connection import ConnectionOptions, close_all, open_all
 
 
@@ -54,14 +61,44 @@ def replicas_with_locks(inventory: Inventory, limit: str | None) -> list[tuple[R
     return chosen
 
 
-def connect(replica: Replica, options: ConnectionOptions) -> dict[str, Any]:
+@contextmanager
+def locked(replicas: Sequence[Replica], options: ConnectionOptions, command: str,
+           warn: Callable[[str], None]) -> Iterator[runlock.LendingFactory]:
+    """Hold the run lock on every node of ``replicas`` for the block
+    (:func:`vllm_provision.transport.runlock.locked_run`) and yield its connection factory
+    (pass it to :func:`sync_replica` / :func:`rollback_replica`).
+
+    Args:
+        replicas: the replicas the command acts on. options: the connection options.
+        command: ``stack sync`` or ``stack rollback`` (the holder file names it).
+        warn: receives one line per stale lock taken over.
+
+    Raises:
+        RunLockError: another run holds a node's lock (nothing was changed).
+    """
+    hosts = [node.host for replica in replicas for node in replica.nodes]
+    with runlock.locked_run(hosts, options, command, warn=warn) as factory:
+        yield factory
+
+
+def connect(replica: Replica, options: ConnectionOptions,
+            factory: runlock.LendingFactory | None = None) -> dict[str, Any]:
     """One connection per node of ``replica`` (host name -> connection), or none
-    (:func:`vllm_provision.transport.connection.open_all`).
+    (:func:`vllm_provision.transport.connection.open_all`); ``factory``: the run lock's, which
+    lends the connections the lock holds.
 
     Raises:
         ProvisionError: a node cannot be reached (every reason, one per host).
     """
-    return open_all([n.host for n in replica.nodes], options)
+    return open_all([n.host for n in replica.nodes], options, factory)
+
+
+def _check_point(factory: runlock.LendingFactory | None, name: str) -> Callable[[], None]:
+    """The run lock's check point of node ``name`` (nothing without a lock)."""
+    def held() -> None:
+        if factory is not None:
+            factory.ensure_held(name)
+    return held
 
 
 def probe(connections: Mapping[str, Any], venv: str) -> dict[str, stack_sync.NodeStack]:
@@ -143,8 +180,8 @@ def _beside(lock: Path, name: str) -> Path | None:
 
 
 def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
-                 options: ConnectionOptions, *,
-                 progress: Callable[[str], None]) -> tuple[str, list[Any]]:
+                 options: ConnectionOptions, *, progress: Callable[[str], None],
+                 factory: runlock.LendingFactory | None = None) -> tuple[str, list[Any]]:
     """Sync one replica's nodes to its lock at ``path``: ``(lock id, NodeResult per node)``.
 
     Two phases: every node builds and checks its stack (in parallel), and only when all of them
@@ -155,14 +192,18 @@ def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
         replica: the replica. path: its lock file. wheelhouse: a folder of wheels to take
             (None: download the lock's wheels into the controller's cache). options: the
             connection options. progress: receives one line per step of a node's build.
+        factory: the run lock's connection factory (:func:`locked`): each step that writes on
+            a node checks that node's lock first, and every node's before any node switches
+            (a node whose lock was lost fails; then no node switches).
 
     Raises:
         ProvisionError: the lock is unreadable, a node is unreachable or on another target.
+        RunLockLost: the run's lock on a node was lost before the switch (no node switched).
     """
     lock = stack_lock.read_lock(path)
     venv = stack_sync.venv_of(replica)
     target = f"{venv}.stack-{lock.id}"
-    connections = connect(replica, options)
+    connections = connect(replica, options, factory)
     try:
         nodes = probe(connections, venv)
         stack_sync.check_target(lock, nodes)
@@ -177,13 +218,15 @@ def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
         def build(name: str) -> Any:
             try:
                 return stack_sync.build_node(connections[name], nodes[name], lock, wheels,
-                                             venv, progress=progress)
+                                             venv, progress=progress,
+                                             held=_check_point(factory, name))
             except ProvisionError as exc:
                 return stack_sync.NodeResult(name, active=nodes[name].active, error=exc.render())
 
         def switch(result: Any) -> Any:
             try:
-                return stack_sync.switch_node(connections[result.host], result, venv, lock.id)
+                return stack_sync.switch_node(connections[result.host], result, venv, lock.id,
+                                              held=_check_point(factory, result.host))
             except ProvisionError as exc:
                 result.error = exc.render()
                 return result
@@ -192,6 +235,8 @@ def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
             results = list(pool.map(build, nodes))
             broken = [r.host for r in results if r.error]
             if not broken:
+                if factory is not None:  # all or none: every node's lock before any switch
+                    factory.ensure_held(*nodes)
                 return lock.id, list(pool.map(switch, results))
         for result in results:
             if not result.error and result.active != target:
@@ -201,11 +246,14 @@ def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
         close_all(connections)
 
 
-def rollback_replica(replica: Replica, options: ConnectionOptions) -> tuple[bool, list[str]]:
+def rollback_replica(replica: Replica, options: ConnectionOptions,
+                     factory: runlock.LendingFactory | None = None) -> tuple[bool, list[str]]:
     """Point every node's venv back at its previous stack (kept by the last sync), or none.
 
     Every node is probed first: a node without a previous stack refuses the whole replica's
-    rollback before any node changed (a replica on two stacks would mix versions).
+    rollback before any node changed (a replica on two stacks would mix versions). With
+    ``factory`` (the run lock's, :func:`locked`), every node's lock is checked before the first
+    node rolls back, and each node's again just before its own rollback.
 
     Returns:
         ``(failed, lines)``: whether anything failed, and one human line per node (``host:
@@ -213,7 +261,7 @@ def rollback_replica(replica: Replica, options: ConnectionOptions) -> tuple[bool
     """
     venv = stack_sync.venv_of(replica)
     try:
-        connections = connect(replica, options)
+        connections = connect(replica, options, factory)
     except ProvisionError as exc:
         return True, [f"replica {replica.name}: FAILED, nothing rolled back: {exc.render()}"]
     lines: list[str] = []
@@ -225,8 +273,11 @@ def rollback_replica(replica: Replica, options: ConnectionOptions) -> tuple[bool
             return True, [f"replica {replica.name}: FAILED, nothing rolled back: "
                           f"no previous stack is kept beside {venv} on {', '.join(missing)} "
                           "(a sync that switched keeps one)"]
+        if factory is not None:  # all or none: every node's lock before the first change
+            factory.ensure_held(*connections)
         for name, conn in connections.items():
             try:
+                _check_point(factory, name)()
                 answer = stack_sync.run_node(conn, {"action": "rollback", "venv": venv})
             except ProvisionError as exc:
                 failed = True

@@ -75,7 +75,7 @@ class Runner:
         self.variables = VariableResolver(inventory, check_mode=self.options.check_mode)
         self.executor = TaskExecutor(self.state, self.variables, self.connection_factory)
         self.prefetcher = Prefetcher(self.state, self.variables.templar_for,
-                                     self.executor.task_context)
+                                     self.executor.task_context, self.executor.lock_held)
         self.handlers = HandlerQueue(self.state, self.executor.run_handler)
         self.strategy = LinearStrategy(self.state, self.variables, self.executor,
                                        self.prefetcher, self.handlers)

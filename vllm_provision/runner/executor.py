@@ -117,7 +117,36 @@ class TaskExecutor:
             task_name=task.name, no_log=task.no_log, facts=self.variables.facts,
         )
 
+    def ensure_lock_held(self, task: Task, host: Host) -> None:
+        """The run lock's check point before ``task`` may change ``host`` (and its
+        ``delegate_to`` host): the connection factory's ``ensure_held`` when it has one
+        (:class:`vllm_provision.transport.runlock.LendingFactory`; no round trip while the lock
+        is held). A lost lock fails the task, so the host makes no further change in this run.
+
+        Raises:
+            RunLockLost: this run's lock on one of them was lost (docs/security.md, "Run lock").
+        """
+        names = [host.name]
+        if task.delegate_to and task.delegate_to in self.state.inventory.hosts:
+            names.append(task.delegate_to)
+        self._ensure_held(names)
+
+    def lock_held(self, name: str) -> bool:
+        """Whether this run still holds host ``name``'s run lock (True without a lock); for the
+        prefetcher, which runs a task's lead command ahead of the task."""
+        try:
+            self._ensure_held([name])
+        except ProvisionError:
+            return False
+        return True
+
+    def _ensure_held(self, names: list[str]) -> None:
+        ensure = getattr(self.connection_factory, "ensure_held", None)
+        if ensure is not None:
+            ensure(*names)
+
     def _execute(self, play: Play, task: Task, host: Host) -> tuple[ModuleResult, bool]:
+        self.ensure_lock_held(task, host)
         templar = self.variables.templar_for(play, host)
         if task.when and not templar.test(list(task.when), f"{task.where}.when"):
             result = ModuleResult(Status.SKIPPED, "condition false")

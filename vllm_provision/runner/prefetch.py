@@ -237,13 +237,19 @@ class Prefetcher:
         state: the run's shared state (its connections are :class:`PrefetchingConnection`).
         templar_for: ``(play, host) -> Templar`` (``variables.VariableResolver.templar_for``).
         context_for: builds a task's context (``executor.TaskExecutor.task_context``).
+        lock_held: host name -> whether this run still holds its run lock
+            (``executor.TaskExecutor.lock_held``): a lead command is a change, so a host whose
+            lock was lost gets no batch (its task then runs live and fails at the executor's
+            check point, docs/security.md "Run lock"). None: no lock.
     """
 
     def __init__(self, state: RunState, templar_for: Callable[[Play, Host], Templar],
-                 context_for: ContextFor) -> None:
+                 context_for: ContextFor,
+                 lock_held: Callable[[str], bool] | None = None) -> None:
         self.state = state
         self.templar_for = templar_for
         self.context_for = context_for
+        self.lock_held = lock_held
         self._no_prefetch: set[str] = set()  # hosts that changed or failed in this play batch
         self._ahead: dict[str, list[str]] = {}  # host -> lead commands of its last batch
 
@@ -263,6 +269,8 @@ class Prefetcher:
                 commands = []
             if play.handlers:
                 commands.insert(0, handlers_state.read_script(self.state.options.pending_dir))
+            if not self._may_lead(host.name):
+                return
             try:
                 conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
             except UnreachableError:
@@ -286,10 +294,17 @@ class Prefetcher:
         if len(commands) < 2:
             conn.ran_live = False  # one read costs the same live; look again after the next
             return
+        if not self._may_lead(host.name):
+            return
         try:
             conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
         except UnreachableError:
             conn.drop()
+
+    def _may_lead(self, name: str) -> bool:
+        """Whether host ``name``'s batch may run: always when it has no lead command (reads
+        only), else only while this run holds the host's run lock."""
+        return not self._ahead.get(name) or self.lock_held is None or self.lock_held(name)
 
     def drop(self, hosts: Sequence[Host] | Sequence[str]) -> None:
         """Forget the prefetched answers of ``hosts`` (host objects or names) and batch nothing

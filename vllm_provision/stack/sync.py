@@ -341,9 +341,14 @@ def push_file(conn: Any, source: Path, folder: str, name: str, digest: str) -> N
                                     fix="check the disk and the connection, then run sync again")
 
 
+def _no_check() -> None:
+    """No run lock to check (the default of :func:`build_node` and :func:`switch_node`)."""
+
+
 def build_node(conn: Any, node: NodeStack, lock: Lock,
                wheels: Mapping[str, Wheel], venv: str,
-               progress: Callable[[str], None] = lambda _line: None) -> NodeResult:
+               progress: Callable[[str], None] = lambda _line: None,
+               held: Callable[[], None] = _no_check) -> NodeResult:
     """Clean up, push the wheels the node lacks, build and check the stack; switch nothing.
 
     Every step is safe to interrupt: the next run removes partial files and folders
@@ -352,19 +357,22 @@ def build_node(conn: Any, node: NodeStack, lock: Lock,
     Args:
         conn: the node's connection; node: its probe; lock: the parsed lock (the node gets
         :func:`node_requirements`); wheels: the lock's wheels by name; venv: ``vllm_venv``;
-        progress: a line printer.
+        progress: a line printer; held: the run lock's check point, called before each step
+        that writes on the node (raises when the run's lock on it was lost).
 
     Returns:
         A :class:`NodeResult` (``active`` still the old stack).
 
     Raises:
-        ProvisionError: not enough disk, a push or the build failed, or the host was lost.
+        ProvisionError: not enough disk, a push or the build failed, or the host was lost;
+            RunLockLost (from ``held``): the run's lock on the node was lost.
     """
     result = NodeResult(conn.name, active=node.active, before=node.active)
     stack_id = lock.id
     target = f"{venv}.stack-{stack_id}"
     if node.active == target and node.active_complete:
         return result
+    held()
     run_node(conn, {"action": "cleanup", "venv": venv})
     store = f"{venv}.wheels/sha256"
     need = disk_need({w.sha256: w.size for w in wheels.values()}, node.wheels, False)
@@ -382,6 +390,7 @@ def build_node(conn: Any, node: NodeStack, lock: Lock,
         if wheel.sha256 in node.wheels:
             continue
         progress(f"{conn.name}: pushing {wheel.path.name}")
+        held()
         push_file(conn, wheel.path, store, wheel.sha256, wheel.sha256)
         result.pushed += 1
         result.pushed_bytes += wheel.size
@@ -390,10 +399,12 @@ def build_node(conn: Any, node: NodeStack, lock: Lock,
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write(pins_text)
     try:
+        held()
         push_file(conn, Path(handle.name), f"{venv}.wheels", f"lock-{stack_id}.txt", lock_digest)
     finally:
         os.unlink(handle.name)
     progress(f"{conn.name}: building {target}")
+    held()
     installed = run_node(conn, {
         "action": "install", "venv": venv, "stack": stack_id,
         "wheels": [[w.sha256, w.path.name] for w in wheels.values()],
@@ -414,22 +425,27 @@ def node_requirements(lock: Lock) -> str:
                    for p in sorted(lock.pins.values(), key=lambda p: p.name))
 
 
-def switch_node(conn: Any, result: NodeResult, venv: str, stack_id: str) -> NodeResult:
+def switch_node(conn: Any, result: NodeResult, venv: str, stack_id: str,
+                held: Callable[[], None] = _no_check) -> NodeResult:
     """Point the node's venv at the built stack ``stack_id`` (one rename(2)), then prune.
 
     Args:
         conn: the node's connection; result: what :func:`build_node` returned for it (updated
-        and returned); venv: ``vllm_venv``; stack_id: :func:`lock_id` of the lock.
+        and returned); venv: ``vllm_venv``; stack_id: :func:`lock_id` of the lock; held: the
+        run lock's check point, called before the switch and before the pruning.
 
     Raises:
-        ProvisionError: the stack is not complete, or the host was lost.
+        ProvisionError: the stack is not complete, or the host was lost; RunLockLost (from
+            ``held``): the run's lock on the node was lost.
     """
     target = f"{venv}.stack-{stack_id}"
     if result.active == target:
         return result
+    held()
     switched = run_node(conn, {"action": "switch", "venv": venv, "stack": stack_id})
     result.switched = bool(switched.get("switched"))
     result.active = str(switched.get("active", target))
+    held()
     run_node(conn, {"action": "cleanup", "venv": venv, "keep_complete": False})
     return result
 

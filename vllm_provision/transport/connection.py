@@ -574,9 +574,12 @@ def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
     return connections, errors
 
 
-def open_all(hosts: Iterable[Host], options: ConnectionOptions) -> dict[str, HostConnection]:
+def open_all(hosts: Iterable[Host], options: ConnectionOptions,
+             factory: Callable[[Host], HostConnection] | None = None,
+             ) -> dict[str, HostConnection]:
     """Open one connection per host, or none: the commands that need every node of a replica
-    (bench, fault, stack) use it.
+    (bench, fault, stack) use it; ``factory`` as :func:`open_connections` (the run lock's, for a
+    command that changes the hosts).
 
     Returns:
         The open connections by host name.
@@ -585,7 +588,7 @@ def open_all(hosts: Iterable[Host], options: ConnectionOptions) -> dict[str, Hos
         ProvisionError: a host cannot be reached (every host's reason, one problem each); the
             connections that did open are closed.
     """
-    connections, errors = open_connections(hosts, options)
+    connections, errors = open_connections(hosts, options, factory)
     if errors:
         close_all(connections)
         raise ProvisionError([p for e in errors.values() for p in e.problems])

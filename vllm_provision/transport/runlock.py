@@ -1,10 +1,11 @@
 """The run lock: one changing ``provision`` run per host at a time.
 
-``up``, ``restart``, ``down`` and ``play`` (and their ``--check``, as Terraform's ``plan`` takes
-the state lock by default: a dry run next to a real one would report a half-changed host) hold,
-on every host they may touch, an exclusive ``flock(2)`` on ``/var/lib/vllm-provision/run.lock``
-for the whole command, the state record included. Read-only commands (``check``, ``facts``,
-``status``, ``drift``) take no lock.
+Every command that changes a host holds, on every host it may touch, an exclusive ``flock(2)``
+on ``/var/lib/vllm-provision/run.lock`` for the whole command, the state record included:
+``up``, ``restart``, ``down``, ``upgrade`` and ``play`` (and their ``--check``, as Terraform's
+``plan`` takes the state lock by default: a dry run next to a real one would report a
+half-changed host), ``stack sync``, ``stack rollback`` and ``fault``. Read-only commands
+(``check``, ``facts``, ``status``, ``drift``, ``stack status``, ``stack lock``) take no lock.
 
 How it is held: on each host, over the run's own SSH connection (a second channel: no extra
 handshake), one ``bash`` process takes the lock with ``flock -n`` and keeps it while it waits
@@ -24,8 +25,18 @@ and command. A run that finds the lock taken exits 1 at once and prints it. A ho
 behind by a holder that did not release (the last two cases) marks a stale lock: the next run
 takes the lock over and warns, naming the run that vanished.
 
+A lost lock stops the run's changes on that host (docs/security.md, "Run lock"): the holder
+answers each heartbeat line with ``beat``, and the controller notes when it sent the last line
+that was answered. Before each change (a playbook task, a stack step, a fault) the run checks,
+with no round trip (:meth:`RunLock.ensure_held`), that the host's holder process is still
+running and that this answered line was sent less than :data:`LOST_AFTER_S` seconds ago; the
+holder keeps the lock for :data:`GIVE_UP_S` seconds after the last line it read, so a change
+starts with at least ``GIVE_UP_S - LOST_AFTER_S`` seconds of lock left. Otherwise
+:class:`RunLockLost` names the host, when the lock was lost and what to do.
+
 Cost: one command per host when the run starts (parallel, on connections the run opens
-anyway) and one at the end, plus a heartbeat line every 10 s on an open channel.
+anyway) and one at the end, plus a heartbeat line every 10 s on an open channel and its
+five-byte answer.
 """
 
 from __future__ import annotations
@@ -36,14 +47,15 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Host
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import shell_quote
@@ -54,6 +66,11 @@ LOCK_FILE = f"{STATE_DIR}/run.lock"
 HOLDER_FILE = f"{STATE_DIR}/run.lock.holder"
 HEARTBEAT_S = 10.0
 GIVE_UP_S = 60
+# A run makes no further change on a host once the last heartbeat line the holder answered was
+# sent this long ago (three heartbeats missed): half of GIVE_UP_S, so that a change that starts
+# just inside the bound still has GIVE_UP_S - LOST_AFTER_S seconds of lock left.
+LOST_AFTER_S = 30.0
+_POLL_S = 1.0  # how often the heartbeat thread reads the holders' answers (no network traffic)
 _ANSWER_TIMEOUT_S = 30.0
 
 # $1: the state folder, $2: this run's holder line (JSON), $3: seconds without a heartbeat
@@ -70,7 +87,8 @@ _SCRIPT = "; ".join((  # one line: a quoted shell word holds no line break (quot
     "mv -f -- \"$dir/run.lock.holder.tmp\" \"$dir/run.lock.holder\"",
     "printf 'LOCKED\\n%s\\nEND\\n' \"$stale\"",
     "while IFS= read -r -t \"$wait\" line; do if [ \"$line\" = release ]; then "
-    "rm -f -- \"$dir/run.lock.holder\"; printf 'RELEASED\\n'; exit 0; fi; done",
+    "rm -f -- \"$dir/run.lock.holder\"; printf 'RELEASED\\n'; exit 0; fi; "
+    "printf 'beat\\n'; done",
     "exit 0",
 ))
 
@@ -127,15 +145,72 @@ class RunLockError(ProvisionError):
     """Another run holds the lock of at least one host (exit status 1); nothing was changed."""
 
 
+class RunLockLost(ProvisionError):
+    """This run's lock on a host was lost while the run went on (:meth:`RunLock.ensure_held`):
+    the run makes no further change on that host (exit status 1)."""
+
+
+def _stamp(wall: float) -> str:
+    """A wall-clock time as ISO 8601 UTC to the second (``2025-01-01T12:00:31Z``)."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Beat:
+    """One host's heartbeat bookkeeping, shared by the heartbeat thread and the check points.
+
+    Attributes:
+        channel: the holder process's channel.
+        confirmed / confirmed_wall: the monotonic and wall-clock time at which the controller
+            sent the last line the holder answered (at first: when the holder was started).
+        sent: the (monotonic, wall) send times of the lines not answered yet, oldest first.
+        pending: answer bytes read but not yet a whole line.
+        send_error: why the last heartbeat could not be sent ("" when it was).
+        lost: why the lock counts as lost ("" while held; once set it stays).
+        lost_wall: when it was lost (wall clock). other: the holder file's run when it names
+            another run (read once, when the loss is reported), else None.
+    """
+
+    channel: Any
+    confirmed: float
+    confirmed_wall: float
+    sent: deque[tuple[float, float]] = field(default_factory=deque)
+    pending: bytes = b""
+    send_error: str = ""
+    lost: str = ""
+    lost_wall: float = 0.0
+    other: Holder | None = None
+    other_read: bool = False
+
+
 class RunLock:
     """The run lock held on a set of hosts; see the module docstring.
 
     Args:
         channels: host name -> the paramiko channel of that host's holder process.
+        connections: host name -> the connection each channel runs on (to name the run that
+            holds a lost lock now; optional).
+        started: host name -> the monotonic time its holder was started (default: now).
+        me: this run's holder line (default: :func:`this_run` of ``"?"``).
+        state_dir: the folder of the lock and holder files.
+        clock: the monotonic clock, seconds (tests move it).
     """
 
-    def __init__(self, channels: Mapping[str, Any]) -> None:
+    def __init__(self, channels: Mapping[str, Any], *,
+                 connections: Mapping[str, Any] | None = None,
+                 started: Mapping[str, float] | None = None, me: Holder | None = None,
+                 state_dir: str = STATE_DIR, clock: Callable[[], float] = time.monotonic,
+                 ) -> None:
         self.channels = dict(channels)
+        self._connections = dict(connections or {})
+        self._me = me
+        self._state_dir = state_dir
+        self._clock = clock
+        self._guard = threading.Lock()
+        now, wall = clock(), time.time()
+        self._beats = {name: _Beat(channel, (started or {}).get(name, now),
+                                   wall - (now - (started or {}).get(name, now)))
+                       for name, channel in self.channels.items()}
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="run-lock-heartbeat",
                                       daemon=True)
@@ -144,15 +219,17 @@ class RunLock:
 
     @classmethod
     def acquire(cls, connections: Mapping[str, Any], command: str,
-                warn: Callable[[str], None], state_dir: str = STATE_DIR) -> RunLock:
+                warn: Callable[[str], None], state_dir: str = STATE_DIR,
+                clock: Callable[[], float] = time.monotonic) -> RunLock:
         """Take the lock on every host of ``connections`` at once (in parallel).
 
         Args:
             connections: open connections by host name (root, or ``become``, is needed to
                 write ``/var/lib/vllm-provision``).
-            command: the provision command, for the holder file (``up``).
+            command: the provision command, for the holder file (``up``, ``stack sync``).
             warn: called with one line per stale lock taken over.
             state_dir: the folder of the lock file (tests use a temporary one).
+            clock: the monotonic clock of the heartbeat bookkeeping (tests move it).
 
         Raises:
             RunLockError: a host's lock is held by another run (each such host is named with
@@ -164,9 +241,11 @@ class RunLock:
                            "started": me.started, "command": me.command})
         script = (f"bash -c {shell_quote(_SCRIPT)} vllm-provision-lock "
                   f"{shell_quote(state_dir)} {shell_quote(line)} {GIVE_UP_S}")
+        started: dict[str, float] = {}
 
         def one(name: str) -> tuple[str, Any, str, str]:
             try:
+                started[name] = clock()  # the holder's first read -t starts after this
                 channel = connections[name].start(script, timeout_s=_ANSWER_TIMEOUT_S)
                 answer = _read_answer(channel)
             except (UnreachableError, OSError, EOFError) as exc:
@@ -178,7 +257,8 @@ class RunLock:
         with ThreadPoolExecutor(max_workers=max(1, min(len(names), 32))) as pool:
             answers = list(pool.map(one, names)) if names else []
         held = {name: channel for name, channel, state, _ in answers if state == "LOCKED"}
-        lock = cls(held)
+        lock = cls(held, connections=connections, started=started, me=me,
+                   state_dir=state_dir, clock=clock)
         problems = []
         for name, _channel, state, rest in answers:
             if state == "LOCKED":
@@ -197,13 +277,132 @@ class RunLock:
             raise RunLockError(problems)
         return lock
 
+    # -- the heartbeat thread --------------------------------------------------------------------
+
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            for channel in list(self.channels.values()):
-                try:
-                    channel.sendall(b"\n")
-                except Exception:  # noqa: BLE001 - a lost host shows in the run's own results
-                    continue
+        """Every :data:`_POLL_S`: read the holders' answers and notice a holder that ended;
+        every :data:`HEARTBEAT_S`: send each holder a heartbeat line."""
+        next_beat = self._clock() + HEARTBEAT_S
+        while not self._stop.wait(_POLL_S):
+            now = self._clock()
+            send = now >= next_beat
+            if send:
+                next_beat = now + HEARTBEAT_S
+            for name in list(self.channels):
+                beat = self._beats.get(name)
+                if beat is not None and not beat.lost:
+                    self._tend(beat, send)
+
+    def _tend(self, beat: _Beat, send: bool) -> None:
+        channel = beat.channel
+        try:
+            while channel.recv_ready():
+                data = channel.recv(4096)
+                if not data:
+                    break
+                beat.pending += data
+        except Exception:  # noqa: BLE001 - a lost channel shows as a holder that ended
+            pass
+        answered = beat.pending.count(b"beat\n")
+        if answered:
+            beat.pending = beat.pending.rpartition(b"beat\n")[2]
+            with self._guard:
+                for _ in range(min(answered, len(beat.sent))):
+                    beat.confirmed, beat.confirmed_wall = beat.sent.popleft()
+        if _holder_ended(channel):
+            self._mark_lost(beat, self._ended_reason())
+            return
+        if send:
+            try:
+                sent = (self._clock(), time.time())
+                channel.sendall(b"\n")
+                with self._guard:
+                    beat.sent.append(sent)
+                beat.send_error = ""
+            except Exception as exc:  # noqa: BLE001 - the bound decides whether it matters
+                beat.send_error = str(exc) or type(exc).__name__
+
+    def _mark_lost(self, beat: _Beat, reason: str, wall: float | None = None) -> None:
+        with self._guard:
+            if not beat.lost:
+                beat.lost, beat.lost_wall = reason, time.time() if wall is None else wall
+
+    @staticmethod
+    def _ended_reason() -> str:
+        return (f"its holder process on the host ended (it gives the lock up {GIVE_UP_S} s "
+                "after the last heartbeat it received, and when the connection drops or the "
+                "host restarts), so any other run may take the lock")
+
+    # -- the check point -------------------------------------------------------------------------
+
+    def lost_problem(self, name: str) -> Problem | None:
+        """Why this run's lock on host ``name`` is lost, or None while it is held (or ``name``
+        is not a host of this lock, or the lock was released). No round trip while the lock is
+        held; when it is lost, one short read of the holder file names the run that holds it
+        now (once per host).
+
+        The rule (docs/security.md, "Run lock"): lost when the host's holder process ended, or
+        when the last heartbeat line the holder answered was sent more than
+        :data:`LOST_AFTER_S` seconds ago. Once lost, a host's lock stays lost for this run.
+        """
+        beat = self._beats.get(name)
+        if beat is None or name not in self.channels:
+            return None
+        if not beat.lost:
+            now = self._clock()
+            if _holder_ended(beat.channel):
+                self._mark_lost(beat, self._ended_reason())
+            elif now - beat.confirmed > LOST_AFTER_S:
+                failed = f"; sending it failed: {beat.send_error}" if beat.send_error else ""
+                self._mark_lost(beat, (
+                    f"no heartbeat was answered for {now - beat.confirmed:.0f} s (the bound is "
+                    f"{LOST_AFTER_S:g} s; the last answered one was sent at "
+                    f"{_stamp(beat.confirmed_wall)}{failed}); the host frees the lock "
+                    f"{GIVE_UP_S} s after the last heartbeat it received"),
+                    wall=beat.confirmed_wall + LOST_AFTER_S)
+        if not beat.lost:
+            return None
+        if not beat.other_read:
+            beat.other_read = True
+            beat.other = self._other_holder(name)
+        now_held = (f"; the host's lock now names another run: {beat.other.describe()}"
+                    if beat.other is not None else "")
+        return Problem(
+            name, f"this run lost its run lock on this host at {_stamp(beat.lost_wall)}: "
+                  f"{beat.lost}{now_held}; nothing more is changed on {name}",
+            fix=f"{name} may be in the middle of a change: look at it (`provision status`, "
+                "`provision drift`), wait until no other run holds its lock, then rerun this "
+                "command; if the connection to it is unstable, fix that first")
+
+    def ensure_held(self, *names: str) -> None:
+        """The check point before a change on hosts ``names``: return when this run still
+        holds each one's lock (:meth:`lost_problem`), else raise.
+
+        Raises:
+            RunLockLost: one problem per host whose lock was lost.
+        """
+        problems = [p for name in names if (p := self.lost_problem(name)) is not None]
+        if problems:
+            raise RunLockLost(problems)
+
+    def _other_holder(self, name: str) -> Holder | None:
+        """The run the host's holder file names when it is not this one (one short read;
+        None when it cannot be read, names no run, or names this one)."""
+        conn = self._connections.get(name)
+        if conn is None:
+            return None
+        try:
+            result = conn.run(f"cat -- {shell_quote(self._state_dir + '/run.lock.holder')}",
+                              timeout_s=5)
+            holder = Holder.parse(result.stdout or "")
+        except Exception:  # noqa: BLE001 - only a detail of the message; the host may be down
+            return None
+        me = self._me
+        if holder is None or (me is not None and (holder.controller, holder.pid,
+                                                  holder.started) ==
+                              (me.controller, me.pid, me.started)):
+            return None
+        return holder
 
     def release(self) -> None:
         """Release every host's lock (idempotent): ``release``, then wait briefly for the
@@ -226,6 +425,13 @@ class RunLock:
                 list(pool.map(one, channels.values()))
 
 
+def _holder_ended(channel: Any) -> bool:
+    """Whether the holder process behind ``channel`` ended (its exit status came back, or the
+    channel closed): local state of the channel, no round trip."""
+    event = getattr(channel, "status_event", None)
+    return bool((event is not None and event.is_set()) or getattr(channel, "closed", False))
+
+
 def _read_answer(channel: Any) -> str:
     """Read the holder script's first answer: up to ``END`` or until the channel ends."""
     channel.settimeout(_ANSWER_TIMEOUT_S)
@@ -242,8 +448,6 @@ def _read_answer(channel: Any) -> str:
 
 
 def _problem(name: str, state: str, rest: str) -> Any:
-    from vllm_provision.core.errors import Problem
-
     if state == "BUSY":
         holder = Holder.parse(rest)
         who = holder.describe() if holder else "another provision run (its holder file is " \
@@ -293,21 +497,50 @@ class _Unreachable:
         raise self._error
 
 
+class LendingFactory:
+    """A connection factory for :class:`~vllm_provision.runner.engine.Runner` (and for any
+    command that needs its hosts' connections) that lends the connections a command already
+    opened, and carries the run lock's check point.
+
+    Args:
+        opened: host name -> an open connection, one per host for the whole command, closed by
+            its owner, not by the borrower.
+        errors: host name -> the first attempt's error: repeated without a second wait.
+        options: the connection options of a host in neither (a new connection).
+        lock: the run lock held on these hosts, or None (a read-only command).
+    """
+
+    def __init__(self, opened: Mapping[str, HostConnection],
+                 errors: Mapping[str, UnreachableError], options: ConnectionOptions,
+                 lock: RunLock | None = None) -> None:
+        self.opened = opened
+        self.errors = errors
+        self.options = options
+        self.lock = lock
+
+    def __call__(self, host: Host) -> Any:
+        """The connection object for ``host`` (its ``open()`` connects or raises)."""
+        if host.name in self.opened:
+            return _Shared(self.opened[host.name])
+        if host.name in self.errors:
+            return _Unreachable(self.errors[host.name])
+        return HostConnection(host, self.options)
+
+    def ensure_held(self, *names: str) -> None:
+        """The check point before a change on hosts ``names`` (:meth:`RunLock.ensure_held`;
+        nothing without a lock).
+
+        Raises:
+            RunLockLost: this run's lock on one of them was lost.
+        """
+        if self.lock is not None:
+            self.lock.ensure_held(*names)
+
+
 def lending_factory(opened: Mapping[str, HostConnection], errors: Mapping[str, UnreachableError],
-                    options: ConnectionOptions) -> Callable[[Host], Any]:
-    """A connection factory for :class:`~vllm_provision.runner.engine.Runner` that lends the
-    connections a command already opened (``opened``: one per host for the whole command,
-    closed by their owner, not by the runner), repeats the first attempt's error for a host in
-    ``errors`` without a second wait, and opens a new connection for any other host."""
-
-    def factory(host: Host) -> Any:
-        if host.name in opened:
-            return _Shared(opened[host.name])
-        if host.name in errors:
-            return _Unreachable(errors[host.name])
-        return HostConnection(host, options)
-
-    return factory
+                    options: ConnectionOptions) -> LendingFactory:
+    """A :class:`LendingFactory` without a run lock (read-only commands: ``drift``)."""
+    return LendingFactory(opened, errors, options)
 
 
 def hosts_of_plays(inventory: Any, plays: Sequence[Any], limit: str | None) -> list[Host]:
@@ -321,22 +554,25 @@ def hosts_of_plays(inventory: Any, plays: Sequence[Any], limit: str | None) -> l
 
 @contextmanager
 def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
-               warn: Callable[[str], None]) -> Iterator[Callable[[Host], Any]]:
+               warn: Callable[[str], None]) -> Iterator[LendingFactory]:
     """Open the run's connections, take the run lock on ``hosts`` and yield a connection
-    factory for :class:`~vllm_provision.runner.engine.Runner` (and the state record) that lends
-    those connections; release the lock and close them when the block ends.
+    factory (:class:`LendingFactory`) that lends those connections and checks the lock before
+    each change (``ensure_held``); release the lock and close them when the block ends. Every
+    command that changes a host takes its lock here (``up``, ``down``, ``restart``,
+    ``upgrade``, ``play``, ``stack sync``, ``stack rollback``, ``fault``).
 
     Args:
         hosts: every host the command may touch (the lock is per host, so two runs conflict
-            exactly when their host sets overlap).
+            exactly when their host sets overlap; a host named twice is locked once).
         options: the run's connection options.
-        command: the provision command, for the holder file.
+        command: the provision command, for the holder file (``up``, ``stack sync``).
         warn: receives one line per stale lock taken over.
 
     Raises:
         RunLockError: a host's lock is held by another run (before anything was changed).
     """
-    opened, errors = open_connections(list(hosts), options)
+    unique = list({host.name: host for host in hosts}.values())
+    opened, errors = open_connections(unique, options)
     try:
         lock = RunLock.acquire(opened, command, warn)
     except BaseException:
@@ -344,7 +580,7 @@ def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
         raise
 
     try:
-        yield lending_factory(opened, errors, options)
+        yield LendingFactory(opened, errors, options, lock)
     finally:
         lock.release()
         close_all(opened)
