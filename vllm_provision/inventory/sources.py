@@ -99,9 +99,9 @@ def _add_file(tree: Tree, path: Path, problems: Problems, *, in_directory: bool)
         if not ini_problems:
             add_ini(tree, path, text, problems)
             return True
-        problems.items.extend(ini_problems.items)  # an INI file: never a YAML parser error
+        problems.extend(ini_problems)  # an INI file: never a YAML parser error
         return False
-    problems.items.extend(yaml_problems.items)
+    problems.extend(yaml_problems)
     return False
 
 
