@@ -20,6 +20,8 @@ from vllm_provision.inventory.source import Problems
 
 MAX_FOLDERS = 1000
 """The most folders one walk enters (links included): far above any inventory layout."""
+Place = tuple[frozenset[str], str]
+"""Where a walk is: the real paths of the folders it is inside, and that of the innermost."""
 _LOOP_FIX = ("remove the symbolic link, or point it at a folder outside the inventory folder "
              "(a link may not lead back to a folder that holds it)")
 
@@ -50,17 +52,22 @@ class FolderWalk:
         self.what = what
         self.entered = 0
         self.full = False
-        self.root_chain = frozenset({os.path.realpath(root)})
+        real = os.path.realpath(root)
+        self.root: Place = (frozenset({real}), real)
 
-    def enter(self, folder: Path, chain: frozenset[str]) -> frozenset[str] | None:
-        """Check that the walk may go into ``folder``, a sub-folder of the folders whose real
-        paths are ``chain``.
+    def enter(self, folder: Path, above: Place) -> Place | None:
+        """Check that the walk may go into ``folder``, a sub-folder of the folder ``above``
+        (the real paths of the folders the walk is inside, and the real path of the last).
 
         Returns:
-            the chain with ``folder``'s real path added, or None when ``folder`` is refused (a
-            loop, or more than :data:`MAX_FOLDERS` folders entered; the problem is recorded).
+            the place of ``folder``, or None when it is refused (a loop, or more than
+            :data:`MAX_FOLDERS` folders entered; the problem is recorded).
         """
-        real = os.path.realpath(folder)
+        chain, parent = above
+        # only a link needs resolving: a plain folder's real path is its parent's plus its name
+        # (resolving every one would cost a deep tree the square of its depth)
+        real = os.path.realpath(folder) if folder.is_symlink() else os.path.join(parent,
+                                                                                 folder.name)
         if real in chain:
             self.problems.add(str(folder), f"symbolic link loop in the {self.what}: this folder "
                               f"is {real}, which holds it", fix=_LOOP_FIX)
@@ -74,7 +81,7 @@ class FolderWalk:
                                       "again, or flatten the folder")
             self.full = True
             return None
-        return chain | {real}
+        return chain | {real}, real
 
     def loop(self, path: Path) -> bool:
         """True, with a problem recorded, when ``path`` is a symbolic link that loops

@@ -86,8 +86,9 @@ def _parse_range(name: str, text: str) -> _Range:
     for what, value in (("start", start), ("end", end), ("step", step_text)):
         if _NUMBER_RE.match(value) and len(value) > MAX_RANGE_DIGITS:
             raise HostRangeError(
-                f"{_show(name)}: the range [{text[:40]}...] has a {what} of {len(value)} digits, "
-                f"more than {MAX_RANGE_DIGITS} (no host name holds a longer number)", RANGE_FIX)
+                f"{_show(name)}: the {what} of the range [{text[:40]}...] has {len(value)} "
+                f"digits, more than {MAX_RANGE_DIGITS} (no host name holds a longer number)",
+                RANGE_FIX)
     step = max(int(step_text), 1)
     if _NUMBER_RE.match(start) and _NUMBER_RE.match(end):
         first, last = int(start), int(end)

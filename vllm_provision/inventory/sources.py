@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from vllm_provision.inventory.folders import FolderWalk, link_loop
+from vllm_provision.inventory.folders import FolderWalk, Place, link_loop
 from vllm_provision.inventory.ini import add_ini, looks_like_ini
 from vllm_provision.inventory.source import Problems, read_text, read_yaml
 from vllm_provision.inventory.tree import Tree, add_yaml, finish_tree
@@ -50,21 +50,21 @@ def inventory_files(path: Path, problems: Problems) -> list[Path]:
     found: list[Path] = []
     walk_state = FolderWalk(path, problems, "inventory folder")
     # depth first, each folder in sorted order, without recursion (a deep tree of folders must
-    # not exhaust Python's stack): a stack of (entries left, real paths of the folders above)
-    stack: list[tuple[list[Path], frozenset[str]]] = []
+    # not exhaust Python's stack): a stack of (entries left, the folder's place)
+    stack: list[tuple[list[Path], Place]] = []
 
-    def push(folder: Path, chain: frozenset[str]) -> None:
+    def push(folder: Path, place: Place) -> None:
         try:
             names = sorted(os.listdir(folder))
         except OSError as exc:
             problems.add(str(folder), f"the inventory folder cannot be read: {exc.strerror}",
                          fix="check its permissions")
             return
-        stack.append(([folder / n for n in reversed(names) if not ignored(n)], chain))
+        stack.append(([folder / n for n in reversed(names) if not ignored(n)], place))
 
-    push(path, walk_state.root_chain)
+    push(path, walk_state.root)
     while stack:
-        entries, chain = stack[-1]
+        entries, place = stack[-1]
         if not entries:
             stack.pop()
             continue
@@ -72,7 +72,7 @@ def inventory_files(path: Path, problems: Problems) -> list[Path]:
         if walk_state.loop(entry):
             continue
         if entry.is_dir():
-            inner = walk_state.enter(entry, chain)
+            inner = walk_state.enter(entry, place)
             if inner is not None:
                 push(entry, inner)
         elif len(found) < MAX_FILES:

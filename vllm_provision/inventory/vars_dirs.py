@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from vllm_provision.inventory.folders import FolderWalk, link_loop
+from vllm_provision.inventory.folders import FolderWalk, Place, link_loop
 from vllm_provision.inventory.source import Problems, Setting, read_yaml
 from vllm_provision.settings import variables
 
@@ -26,12 +26,12 @@ def _dir_files(folder: Path, walk: FolderWalk) -> list[Path]:
     """``DataLoader._get_dir_vars_files``: sorted per level, recursing into folders that have
     no extension; depth first without recursion, symbolic link loops refused (``walk``)."""
     found: list[Path] = []
-    chain = walk.enter(folder, walk.root_chain)
-    if chain is None:
+    place = walk.enter(folder, walk.root)
+    if place is None:
         return found
-    stack: list[tuple[list[Path], frozenset[str]]] = []
+    stack: list[tuple[list[Path], Place]] = []
 
-    def push(current: Path, chain: frozenset[str]) -> None:
+    def push(current: Path, place: Place) -> None:
         try:
             names = sorted(p.name for p in current.iterdir())
         except OSError as exc:
@@ -39,11 +39,11 @@ def _dir_files(folder: Path, walk: FolderWalk) -> list[Path]:
                               fix="check its permissions")
             return
         stack.append(([current / n for n in reversed(names)
-                       if not n.startswith(".") and not n.endswith("~")], chain))
+                       if not n.startswith(".") and not n.endswith("~")], place))
 
-    push(folder, chain)
+    push(folder, place)
     while stack:
-        entries, chain = stack[-1]
+        entries, place = stack[-1]
         if not entries:
             stack.pop()
             continue
@@ -52,7 +52,7 @@ def _dir_files(folder: Path, walk: FolderWalk) -> list[Path]:
             continue
         extension = os.path.splitext(entry.name)[1]
         if entry.is_dir() and not extension:
-            inner = walk.enter(entry, chain)
+            inner = walk.enter(entry, place)
             if inner is not None:
                 push(entry, inner)
         elif entry.is_file() and extension in EXTENSIONS:
