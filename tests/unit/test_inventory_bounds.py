@@ -48,7 +48,8 @@ def test_a_21_digit_range_end_in_ini_names_file_line_group_and_range(tmp_path: P
 
 def test_range_ends_longer_than_a_dns_label_are_refused_before_int() -> None:
     end = "9" * 5000  # int() of it would raise "exceeds the limit for integer string conversion"
-    with pytest.raises(ranges.HostRangeError, match="the end of the range .* has 5000 digits, more than 63"):
+    with pytest.raises(ranges.HostRangeError,
+                       match="the end of the range .* has 5000 digits, more than 63"):
         ranges.parse_host_pattern(f"h[1:{end}]")
     with pytest.raises(ranges.HostRangeError, match="the step of the range .* has 64 digits"):
         ranges.parse_host_pattern(f"h[1:9:{'1' * 64}]")
