@@ -161,6 +161,21 @@ def test_problems_are_collected_with_linear_comparisons(monkeypatch) -> None:
     assert calls[0] <= 2 * count, calls[0]  # the list scan took ~count**2 = 25M
 
 
+def test_groups_and_memberships_are_capped(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tree, "MAX_GROUPS", 50)
+    many = tmp_path / "groups.ini"
+    many.write_text("[base]\nh[1:5]\n" + "".join(f"[g{i}:children]\nbase\n" for i in range(60)))
+    text = _error(many)
+    assert "the inventory defines more than 50 groups (group 'g47' would be number 51)" in text
+    monkeypatch.setattr(tree, "MAX_GROUPS", 10_000)
+    monkeypatch.setattr(tree, "MAX_MEMBERSHIPS", 200)  # 5 hosts x (base, g0..g59, all) = 310
+    assert "the hosts' group memberships pass 200" in _error(many)
+    monkeypatch.setattr(tree, "MAX_MEMBERSHIPS", 310)
+    inventory = load_inventory(many)
+    assert len(inventory.hosts["h5"].groups) == 62
+    assert [h.name for h in select_hosts(inventory, "g5*")] == [f"h{i}" for i in range(1, 6)]
+
+
 def test_a_deep_chain_of_ini_groups_neither_recurses_nor_loops(tmp_path: Path) -> None:
     path = tmp_path / "hosts.ini"
     path.write_text("[g0]\nh1\n" + "".join(f"[g{i}:children]\ng{i - 1}\n" for i in range(1, 3000)))
@@ -246,11 +261,15 @@ def test_links_that_fan_out_are_bounded_by_the_folder_cap(tmp_path: Path, monkey
 
 def test_a_deep_folder_tree_is_walked_without_recursion(tmp_path: Path) -> None:
     folder = _inventory_folder(tmp_path)
-    deep = folder
+    made = [folder]
     for _ in range(folders.MAX_FOLDERS + 5):  # deeper than Python's recursion limit (1000)
-        deep = deep / "d"
-        deep.mkdir()
-    assert f"more than {folders.MAX_FOLDERS} folders" in _error(folder)
+        made.append(made[-1] / "d")
+        made[-1].mkdir()
+    try:
+        assert f"more than {folders.MAX_FOLDERS} folders" in _error(folder)
+    finally:  # shutil.rmtree (pytest's clean-up) recurses once per level: remove them here
+        for level in reversed(made[1:]):
+            level.rmdir()
 
 
 # --- -l patterns: ~regex without catastrophic backtracking ------------------------------
@@ -299,6 +318,7 @@ def test_a_very_long_pattern_is_refused(long_names) -> None:  # noqa: ANN001
         select_hosts(long_names, ",".join(["gpu-1"] * 1000))
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # re's "possible nested set" on '[['
 @settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(alphabet="ab()|*+?{}[]^$\\.:1,-", max_size=24))

@@ -151,6 +151,24 @@ def split_pattern(pattern: str) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
+def _hosts_of_groups(inventory: Inventory, names: list[str]) -> set[str]:
+    """Every host of the groups ``names`` and their descendants, in one walk of the groups
+    (a wildcard matching thousands of groups costs their memberships, not groups x hosts)."""
+    if "all" in names:
+        return set(inventory.hosts)
+    hosts: set[str] = set()
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in inventory.groups:
+            continue
+        seen.add(name)
+        hosts.update(inventory.groups[name].hosts)
+        stack.extend(inventory.groups[name].children)
+    return hosts & inventory.hosts.keys()
+
+
 def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
     if term in ("all", "*"):
         return set(inventory.hosts)
@@ -159,7 +177,7 @@ def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
         found.add(term)
     if term in inventory.groups:
         # an existing but empty group (e.g. vllm_ray in an mp-only inventory) matches no host
-        return found | set(inventory.hosts_in_group(term))
+        return found | _hosts_of_groups(inventory, [term])
     if found:
         return found
     if term.startswith("~"):
@@ -169,8 +187,8 @@ def _match_term(inventory: Inventory, term: str, pattern: str) -> set[str]:
         names = [n for n in [*inventory.groups, *inventory.hosts] if fnmatch.fnmatchcase(n, term)]
     else:
         names = []
-    for name in names:
-        found |= set(inventory.hosts_in_group(name)) if name in inventory.groups else {name}
+    found |= _hosts_of_groups(inventory, [n for n in names if n in inventory.groups])
+    found |= {n for n in names if n not in inventory.groups}
     if not names:
         known_groups = sorted(g for g in inventory.groups if g not in ("all",))
         guess = variables.suggest(term, [*inventory.groups, *inventory.hosts])

@@ -1,6 +1,6 @@
 """Ansible's host ranges (``gpu[01:16]``, ``node-[a:d]``, ``h[0:10:2]``), counted before expanded.
 
-Grammar (Ansible docs "Adding ranges of hosts"; ansible-core ``inventory/helpers``
+Grammar (Ansible docs "Adding ranges of hosts"; ansible-core ``plugins/inventory/__init__.py``
 ``expand_hostname_range``): ``head[start:end]tail`` or ``head[start:end:step]tail``, where start
 and end are both numbers (zero padding kept from ``start``: ``[01:10]`` -> 01..10) or both
 single ASCII letters (taken in the order of Python's ``string.ascii_letters``, a-z then A-Z, as
@@ -162,7 +162,7 @@ def expand_host_range(name: str) -> list[str]:
     """Expand an Ansible host range: ``gpu[01:03]`` -> gpu01, gpu02, gpu03; ``h[a:c]`` -> ha..hc.
 
     Several ranges in one name are expanded left to right; a name without ``[`` is returned as
-    is. Source: ansible-core ``inventory/helpers`` ``expand_hostname_range``.
+    is. Source: ansible-core ``plugins/inventory/__init__.py`` ``expand_hostname_range``.
 
     Raises:
         HostRangeError (a ValueError): as :func:`parse_host_pattern`.

@@ -26,6 +26,12 @@ MAX_HOSTS = 10_000
 per-entry range cap (:data:`~.ranges.MAX_RANGE_HOSTS`), far above any vLLM fleet one controller
 drives. Checked host by host as entries are expanded, so a larger inventory costs no more than
 this many hosts before it is refused."""
+MAX_GROUPS = 10_000
+"""The most groups one inventory may define: as many as hosts."""
+MAX_MEMBERSHIPS = 1_000_000
+"""The most group memberships of all hosts together, each group above a host's own groups
+counted (a host in ``gpu`` under ``dc1`` under ``all`` has three): every one is a variable merge
+when the inventory loads (10,000 hosts in 100 groups each)."""
 MAX_EXPANDED = 10 * MAX_HOSTS
 """The most host names all the range entries of an inventory may name together, repeats
 included (one host may be in several groups): without it, many groups each listing the same
@@ -95,6 +101,8 @@ class Tree:
     _parents: dict[str, list[str]] | None = field(default=None, repr=False)
     _member_of: dict[str, list[str]] | None = field(default=None, repr=False)
     _ancestors: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
+    _groups_of: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _rank: dict[str, int] | None = field(default=None, repr=False)
 
     def group(self, name: str, key: KeyPath) -> GroupNode:
         """Return the group ``name``, creating it (first defined at ``key``) if new."""
@@ -152,13 +160,13 @@ class Tree:
                 for host in group.hosts:
                     member_of.setdefault(host, []).append(group.name)
             self._parents, self._member_of = parents, member_of
-            self._ancestors = {}
+            self._ancestors, self._groups_of, self._rank = {}, {}, None
         return self._parents, self._member_of
 
     def forget_index(self) -> None:
         """Drop the indexes of :meth:`ancestors` and :meth:`groups_of` (the tree changed)."""
         self._parents = self._member_of = None
-        self._ancestors = {}
+        self._ancestors, self._groups_of, self._rank = {}, {}, None
 
     def ancestors(self, name: str) -> set[str]:
         """Names of ``name`` and every group above it (walked once per group, then cached)."""
@@ -181,12 +189,30 @@ class Tree:
 
     def groups_of(self, host: str) -> list[str]:
         """Every group ``host`` belongs to, sorted as Ansible merges them: by depth (``all`` first,
-        parents before children), then by name."""
+        parents before children), then by priority, then by name (cached per host)."""
         _, member_of = self._index()
-        names: set[str] = {"all"}
-        for group in member_of.get(host, ()):
-            names |= self.ancestors(group)
-        return sorted(names, key=lambda g: (self.depth.get(g, 0), self.priority(g), g))
+        found = self._groups_of.get(host)
+        if found is None:
+            if self._rank is None:
+                order = sorted(self.groups, key=lambda g: (self.depth.get(g, 0),
+                                                           self.priority(g), g))
+                self._rank = {name: index for index, name in enumerate(order)}
+            names: set[str] = {"all"}
+            for group in member_of.get(host, ()):
+                names |= self.ancestors(group)
+            found = self._groups_of[host] = sorted(names, key=self._rank.__getitem__)
+        return list(found)
+
+    def memberships_over(self, limit: int) -> bool:
+        """True when the hosts' group memberships, each group above a host's groups counted
+        (``sum(len(groups_of(h)))``), pass ``limit``; stops counting as soon as they do, so the
+        answer costs at most about ``limit`` steps."""
+        total = 0
+        for host in self.hosts:
+            total += len(self.groups_of(host))
+            if total > limit:
+                return True
+        return False
 
     def priority(self, name: str) -> int:
         """The group's ``ansible_group_priority`` from the inventory file (default 1): among
@@ -461,6 +487,14 @@ def finish_tree(tree: Tree, problems: Problems,
         the tree, or None if a cycle makes it unusable.
     """
     tree.group("all", ("all",))
+    if len(tree.groups) > MAX_GROUPS:
+        extra = list(tree.groups.values())[MAX_GROUPS]
+        problems.add(where(extra.key), f"the inventory defines more than {MAX_GROUPS} groups "
+                     f"(group {extra.name!r} would be number {MAX_GROUPS + 1})",
+                     expected=f"at most {MAX_GROUPS} groups in one inventory",
+                     actual=f"{len(tree.groups)} groups",
+                     fix="split the fleet into several inventories, or merge groups")
+        return None
     for group in tree.groups.values():
         setting = group.vars.pop("ansible_group_priority", None)
         if setting is None:
@@ -494,4 +528,12 @@ def finish_tree(tree: Tree, problems: Problems,
             ungrouped.add_host(host)
     _compute_depth(tree)
     tree.forget_index()
+    if tree.memberships_over(MAX_MEMBERSHIPS):
+        problems.add(where(("all",)), f"the hosts' group memberships pass {MAX_MEMBERSHIPS} "
+                     "(each group above a host's groups counted)",
+                     expected=f"at most {MAX_MEMBERSHIPS} host-in-group memberships, e.g. "
+                              f"{MAX_HOSTS} hosts in 100 groups each",
+                     fix="put fewer groups above the hosts' groups (a group of groups needs no "
+                         "copies), or split the inventory")
+        return None
     return tree
