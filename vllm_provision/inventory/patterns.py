@@ -24,12 +24,14 @@ MAX_REGEX_CHARS = 200
 """The longest ``~regex`` term accepted."""
 MAX_REGEX_CHOICES = 65_536
 """The most ways a ``~regex`` term's repeats may split one name (see :func:`check_regex`)."""
+MAX_REGEX_REPEATS = 8
+"""The most repeats (``?``, ``*``, ``+``, ``{m,n}``) in one ``~regex`` term."""
 _NAME_CHARS = 253  # the longest host name (RFC 1123; tree.HOST_NAME_RE)
 _REPEATS = {_sre.MAX_REPEAT, _sre.MIN_REPEAT, getattr(_sre, "POSSESSIVE_REPEAT", None)}
 _REGEX_RULES = ("a Python regular expression of at most 200 characters, without back-references "
                 "or conditionals, without a repeated group that holds another repeat or an "
-                "alternation ('(a+)+', '(a|ab)*'), and with at most two unbounded repeats "
-                "('*', '+', '{n,}')")
+                "alternation ('(a+)+', '(a|ab)*'), and with at most 8 repeats, two of them "
+                "unbounded ('*', '+', '{n,}')")
 
 
 def _children(op: Any, av: Any) -> list[Any]:
@@ -56,6 +58,14 @@ def _varies(items: Any) -> bool:
         if any(_varies(child) for child in _children(op, av)):
             return True
     return False
+
+
+def _count_repeats(items: Any) -> int:
+    count = 0
+    for op, av in items:
+        count += op in _REPEATS
+        count += sum(_count_repeats(child) for child in _children(op, av))
+    return count
 
 
 def _regex_problem(items: Any) -> tuple[str, int]:
@@ -95,12 +105,13 @@ def check_regex(expression: str) -> str | None:
     - a back-reference or conditional (``\1``, ``(?P=name)``, ``(?(1)a|b)``);
     - a group repeated more than once (``*``, ``+``, ``{m,n}`` with n > 1) that holds another
       repeat or an alternation;
-    - repeats whose choices multiply past :data:`MAX_REGEX_CHOICES`: each repeat offers
-      ``max - min + 1`` counts, an unbounded one (``*``, ``+``, ``{n,}``) as many as a host name
-      has characters (253), so two unbounded repeats, or one with several ``?``, pass.
+    - more than :data:`MAX_REGEX_REPEATS` repeats, or repeats whose choices multiply past
+      :data:`MAX_REGEX_CHOICES`: each repeat offers ``max - min + 1`` counts, an unbounded one
+      (``*``, ``+``, ``{n,}``) as many as a host name has characters (253), so two unbounded
+      repeats, or one with several ``?``, pass.
 
-    What remains backtracks at most ~65,536 ways per name (a few milliseconds on a 253-character
-    name; bench/ measures it).
+    What remains backtracks at most ~65,536 ways per name: under a millisecond on a
+    253-character name that does not match (``bench/inventory_bounds.py`` measures it).
 
     Raises:
         re.error: ``expression`` is not a regular expression at all.
@@ -111,6 +122,10 @@ def check_regex(expression: str) -> str | None:
     found, choices = _regex_problem(list(parsed))
     if found:
         return found
+    repeats = _count_repeats(list(parsed))
+    if repeats > MAX_REGEX_REPEATS:
+        return (f"{repeats} repeats ('?', '*', '+', '{{m,n}}'), more than {MAX_REGEX_REPEATS}: "
+                "each is a choice the matcher may take back")
     if choices > MAX_REGEX_CHOICES:
         return ("too many repeats in a row: their choices multiply to more than "
                 f"{MAX_REGEX_CHOICES} (at most two unbounded repeats '*', '+', '{{n,}}', fewer "
