@@ -173,14 +173,14 @@ def test_a_variable_differing_per_node_names_both_hosts_and_values(tmp_path: Pat
     ("r[1:2]-g[a:b]", ["r1-ga", "r1-gb", "r2-ga", "r2-gb"]),
 ])
 def test_host_ranges_expand_as_in_ansible(name: str, hosts: list[str]) -> None:
-    from vllm_provision.inventory.tree import expand_host_range
+    from vllm_provision.inventory.ranges import expand_host_range
 
     assert expand_host_range(name) == hosts
 
 
 @pytest.mark.parametrize("name", ["gpu[1]", "gpu[1:]", "gpu[a:10]", "gpu[3:1]", "gpu[1:3:x]"])
 def test_invalid_host_ranges_are_refused(name: str) -> None:
-    from vllm_provision.inventory.tree import expand_host_range
+    from vllm_provision.inventory.ranges import expand_host_range
 
     with pytest.raises(ValueError):
         expand_host_range(name)

@@ -134,6 +134,27 @@ def test_since_takes_durations_and_iso_times() -> None:
         logs.parse_since("yesterday; rm -rf /")
 
 
+@pytest.mark.parametrize("since", ["0999-01-01", "0001-01-01T00:00+00:00", "1969-12-31",
+                                   "9" * 400 + "d", "100000d"])
+def test_since_before_the_journal_epoch_is_a_clear_error(since: str) -> None:
+    with pytest.raises(ProvisionError, match="before 1970-01-01") as caught:
+        logs.parse_since(since, now=1796083200.0)
+    assert caught.value.problems[0].fix
+
+
+def test_journal_times_out_of_range_are_shown_never_a_crash() -> None:
+    assert logs.format_time(-30641760000_000000) == "0999-01-01T00:00:00.000000Z"  # 4 digits
+    assert logs.format_time(logs.MAX_TIME_US) == "9999-12-31T23:59:59.999999Z"
+    for time_us in (logs.MAX_TIME_US + 1, logs.MIN_TIME_US - 1, -10**30):
+        assert logs.format_time(time_us) == f"(time out of range: {time_us} us)"
+    entry = logs.parse_entry(_entry(10**25, MESSAGE="clock gone wrong"), "h1", 0, ["v.service"])
+    assert entry is not None
+    assert logs.line_parts(entry, 2, 9)[0] == f"(time out of range: {10**25} us)"
+    assert logs.merge([[entry], logs.parse_entries(_entry(5, MESSAGE="ok"), "h2", 1, [])])[0] \
+        .message == "ok"
+    assert logs.parse_entry("[" * 100_000, "h1", 0, []) is None  # nesting: not a crash
+
+
 def test_journal_command_quotes_every_unit_and_follows_from_the_cursor() -> None:
     command = logs.journal_command(["vllm.service", "a b.service"], since=12.5, lines=None)
     words = shlex.split(command)

@@ -28,11 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_provision.inventory.source import Origin, Problems, Setting
-from vllm_provision.inventory.tree import (
-    Tree,
-    check_name,
-    expand_host_range,
-)
+from vllm_provision.inventory.tree import Tree, add_host_entry, check_name
 
 SECTION_RE = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 _GROUP_LINE_RE = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")
@@ -140,9 +136,7 @@ class _Parser:
                 self.add_child(parent, name)
 
     def add_child(self, parent: str, child: str) -> None:
-        group = self.tree.groups[parent]
-        if child not in group.children:
-            group.children.append(child)
+        self.tree.groups[parent].add_child(child)
 
     def host_line(self, group: str, line: str) -> None:
         try:
@@ -162,16 +156,10 @@ class _Parser:
             self.error("a host pattern may not end in ':' (it is reserved for a port)",
                        actual=repr(words[0][:80]), fix="write host:PORT or just host")
             return
-        try:
-            names = expand_host_range(pattern) if "[" in pattern else [pattern]
-        except ValueError as exc:
-            self.error(f"invalid host range: {exc}", expected="a range such as gpu[01:04] or "
-                       "node-[a:d]", actual=repr(pattern[:80]), fix="correct the range")
-            return
-        bad = [n for n in names if check_name(n, "host") is not None]
-        if bad:
-            self.error("invalid host name", expected=str(check_name(bad[0], "host")),
-                       actual=repr(bad[0][:80]), fix="rename the host")
+        target = self.tree.groups[group] if group != "ungrouped" else None
+        nodes = add_host_entry(self.tree, target, pattern, self.where(f"[{group}] {pattern[:80]}"),
+                               (f"line {self.line}",), self.problems)
+        if not nodes:
             return
         values: dict[str, Setting] = {}
         if port is not None:
@@ -183,12 +171,8 @@ class _Parser:
                            fix="write host variables as name=value (quote a value with spaces)")
                 return
             values[key] = Setting(parse_value(raw), self.origin(key))
-        target = self.tree.groups[group]
-        for name in names:
-            host = self.tree.hosts.setdefault(name, _host_node(name, self.line))
-            if group != "ungrouped" and name not in target.hosts:
-                target.hosts.append(name)
-            host.vars.update(values)
+        for node in nodes:
+            node.vars.update(values)
 
     def vars_line(self, group: str, line: str) -> None:
         key, equals, raw = line.partition("=")
@@ -258,12 +242,6 @@ class _Parser:
             else:
                 self.error(f"section [{parents[-1]}:children] includes group {name!r}, which "
                            "is never declared", fix=f"add a [{name}] section with its hosts")
-
-
-def _host_node(name: str, line: int) -> Any:
-    from vllm_provision.inventory.tree import HostNode
-
-    return HostNode(name, key=(f"line {line}",))
 
 
 def add_ini(tree: Tree, path: Path, text: str, problems: Problems) -> None:

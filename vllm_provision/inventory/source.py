@@ -71,16 +71,33 @@ class Setting:
 
 @dataclass
 class Problems:
-    """Collects every problem found, so the user sees them all at once."""
+    """Collects every problem found, so the user sees them all at once.
+
+    A problem recorded twice is kept once; the check uses a set beside :attr:`items`, so
+    recording N problems costs N steps (a list scan per problem would cost N**2 and hang on an
+    inventory of thousands of hosts with one problem each). Add problems with :meth:`add` or
+    :meth:`extend`; :attr:`items` is read-only for everyone else.
+    """
 
     items: list[Problem] = field(default_factory=list)
+    _seen: set[Problem] = field(default_factory=set, repr=False, compare=False)
+
+    def _record(self, problem: Problem) -> None:
+        if len(self._seen) > len(self.items):
+            self._seen = set(self.items)  # items was replaced from outside
+        if problem not in self._seen:
+            self._seen.add(problem)
+            self.items.append(problem)
 
     def add(self, where: str, message: str, *, expected: str = "", actual: str = "",
             fix: str = "") -> None:
         """Record one problem (see :class:`~vllm_provision.core.errors.Problem` for the fields)."""
-        problem = Problem(where, message, expected, actual, fix)
-        if problem not in self.items:
-            self.items.append(problem)
+        self._record(Problem(where, message, expected, actual, fix))
+
+    def extend(self, other: Problems) -> None:
+        """Record every problem of ``other`` (a scratch collection), in its order."""
+        for problem in other.items:
+            self._record(problem)
 
     def raise_if_any(self) -> None:
         """Raise :class:`InventoryError` with every problem recorded so far, if any.

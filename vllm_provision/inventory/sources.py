@@ -15,6 +15,7 @@ import os
 import re
 from pathlib import Path
 
+from vllm_provision.inventory.folders import FolderWalk, Place, link_loop
 from vllm_provision.inventory.ini import add_ini, looks_like_ini
 from vllm_provision.inventory.source import Problems, read_text, read_yaml
 from vllm_provision.inventory.tree import Tree, add_yaml, finish_tree
@@ -41,26 +42,47 @@ def vars_base(path: Path) -> Path:
 
 
 def inventory_files(path: Path, problems: Problems) -> list[Path]:
-    """The files of the inventory directory ``path`` that Ansible reads, in its order."""
-    found: list[Path] = []
+    """The files of the inventory directory ``path`` that Ansible reads, in its order.
 
-    def walk(folder: Path) -> None:
+    Symbolic links are followed; a link loop (:class:`~.folders.FolderWalk`) and a folder of
+    more than :data:`MAX_FILES` files are refused with their path.
+    """
+    found: list[Path] = []
+    walk_state = FolderWalk(path, problems, "inventory folder")
+    # depth first, each folder in sorted order, without recursion (a deep tree of folders must
+    # not exhaust Python's stack): a stack of (entries left, the folder's place)
+    stack: list[tuple[list[Path], Place]] = []
+
+    def push(folder: Path, place: Place) -> None:
         try:
             names = sorted(os.listdir(folder))
         except OSError as exc:
             problems.add(str(folder), f"the inventory folder cannot be read: {exc.strerror}",
                          fix="check its permissions")
             return
-        for name in names:
-            if ignored(name):
-                continue
-            entry = folder / name
-            if entry.is_dir():
-                walk(entry)
-            elif len(found) < MAX_FILES:
-                found.append(entry)
+        stack.append(([folder / n for n in reversed(names) if not ignored(n)], place))
 
-    walk(path)
+    push(path, walk_state.root)
+    while stack:
+        entries, place = stack[-1]
+        if not entries:
+            stack.pop()
+            continue
+        entry = entries.pop()
+        if walk_state.loop(entry):
+            continue
+        if entry.is_dir():
+            inner = walk_state.enter(entry, place)
+            if inner is not None:
+                push(entry, inner)
+        elif len(found) < MAX_FILES:
+            found.append(entry)
+        else:
+            problems.add(str(path), f"the inventory folder holds more than {MAX_FILES} "
+                         "inventory files", expected=f"at most {MAX_FILES} files",
+                         fix="move files that are not inventories out of the folder, or merge "
+                             "inventory files")
+            break
     return found
 
 
@@ -99,9 +121,9 @@ def _add_file(tree: Tree, path: Path, problems: Problems, *, in_directory: bool)
         if not ini_problems:
             add_ini(tree, path, text, problems)
             return True
-        problems.items.extend(ini_problems.items)  # an INI file: never a YAML parser error
+        problems.extend(ini_problems)  # an INI file: never a YAML parser error
         return False
-    problems.items.extend(yaml_problems.items)
+    problems.extend(yaml_problems)
     return False
 
 
@@ -123,6 +145,10 @@ def read_inventory(path: Path, problems: Problems) -> Tree | None:
     path = Path(path)
     tree = Tree(file=str(path))
     tree.group("all", ("all",))
+    if link_loop(path):
+        problems.add(str(path), "the inventory path is a symbolic link loop (Too many levels of "
+                     "symbolic links)", fix="give the file or folder the link should lead to")
+        return None
     if path.is_dir():
         files = inventory_files(path, problems)
         if not files and not problems:

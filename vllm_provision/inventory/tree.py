@@ -15,15 +15,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_provision.core.models import hosts_under
+from vllm_provision.inventory.ranges import HostRangeError, iter_host_range, parse_host_pattern
 from vllm_provision.inventory.source import KeyPath, Problems, Setting, YamlDocument
 from vllm_provision.settings import variables
 
 GROUP_KEYS = ("hosts", "children", "vars")
 
+MAX_HOSTS = 10_000
+"""The most hosts one inventory may define (every source of an inventory folder together): the
+per-entry range cap (:data:`~.ranges.MAX_RANGE_HOSTS`), far above any vLLM fleet one controller
+drives. Checked host by host as entries are expanded, so a larger inventory costs no more than
+this many hosts before it is refused."""
+MAX_GROUPS = 10_000
+"""The most groups one inventory may define: as many as hosts."""
+MAX_MEMBERSHIPS = 1_000_000
+"""The most group memberships of all hosts together, each group above a host's own groups
+counted (a host in ``gpu`` under ``dc1`` under ``all`` has three): every one is a variable merge
+when the inventory loads (10,000 hosts in 100 groups each)."""
+MAX_EXPANDED = 10 * MAX_HOSTS
+"""The most host names all the range entries of an inventory may name together, repeats
+included (one host may be in several groups): without it, many groups each listing the same
+``gpu[1:10000]`` would cost their product while adding no host."""
+
 
 @dataclass
 class GroupNode:
-    """A group as written: direct hosts, child groups and its own inventory-file vars."""
+    """A group as written: direct hosts, child groups and its own inventory-file vars.
+
+    Add hosts and children with :meth:`add_host` and :meth:`add_child`, which keep a set beside
+    each list, so that building a group of N hosts costs N steps, not N**2.
+    """
 
     name: str
     hosts: list[str] = field(default_factory=list)
@@ -31,6 +52,24 @@ class GroupNode:
     vars: dict[str, Setting] = field(default_factory=dict)
     key: KeyPath = ()
     priority: int = 1
+    _host_set: set[str] = field(default_factory=set, repr=False, compare=False)
+    _child_set: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def add_host(self, name: str) -> None:
+        """Append host ``name`` to :attr:`hosts` unless it is there already."""
+        if len(self._host_set) != len(self.hosts):
+            self._host_set = set(self.hosts)  # the list was changed directly
+        if name not in self._host_set:
+            self._host_set.add(name)
+            self.hosts.append(name)
+
+    def add_child(self, name: str) -> None:
+        """Append group ``name`` to :attr:`children` unless it is there already."""
+        if len(self._child_set) != len(self.children):
+            self._child_set = set(self.children)
+        if name not in self._child_set:
+            self._child_set.add(name)
+            self.children.append(name)
 
 
 @dataclass
@@ -44,12 +83,26 @@ class HostNode:
 
 @dataclass
 class Tree:
-    """Every group and host of the inventory file, in file order."""
+    """Every group and host of the inventory file, in file order.
+
+    Attributes:
+        expanded: host names named by range entries so far (:data:`MAX_EXPANDED`).
+        full: a host was refused because the tree already held :data:`MAX_HOSTS` hosts (the
+            problem is recorded once; later entries are skipped unread).
+    """
 
     groups: dict[str, GroupNode] = field(default_factory=dict)
     hosts: dict[str, HostNode] = field(default_factory=dict)
     depth: dict[str, int] = field(default_factory=dict)
     file: str = "inventory"
+    expanded: int = 0
+    full: bool = False
+    # Built at the first query (ancestors, groups_of) of a finished tree; finish_tree drops them.
+    _parents: dict[str, list[str]] | None = field(default=None, repr=False)
+    _member_of: dict[str, list[str]] | None = field(default=None, repr=False)
+    _ancestors: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
+    _groups_of: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _rank: dict[str, int] | None = field(default=None, repr=False)
 
     def group(self, name: str, key: KeyPath) -> GroupNode:
         """Return the group ``name``, creating it (first defined at ``key``) if new."""
@@ -57,17 +110,78 @@ class Tree:
             self.groups[name] = GroupNode(name, key=key)
         return self.groups[name]
 
-    def ancestors(self, name: str) -> set[str]:
-        """Names of ``name`` and every group above it."""
-        found = {name}
-        changed = True
-        while changed:
-            changed = False
+    def host(self, name: str, key: KeyPath, problems: Problems, where: str) -> HostNode | None:
+        """Return the host ``name``, creating it (first defined at ``key``) if new.
+
+        Returns None, and records one problem at ``where`` (the first time only), when ``name``
+        is new and the tree already holds :data:`MAX_HOSTS` hosts.
+        """
+        node = self.hosts.get(name)
+        if node is not None:
+            return node
+        if len(self.hosts) >= MAX_HOSTS:
+            if not self.full:
+                problems.add(where, f"the inventory defines more than {MAX_HOSTS} hosts (host "
+                             f"{name[:80]!r} would be number {MAX_HOSTS + 1})",
+                             expected=f"at most {MAX_HOSTS} hosts in one inventory, every file "
+                                      "of an inventory folder together",
+                             actual=f"host {name[:80]!r}",
+                             fix="split the fleet into several inventories (one per cluster or "
+                                 "rack), or correct the range")
+            self.full = True
+            return None
+        node = self.hosts[name] = HostNode(name, key=key)
+        return node
+
+    def reserve(self, count: int, problems: Problems, where: str, pattern: str) -> bool:
+        """Count ``count`` host names about to be expanded from the range entry ``pattern``;
+        False, with a problem at ``where``, when all the range entries of the inventory would
+        name more than :data:`MAX_EXPANDED` host names together."""
+        if self.expanded + count > MAX_EXPANDED:
+            if not self.full:
+                problems.add(where, f"the range entries of the inventory name more than "
+                             f"{MAX_EXPANDED} host names together (repeats included)",
+                             expected=f"at most {MAX_EXPANDED} host names named by ranges",
+                             actual=repr(pattern[:80]),
+                             fix="name each range of hosts once and list it in one group; add "
+                                 "that group to other groups with 'children:'")
+            self.full = True
+            return False
+        self.expanded += count
+        return True
+
+    def _index(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        if self._parents is None or self._member_of is None:
+            parents: dict[str, list[str]] = {}
+            member_of: dict[str, list[str]] = {}
             for group in self.groups.values():
-                if group.name not in found and any(c in found for c in group.children):
-                    found.add(group.name)
-                    changed = True
-        return found
+                for child in group.children:
+                    parents.setdefault(child, []).append(group.name)
+                for host in group.hosts:
+                    member_of.setdefault(host, []).append(group.name)
+            self._parents, self._member_of = parents, member_of
+            self._ancestors, self._groups_of, self._rank = {}, {}, None
+        return self._parents, self._member_of
+
+    def forget_index(self) -> None:
+        """Drop the indexes of :meth:`ancestors` and :meth:`groups_of` (the tree changed)."""
+        self._parents = self._member_of = None
+        self._ancestors, self._groups_of, self._rank = {}, {}, None
+
+    def ancestors(self, name: str) -> set[str]:
+        """Names of ``name`` and every group above it (walked once per group, then cached)."""
+        parents, _ = self._index()
+        found = self._ancestors.get(name)
+        if found is None:
+            seen = {name}
+            stack = [name]
+            while stack:
+                for parent in parents.get(stack.pop(), ()):
+                    if parent not in seen:
+                        seen.add(parent)
+                        stack.append(parent)
+            found = self._ancestors[name] = frozenset(seen)
+        return set(found)
 
     def hosts_of(self, name: str) -> list[str]:
         """Every host in group ``name`` or its descendants, in inventory order."""
@@ -75,69 +189,36 @@ class Tree:
 
     def groups_of(self, host: str) -> list[str]:
         """Every group ``host`` belongs to, sorted as Ansible merges them: by depth (``all`` first,
-        parents before children), then by name."""
-        names: set[str] = set()
-        for group in self.groups.values():
-            if host in group.hosts:
-                names |= self.ancestors(group.name)
-        names.add("all")
-        return sorted(names, key=lambda g: (self.depth.get(g, 0), self.priority(g), g))
+        parents before children), then by priority, then by name (cached per host)."""
+        _, member_of = self._index()
+        found = self._groups_of.get(host)
+        if found is None:
+            if self._rank is None:
+                order = sorted(self.groups, key=lambda g: (self.depth.get(g, 0),
+                                                           self.priority(g), g))
+                self._rank = {name: index for index, name in enumerate(order)}
+            names: set[str] = {"all"}
+            for group in member_of.get(host, ()):
+                names |= self.ancestors(group)
+            found = self._groups_of[host] = sorted(names, key=self._rank.__getitem__)
+        return list(found)
+
+    def memberships_over(self, limit: int) -> bool:
+        """True when the hosts' group memberships, each group above a host's groups counted
+        (``sum(len(groups_of(h)))``), pass ``limit``; stops counting as soon as they do, so the
+        answer costs at most about ``limit`` steps."""
+        total = 0
+        for host in self.hosts:
+            total += len(self.groups_of(host))
+            if total > limit:
+                return True
+        return False
 
     def priority(self, name: str) -> int:
         """The group's ``ansible_group_priority`` from the inventory file (default 1): among
         groups of one depth, a higher priority merges later and wins (Ansible's ``sort_groups``;
         group_vars files do not set it)."""
         return self.groups[name].priority
-
-
-# Ansible's host ranges (inventory "Adding ranges of hosts"): prefix[start:end(:step)]suffix,
-# numeric (zero padding kept from start) or single letters.
-# The most hosts one range may name: far above any cluster, low enough that a typo
-# (gpu[0:99999999]) is refused at once instead of exhausting memory (Ansible has no limit).
-MAX_RANGE_HOSTS = 10_000
-_RANGE_RE = re.compile(r"^(?P<head>[^\[]*)\[(?P<range>[^\]]*)\](?P<tail>.*)$")
-
-
-def expand_host_range(name: str) -> list[str]:
-    """Expand an Ansible host range: ``gpu[01:03]`` -> gpu01, gpu02, gpu03; ``h[a:c]`` -> ha..hc.
-
-    Several ranges in one name are expanded left to right; a name without ``[`` is returned as
-    is. Source: ansible/inventory/helpers ``expand_hostname_range``.
-
-    Raises:
-        ValueError: a bracket that is not ``[start:end]`` or ``[start:end:step]``, an empty
-            range (end before start), or more than :data:`MAX_RANGE_HOSTS` hosts.
-    """
-    match = _RANGE_RE.match(name)
-    if match is None:
-        return [name]
-    parts = match["range"].split(":")
-    if len(parts) not in (2, 3) or not all(parts[:2]):
-        raise ValueError(f"{name!r}: a range is [start:end] or [start:end:step]")
-    start, end = parts[0], parts[1]
-    step = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else 1
-    if len(parts) == 3 and not parts[2].isdigit():
-        raise ValueError(f"{name!r}: the step must be a positive integer")
-    if start.isdigit() and end.isdigit():
-        width = len(start) if start.startswith("0") else 0
-        numbers = range(int(start), int(end) + 1, max(step, 1))
-        if len(numbers) > MAX_RANGE_HOSTS:
-            raise ValueError(f"{name[:80]!r}: the range names {len(numbers)} hosts, more than "
-                             f"{MAX_RANGE_HOSTS}")
-        values = [str(i).zfill(width) for i in numbers]
-    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
-        values = [chr(i) for i in range(ord(start), ord(end) + 1, max(step, 1))]
-    else:
-        raise ValueError(f"{name!r}: a range is numeric (01:10) or single letters (a:f)")
-    if not values:
-        raise ValueError(f"{name!r}: the range is empty (end before start)")
-    hosts: list[str] = []
-    for value in values:
-        hosts.extend(expand_host_range(f"{match['head']}{value}{match['tail']}"))
-        if len(hosts) > MAX_RANGE_HOSTS:
-            raise ValueError(f"{name[:80]!r}: the ranges name more than {MAX_RANGE_HOSTS} "
-                             "hosts")
-    return hosts
 
 
 def _mapping_or_none(value: Any, doc: YamlDocument, key: KeyPath, problems: Problems,
@@ -199,17 +280,52 @@ def _parse_vars(values: Mapping, doc: YamlDocument, key: KeyPath,
     return parsed
 
 
-def _add_host(tree: Tree, group: GroupNode, host_name: str, host_vars: Any, doc: YamlDocument,
-              host_key: KeyPath, problems: Problems) -> None:
-    host = tree.hosts.setdefault(host_name, HostNode(host_name, key=host_key))
-    if host_name not in group.hosts:
-        group.hosts.append(host_name)
-    values = _mapping_or_none(
-        host_vars, doc, host_key, problems,
-        expected="a mapping of host variables (or nothing)",
-        fix=f"write '{host_name}: {{ansible_host: 10.0.0.11}}' or '{host_name}:'")
-    if values:
-        host.vars.update(_parse_vars(values, doc, host_key, problems))
+def add_host_entry(tree: Tree, group: GroupNode | None, pattern: str, where: str,
+                   key: KeyPath, problems: Problems) -> list[HostNode]:
+    """Add the hosts of one host entry (a name or a range such as ``gpu[01:16]``) to ``tree``.
+
+    The entry is counted before it is expanded (:func:`~.ranges.parse_host_pattern`), then its
+    hosts are added one by one, so the caps hold without building a list first: at most
+    :data:`~.ranges.MAX_RANGE_HOSTS` names per entry, :data:`MAX_EXPANDED` named by range
+    entries in all, :data:`MAX_HOSTS` hosts in the tree.
+
+    Args:
+        tree: the tree being read; once :attr:`Tree.full`, entries are skipped.
+        group: the group the hosts join (None: none, as for INI hosts before any section).
+        pattern: the entry as written.
+        where: the entry's place (file, line, key path) for problems.
+        key: the key path recorded as a new host's first definition.
+        problems: where a bad range, an invalid expanded name or an exceeded cap is recorded.
+
+    Returns:
+        the host nodes of the entry that were added (empty when it was refused).
+    """
+    if tree.full:
+        return []
+    try:
+        _, count = parse_host_pattern(pattern)
+    except HostRangeError as exc:
+        problems.add(where, f"invalid host range: {exc}",
+                     expected="a range such as gpu[01:04] or node-[a:d]",
+                     actual=repr(pattern[:80]), fix=exc.fix)
+        return []
+    if "[" in pattern and not tree.reserve(count, problems, where, pattern):
+        return []
+    names = list(iter_host_range(pattern))
+    bad = next((n for n in names if check_name(n, "host") is not None), None)
+    if bad is not None:
+        problems.add(where, "invalid host name", expected=_NAME_RULES["host"][1],
+                     actual=repr(bad[:80]), fix="rename the host")
+        return []
+    nodes: list[HostNode] = []
+    for name in names:
+        node = tree.host(name, key, problems, where)
+        if node is None:
+            break
+        if group is not None:
+            group.add_host(name)
+        nodes.append(node)
+    return nodes
 
 
 def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyPath,
@@ -240,21 +356,18 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
                 host_key = (*section_key, pattern)
                 if not _valid_name(pattern, doc, host_key, problems, "host"):
                     continue
-                try:
-                    names = expand_host_range(pattern)
-                except ValueError as exc:
-                    problems.add(doc.origin(host_key).where, f"invalid host range: {exc}",
-                                 expected="a range such as gpu[01:04] or node-[a:d]",
-                                 actual=repr(pattern), fix="correct the range in brackets")
+                nodes = add_host_entry(tree, group, pattern, doc.origin(host_key).where,
+                                       host_key, problems)
+                if not nodes:
                     continue
-                bad = [n for n in names if check_name(n, "host") is not None]
-                if bad:
-                    problems.add(doc.origin(host_key).where, "invalid host name",
-                                 expected=_NAME_RULES["host"][1], actual=repr(bad[0][:80]),
-                                 fix="rename the host")
-                    continue
-                for host_name in names:
-                    _add_host(tree, group, host_name, host_vars, doc, host_key, problems)
+                values = _mapping_or_none(
+                    host_vars, doc, host_key, problems,
+                    expected="a mapping of host variables (or nothing)",
+                    fix=f"write '{pattern}: {{ansible_host: 10.0.0.11}}' or '{pattern}:'")
+                if values:
+                    parsed = _parse_vars(values, doc, host_key, problems)
+                    for node in nodes:
+                        node.vars.update(parsed)
         elif section == "children":
             children = _mapping_or_none(
                 value, doc, section_key, problems,
@@ -264,8 +377,7 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
                 child_key = (*section_key, child)
                 if not _valid_name(child, doc, child_key, problems, "group"):
                     continue
-                if child not in group.children:
-                    group.children.append(child)
+                group.add_child(child)
                 _parse_group(tree, child, child_entry, doc, child_key, problems)
         else:
             guess = variables.suggest(str(section), GROUP_KEYS)
@@ -279,44 +391,57 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
 
 
 def _find_cycle(tree: Tree) -> list[str] | None:
+    """The first cycle of groups (``[a, b, a]``), by a depth-first walk without recursion (a
+    chain of thousands of INI ``:children`` sections must not exhaust Python's stack)."""
     state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = 1
-        stack.append(name)
-        for child in tree.groups[name].children:
-            if state.get(child) == 1:
-                return [*stack[stack.index(child):], child]
-            if state.get(child) is None and child in tree.groups:
-                found = visit(child)
-                if found:
-                    return found
-        stack.pop()
-        state[name] = 2
-        return None
-
-    for name in tree.groups:
-        if state.get(name) is None:
-            found = visit(name)
-            if found:
-                return found
+    for root in tree.groups:
+        if root in state:
+            continue
+        state[root] = 1
+        path = [root]
+        pending = [iter(tree.groups[root].children)]
+        while pending:
+            child = next(pending[-1], None)
+            if child is None:
+                pending.pop()
+                state[path.pop()] = 2
+            elif state.get(child) == 1:
+                return [*path[path.index(child):], child]
+            elif child not in state and child in tree.groups:
+                state[child] = 1
+                path.append(child)
+                pending.append(iter(tree.groups[child].children))
     return None
 
 
 def _compute_depth(tree: Tree) -> None:
-    """Depth as Ansible's: the longest path from ``all`` (``all`` = 0)."""
+    """Depth as Ansible's: the longest path from ``all`` (``all`` = 0). The groups form a tree
+    without cycles (checked first), so one pass in topological order (Kahn) settles each group
+    once: time linear in groups and children."""
+    reachable: set[str] = set()
+    stack = ["all"]
+    while stack:
+        name = stack.pop()
+        if name in reachable or name not in tree.groups:
+            continue
+        reachable.add(name)
+        stack.extend(tree.groups[name].children)
+    waiting = dict.fromkeys(reachable, 0)
+    for name in reachable:
+        for child in tree.groups[name].children:
+            if child in waiting:
+                waiting[child] += 1
     depth = {"all": 0}
-    changed = True
-    while changed:
-        changed = False
-        for group in tree.groups.values():
-            if group.name not in depth:
+    ready = [name for name, count in waiting.items() if count == 0]
+    while ready:
+        name = ready.pop()
+        for child in tree.groups[name].children:
+            if child not in waiting:
                 continue
-            for child in group.children:
-                if depth.get(child, -1) < depth[group.name] + 1:
-                    depth[child] = depth[group.name] + 1
-                    changed = True
+            depth[child] = max(depth.get(child, 0), depth.get(name, 0) + 1)
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
     tree.depth = depth
 
 
@@ -362,6 +487,14 @@ def finish_tree(tree: Tree, problems: Problems,
         the tree, or None if a cycle makes it unusable.
     """
     tree.group("all", ("all",))
+    if len(tree.groups) > MAX_GROUPS:
+        extra = list(tree.groups.values())[MAX_GROUPS]
+        problems.add(where(extra.key), f"the inventory defines more than {MAX_GROUPS} groups "
+                     f"(group {extra.name!r} would be number {MAX_GROUPS + 1})",
+                     expected=f"at most {MAX_GROUPS} groups in one inventory",
+                     actual=f"{len(tree.groups)} groups",
+                     fix="split the fleet into several inventories, or merge groups")
+        return None
     for group in tree.groups.values():
         setting = group.vars.pop("ansible_group_priority", None)
         if setting is None:
@@ -384,15 +517,23 @@ def finish_tree(tree: Tree, problems: Problems,
     parented = {child for group in tree.groups.values() for child in group.children}
     for name in tree.groups:
         if name != "all" and name not in parented:
-            tree.groups["all"].children.append(name)
+            tree.groups["all"].add_child(name)
     ungrouped = tree.group("ungrouped", ("all", "children", "ungrouped"))
-    if "ungrouped" not in tree.groups["all"].children:
-        tree.groups["all"].children.append("ungrouped")
+    tree.groups["all"].add_child("ungrouped")
     grouped = {h for g in tree.groups.values() if g.name not in ("all", "ungrouped")
                for h in g.hosts}
     ungrouped.hosts[:] = [h for h in ungrouped.hosts if h not in grouped]
     for host in tree.hosts:
-        if host not in grouped and host not in ungrouped.hosts:
-            ungrouped.hosts.append(host)
+        if host not in grouped:
+            ungrouped.add_host(host)
     _compute_depth(tree)
+    tree.forget_index()
+    if tree.memberships_over(MAX_MEMBERSHIPS):
+        problems.add(where(("all",)), f"the hosts' group memberships pass {MAX_MEMBERSHIPS} "
+                     "(each group above a host's groups counted)",
+                     expected=f"at most {MAX_MEMBERSHIPS} host-in-group memberships, e.g. "
+                              f"{MAX_HOSTS} hosts in 100 groups each",
+                     fix="put fewer groups above the hosts' groups (a group of groups needs no "
+                         "copies), or split the inventory")
+        return None
     return tree

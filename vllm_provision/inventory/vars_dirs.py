@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from vllm_provision.inventory.folders import FolderWalk, Place, link_loop
 from vllm_provision.inventory.source import Problems, Setting, read_yaml
 from vllm_provision.settings import variables
 
@@ -21,27 +22,52 @@ EXTENSIONS = ("", ".yml", ".yaml", ".json")
 _SKIPPED_SUFFIXES = ("~", ".bak", ".orig", ".swp", ".retry")
 
 
-def _dir_files(folder: Path) -> list[Path]:
+def _dir_files(folder: Path, walk: FolderWalk) -> list[Path]:
     """``DataLoader._get_dir_vars_files``: sorted per level, recursing into folders that have
-    no extension."""
+    no extension; depth first without recursion, symbolic link loops refused (``walk``)."""
     found: list[Path] = []
-    for name in sorted(p.name for p in folder.iterdir()):
-        if name.startswith(".") or name.endswith("~"):
+    place = walk.enter(folder, walk.root)
+    if place is None:
+        return found
+    stack: list[tuple[list[Path], Place]] = []
+
+    def push(current: Path, place: Place) -> None:
+        try:
+            names = sorted(p.name for p in current.iterdir())
+        except OSError as exc:
+            walk.problems.add(str(current), f"the folder cannot be read: {exc.strerror}",
+                              fix="check its permissions")
+            return
+        stack.append(([current / n for n in reversed(names)
+                       if not n.startswith(".") and not n.endswith("~")], place))
+
+    push(folder, place)
+    while stack:
+        entries, place = stack[-1]
+        if not entries:
+            stack.pop()
             continue
-        entry = folder / name
-        extension = os.path.splitext(name)[1]
+        entry = entries.pop()
+        if walk.loop(entry):
+            continue
+        extension = os.path.splitext(entry.name)[1]
         if entry.is_dir() and not extension:
-            found.extend(_dir_files(entry))
+            inner = walk.enter(entry, place)
+            if inner is not None:
+                push(entry, inner)
         elif entry.is_file() and extension in EXTENSIONS:
             found.append(entry)
     return found
 
 
-def _files_for(folder: Path, name: str) -> list[Path]:
+def _files_for(folder: Path, name: str, problems: Problems, kind: str) -> list[Path]:
+    walk = FolderWalk(folder, problems, f"{kind}_vars folder")
     for extension in EXTENSIONS:
         candidate = folder / f"{name}{extension}"
+        if walk.loop(candidate):
+            return []
         if candidate.is_dir():
-            return _dir_files(candidate)
+            return _dir_files(candidate, walk)
         if candidate.exists():
             return [candidate]
     return []
@@ -69,11 +95,15 @@ def read_vars_dir(folder: Path, names: Iterable[str], problems: Problems, *,
     """
     known = list(names)
     result: dict[str, dict[str, Setting]] = {}
+    if link_loop(folder):
+        problems.add(str(folder), f"the {kind}_vars folder is a symbolic link loop (Too many "
+                     "levels of symbolic links)", fix="remove the link, or point it at a folder")
+        return result
     if not folder.is_dir():
         return result
     for name in known:
         merged: dict[str, Setting] = {}
-        for path in _files_for(folder, name):
+        for path in _files_for(folder, name, problems, kind):
             doc = read_yaml(path, problems, what=f"{kind}_vars", empty_ok=True)
             if doc is None:
                 continue

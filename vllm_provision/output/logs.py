@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,12 @@ HOLD_S = 0.3
 DEFAULT_LINES = 100
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>s|m|min|h|d)$")
 _SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+# The instants a datetime can show: 0001-01-01 to 9999-12-31 (UTC), in microseconds from the epoch.
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+MIN_TIME_US = (datetime.datetime.min.replace(tzinfo=datetime.UTC) - _EPOCH) // datetime.timedelta(
+    microseconds=1)
+MAX_TIME_US = (datetime.datetime.max.replace(tzinfo=datetime.UTC) - _EPOCH) // datetime.timedelta(
+    microseconds=1)
 
 
 @dataclass(frozen=True, order=True)
@@ -65,18 +72,34 @@ def parse_since(text: str, now: float | None = None) -> float:
     """
     value = text.strip()
     found = _DURATION.match(value)
+    shown = printable(value, 60)
     if found:
-        return (time.time() if now is None else now) - float(found["n"]) * _SECONDS[
+        seconds = (time.time() if now is None else now) - float(found["n"]) * _SECONDS[
             found["unit"]]
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
+    else:
+        try:
+            parsed = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            raise ProvisionError([Problem(
+                f"--since {shown}", "not a time",
+                expected="a duration (30s, 10m, 2h, 1d) or an ISO 8601 date/time "
+                         "(2026-12-01T10:00, 2026-12-01 10:00:00+02:00)",
+                actual=shown, fix="give --since one of those forms")]) from None
+        try:
+            seconds = parsed.timestamp()
+        except (ValueError, OverflowError, OSError):  # mktime(3) of a local time this far out
+            seconds = -math.inf if parsed.year < 1970 else math.inf
+    if seconds == math.inf:
         raise ProvisionError([Problem(
-            f"--since {printable(value, 60)}", "not a time",
-            expected="a duration (30s, 10m, 2h, 1d) or an ISO 8601 date/time "
-                     "(2026-12-01T10:00, 2026-12-01 10:00:00+02:00)",
-            actual=printable(value, 60), fix="give --since one of those forms")]) from None
-    return parsed.timestamp()
+            f"--since {shown}", "the time is too far in the future for this machine's clock",
+            expected="a time before 9999-12-31", actual=shown, fix="give an earlier time")])
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ProvisionError([Problem(
+            f"--since {shown}", "the time is before 1970-01-01, where every journal starts "
+            "(systemd.journal-fields(7): __REALTIME_TIMESTAMP counts from the epoch)",
+            expected="a time after 1970-01-01 00:00 UTC", actual=shown,
+            fix="leave --since out to read the whole journal, or give a later time")])
+    return seconds
 
 
 def journal_command(units: Sequence[str], *, since: float | None = None,
@@ -122,7 +145,7 @@ def parse_entry(line: str, host: str, order: int, units: Sequence[str]) -> Entry
     try:
         data = json.loads(line)
         time_us = int(data["__REALTIME_TIMESTAMP"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: [[[[...
         return None
     if not isinstance(data, dict):
         return None
@@ -149,9 +172,18 @@ def merge(streams: Iterable[Sequence[Entry]]) -> list[Entry]:
 
 
 def format_time(time_us: int) -> str:
-    """``2026-12-01T10:00:00.123456Z`` (UTC, microseconds: journalctl's short-iso-precise)."""
-    stamp = datetime.datetime.fromtimestamp(time_us / 1e6, datetime.UTC)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """``2026-12-01T10:00:00.123456Z`` (UTC, microseconds: journalctl's short-iso-precise; the
+    year always has four digits).
+
+    A time no date can show (before year 1 or after 9999: a node's clock, or a journal, gone
+    wrong) is shown as ``(time out of range: N us)`` instead, N the journal's raw
+    ``__REALTIME_TIMESTAMP``; the entry is kept, never a crash.
+    """
+    if not MIN_TIME_US <= time_us <= MAX_TIME_US:
+        return f"(time out of range: {time_us} us)"
+    stamp = _EPOCH + datetime.timedelta(microseconds=time_us)
+    return (f"{stamp.year:04d}-{stamp.month:02d}-{stamp.day:02d}T{stamp.hour:02d}:"
+            f"{stamp.minute:02d}:{stamp.second:02d}.{stamp.microsecond:06d}Z")
 
 
 def line_parts(entry: Entry, host_width: int, unit_width: int) -> tuple[str, str, str]:
