@@ -4,6 +4,9 @@ Human output looks like ansible-playbook's (``ok: [h1]``, ``changed: [h2]``, col
 diff mode, then a recap table and the total time). With ``--json`` exactly ONE JSON object is
 printed on stdout at the end (progress lines go to stderr); its schema is in docs/engine.md.
 Errors (:class:`ProvisionError`) are printed once by :func:`render_error`, never as a traceback.
+Text from hosts (task messages, diffs, errors) is printed literally: control characters shown
+escaped (:func:`vllm_provision.core.text.printable`) and rich markup escaped; ``--json`` is
+``json.dumps`` (every control character a ``\\u00XX`` escape, non-ASCII too), exact.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, TextIO
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.core.text import printable
 
 STATUS_STYLE = {
     Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "bold red",
@@ -95,8 +99,8 @@ class HumanReporter:
         if self.diff_mode and result.diff:
             from rich.syntax import Syntax
 
-            self.console.print(Syntax(result.diff, "diff", theme="ansi_dark",
-                                      background_color="default"))
+            self.console.print(Syntax(printable(result.diff, newlines=True), "diff",
+                                      theme="ansi_dark", background_color="default"))
 
     def recap(self, summary: Mapping[str, Any]) -> None:
         """Print the PLAY RECAP table and the total time."""
@@ -236,6 +240,9 @@ def render_error(error: ProvisionError, stream: TextIO | None = None) -> None:
 
 
 def _esc(text: str) -> str:
+    """``text`` (a task's message, a host's answer, an error) as literal rich text: printable
+    (:func:`vllm_provision.core.text.printable`, newlines kept: no terminal escape from a
+    host) and markup-escaped (``[bold]`` in a host's text is shown, not applied)."""
     from rich.markup import escape
 
-    return escape(text)
+    return escape(printable(text, newlines=True))
