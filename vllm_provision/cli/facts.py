@@ -175,9 +175,9 @@ def facts_table(facts: Mapping[str, HostFacts], groups: list[list[str]]) -> Any:
 
     Every value is made printable (:func:`vllm_provision.core.text.printable`) and never read
     as rich markup. A value that differs within its replica is marked ``* `` and printed bold
-    red, so the difference shows in a pipe (no colour) as well. Long values wrap at spaces and commas;
-    only a word longer than its column (a long path) is folded. At 80 columns the fact names
-    never break: the first column is as wide as the longest name.
+    red, so the difference shows in a pipe (no colour) as well. Long values wrap at spaces and
+    commas; only a word longer than its column (a long path) is folded. At 80 columns the fact
+    names never break: the first column is as wide as the longest name.
     """
     from rich.table import Table
     from rich.text import Text
