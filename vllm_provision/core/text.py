@@ -12,6 +12,7 @@ record), so a value cannot open a table cell or row, a heading, a link or raw HT
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from vllm_provision.core.errors import ProvisionError
@@ -29,6 +30,7 @@ _MARKDOWN_PUNCT = frozenset("\\`*_[]#|~")
 # HTML: a raw tag or an entity reference (CommonMark "Raw HTML", "Entity and numeric character
 # references"); written as entities. Braces too: the record refuses a text holding one
 # (evidence/record.py, check_complete: an open template slot).
+_LINE_START = re.compile(r"^(\d*)[-+=.)]")
 _MARKDOWN_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;", "{": "&#123;", "}": "&#125;"}
 
 
@@ -90,9 +92,11 @@ def markdown_inline(text: object) -> str:
 
     ``\\ ` * _ [ ] # | ~`` get a backslash (CommonMark "Backslash escapes"; ``\\|`` inside a
     GFM table cell, GitHub Flavored Markdown "Tables"), ``< > &`` and ``{ }`` become HTML
-    entities (no raw HTML, no entity the value did not spell), and a newline becomes ``<br>``
-    (a value never ends its table row, list item or line; a carriage return or other line
-    break is shown escaped by :func:`printable`).
+    entities (no raw HTML, no entity the value did not spell). A newline, a tab and every other
+    control character are shown escaped by :func:`printable` (``\\x0a``): a value never ends
+    its table row, list item or line. A leading ``-``, ``+``, ``=`` or the ``.``
+    or ``)`` after leading digits gets a backslash too (no list item, no setext heading when
+    the value starts a line).
 
     Args:
         text: any value (``str()`` of it; ``None`` gives ``""``).
@@ -101,13 +105,13 @@ def markdown_inline(text: object) -> str:
         One line of Markdown.
     """
     out = []
-    for ch in printable(text, newlines=True, tabs=False):
+    for ch in printable(text, tabs=False):
         if ch in _MARKDOWN_PUNCT:
             out.append("\\" + ch)
-        elif ch in _MARKDOWN_ENTITIES:
-            out.append(_MARKDOWN_ENTITIES[ch])
-        elif ch == "\n":
-            out.append("<br>")
         else:
-            out.append(ch)
-    return "".join(out)
+            out.append(_MARKDOWN_ENTITIES.get(ch, ch))
+    text = "".join(out)
+    # At the start of a line, "-", "+", "=" and "1." or "1)" would open a list item or
+    # underline a heading (CommonMark "List items", "Setext headings"): escaped there.
+    lead = _LINE_START.match(text)
+    return f"{lead.group(1)}\\{text[lead.end(1):]}" if lead else text
