@@ -91,7 +91,8 @@ class HumanReporter:
             self.verbosity > 0 or result.status in (Status.CHANGED, Status.FAILED,
                                                     Status.UNREACHABLE))
         if show_message:
-            first, *rest = result.message.splitlines() or [""]
+            # printable first: a host's \r or U+2028 is shown escaped, not taken as a line end
+            first, *rest = printable(result.message, newlines=True).rstrip("\n").split("\n")
             line += f" {_esc(first)}"
             if rest:
                 line += "\n" + _esc("\n".join("    " + r for r in rest))
@@ -227,7 +228,7 @@ def render_error(error: ProvisionError, stream: TextIO | None = None) -> None:
     """
     console = _console(stream or sys.stderr)
     for problem in error.problems or []:
-        first, *rest = problem.render().splitlines()
+        first, *rest = printable(problem.render(), newlines=True).rstrip("\n").split("\n")
         console.print(f"[bold red]error:[/bold red] {_esc(first)}")
         for line in rest:
             console.print(_esc(line))
