@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 
 
@@ -55,27 +55,27 @@ def print_result(result: dict[str, Any]) -> None:
     """The human report of a bench result."""
     cond, client, server = result["conditions"], result["client"], result["server"]
     agree = result["agreement"]
-    click.echo(f"replica {cond['replica']} ({cond['backend']}): model {cond['model']}, dtype "
+    echo(f"replica {cond['replica']} ({cond['backend']}): model {cond['model']}, dtype "
                f"{cond['dtype']}, TP={cond['tensor_parallel_size']} "
                f"PP={cond['pipeline_parallel_size']}, vLLM {cond['vllm_version']}, "
                f"start to serving {cond['start_to_serving_s']} s")
-    click.echo(f"inputs: {cond['inputs']}; API path: {cond.get('api_path', 'direct')}")
-    click.echo(f"completed {client['completed']}/{client['requests']} "
+    echo(f"inputs: {cond['inputs']}; API path: {cond.get('api_path', 'direct')}")
+    echo(f"completed {client['completed']}/{client['requests']} "
                f"(rate {client['completion_rate']}), errors {client['errors'] or 'none'}, "
                f"{client['output_tokens_per_s']} output tokens/s over {client['duration_s']} s")
-    click.echo(f"{'ms':<8}{'p50':>9}{'p90':>9}{'p99':>9}{'mean':>9}  /metrics mean  p50  p90"
+    echo(f"{'ms':<8}{'p50':>9}{'p90':>9}{'p99':>9}{'mean':>9}  /metrics mean  p50  p90"
                "  agrees")
     for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
         c, s = client[key], server.get(key) or {}
-        click.echo(f"{label:<8}{fmt_ms(c['p50']):>9}{fmt_ms(c['p90']):>9}{fmt_ms(c['p99']):>9}"
+        echo(f"{label:<8}{fmt_ms(c['p50']):>9}{fmt_ms(c['p90']):>9}{fmt_ms(c['p99']):>9}"
                    f"{fmt_ms(c['mean']):>9}  {fmt_ms(s.get('mean')):>13} "
                    f"{fmt_ms(s.get('p50')):>5} {fmt_ms(s.get('p90')):>5}  "
                    f"{agree[key]['agrees']}")
-    click.echo(f"finished requests: client {agree['requests']['client']}, /metrics "
+    echo(f"finished requests: client {agree['requests']['client']}, /metrics "
                f"{agree['requests']['server']}")
-    click.echo("placement:")
+    echo("placement:")
     for line in placement_lines(cond["placement"]):
-        click.echo(f"  {line}")
+        echo(f"  {line}")
 
 
 def placement_lines(placement: dict[str, Any]) -> list[str]:
@@ -164,8 +164,8 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
     if plot_path is not None:
         bench.plot(result, plot_path)
     if opts.json:
-        click.echo(json.dumps({**result, "stored": str(stored)}))
+        echo(json.dumps({**result, "stored": str(stored)}))
     else:
         print_result(result)
-        click.echo(f"stored: {stored}" + (f"; plot: {plot_path}" if plot_path else ""))
+        echo(f"stored: {stored}" + (f"; plot: {plot_path}" if plot_path else ""))
     raise SystemExit(0 if result["client"]["completed"] == requests else 3)

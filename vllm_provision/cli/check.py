@@ -11,7 +11,8 @@ import click
 
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
+from vllm_provision.core.text import printable
 
 
 def findings_json(findings: list[Finding], replicas: Sequence[Any] = (),
@@ -57,7 +58,7 @@ def backend_lines(replicas: Sequence[Any]) -> list[str]:
 def render_backends(replicas: Sequence[Any]) -> None:
     """Print :func:`backend_lines`."""
     for line in backend_lines(replicas):
-        click.echo(line)
+        echo(line)
 
 
 # Below this terminal width a seven-column table must break words; findings become blocks.
@@ -72,8 +73,9 @@ def _render_narrow(console: Any, group: list[Finding], title: str, style: str) -
 
     console.print(Text(title, style=style))
     for f in group:
-        console.print(Text.assemble((f.check, "bold"), f"  {f.replica or '-'}  {f.host}  ",
-                                    f.item), overflow="ignore", crop=False, soft_wrap=True)
+        console.print(Text.assemble((f.check, "bold"), printable(
+            f"  {f.replica or '-'}  {f.host}  {f.item}", newlines=True)), overflow="ignore",
+            crop=False, soft_wrap=True)
         grid = Table.grid(padding=(0, 1))
         grid.add_column(width=10, no_wrap=True)
         grid.add_column(overflow="fold")
@@ -82,7 +84,7 @@ def _render_narrow(console: Any, group: list[Finding], title: str, style: str) -
             rows.append(("fix", f.fix))
         for label, value in rows:
             if value:
-                grid.add_row(Text(f"  {label}"), Text(value))
+                grid.add_row(Text(f"  {label}"), Text(printable(value, newlines=True)))
         console.print(grid)
 
 
@@ -114,8 +116,9 @@ def render_findings(findings: list[Finding], *, show_ok: bool = True) -> None:
             table.add_column("fix", overflow="fold")
         for f in group:
             row = [f.check, f.replica or "-", f.host, f.item, f.expected, f.actual]
-            # Text cells: a value such as "[vllm]" or "--x=[1,2]" is data, not rich markup.
-            table.add_row(*(Text(cell) for cell in
+            # Text cells: a value such as "[vllm]" or "--x=[1,2]" is data, not rich markup;
+            # a host's text (an owner, a version) is made printable (no terminal escape).
+            table.add_row(*(Text(printable(cell, newlines=True)) for cell in
                             (row + [f.fix] if severity is not Severity.OK else row)))
         console.print(table)
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
@@ -170,11 +173,11 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
                           defaults=defaults)
     paths = {replica.name: api_path_json(replica, choice_for(replica)) for replica in replicas}
     if opts.json:
-        click.echo(json.dumps(findings_json(findings, replicas, memory_estimates(
+        echo(json.dumps(findings_json(findings, replicas, memory_estimates(
             replicas, facts, defaults), paths), indent=2))
     else:
         render_backends(replicas)
         for name, path in paths.items():
-            click.echo(f"replica {name}: API path: {path['path']} ({path['reason']})")
+            echo(f"replica {name}: API path: {path['path']} ({path['reason']})")
         render_findings(findings, show_ok=not quiet_ok)
     sys.exit(1 if has_errors(findings) else 0)

@@ -18,7 +18,7 @@ import click
 
 from vllm_provision import resources
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.runner import managed
 
 NO_RECORD = "no record of a good `provision up`; run it first"
@@ -186,12 +186,12 @@ def command(**kwargs: Any) -> None:
     opts = CommonOptions.from_kwargs(kwargs)
     outcome = find_drift(opts)
     if opts.json:
-        click.echo(json.dumps(outcome, indent=2, default=str))
+        echo(json.dumps(outcome, indent=2, default=str))
     else:
-        click.echo(render_plan(outcome))
+        echo(render_plan(outcome))
     if opts.verbosity >= 2:
         from vllm_provision.output.report import stats_lines
 
         for line in stats_lines(outcome["stats"]):
-            click.echo(line, err=True)
+            echo(line, err=True)
     sys.exit(outcome["exit_code"])

@@ -11,6 +11,7 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.core.text import printable
 from vllm_provision.facts.model import HostFacts
 
 MIB = 1024 * 1024
@@ -181,10 +182,11 @@ DIFFERS_MARK = "* "
 def facts_table(facts: Mapping[str, HostFacts], groups: list[list[str]]) -> Any:
     """The facts as a ``rich`` table, hosts as columns (:func:`facts_table_rows`).
 
-    A value that differs within its replica is marked ``* `` and printed bold red, so the
-    difference shows in a pipe (no colour) as well. Long values wrap at spaces and commas;
-    only a word longer than its column (a long path) is folded. At 80 columns the fact names
-    never break: the first column is as wide as the longest name.
+    Every value is made printable (:func:`vllm_provision.core.text.printable`) and never read
+    as rich markup. A value that differs within its replica is marked ``* `` and printed bold
+    red, so the difference shows in a pipe (no colour) as well. Long values wrap at spaces and
+    commas; only a word longer than its column (a long path) is folded. At 80 columns the fact
+    names never break: the first column is as wide as the longest name.
     """
     from rich.table import Table
     from rich.text import Text
@@ -195,7 +197,9 @@ def facts_table(facts: Mapping[str, HostFacts], groups: list[list[str]]) -> Any:
     for name in facts:
         table.add_column(name, overflow="fold", ratio=1)
     for label, cells in facts_table_rows(facts, groups):
-        table.add_row(label, *(Text(DIFFERS_MARK + value if differs else value,
+        # A value is the host's text: printable (no terminal escape), a Text (no markup).
+        table.add_row(label, *(Text(printable(DIFFERS_MARK + value if differs else value,
+                                              newlines=True),
                                     style="bold red" if differs else "")
                                for value, differs in cells))
     return table
@@ -243,5 +247,6 @@ def command(nccl_loaded: bool, sha256: bool, **kwargs: Any) -> None:
     if ordered:
         console.print(facts_table(ordered, groups))
     for name, error in errors.items():
-        console.print(Text(f"{name}: {error.render()}", style="bold red"))
+        console.print(Text(printable(f"{name}: {error.render()}", newlines=True),
+                           style="bold red"))
     sys.exit(1 if errors else 0)

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 
 
@@ -115,23 +115,23 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
     stored = store.update(inv.path, fault=(key, result))
     rec = result["recovery"]
     if opts.json:
-        click.echo(json.dumps({**result, "stored": str(stored)}))
+        echo(json.dumps({**result, "stored": str(stored)}))
     else:
-        click.echo(f"fault on {key} (rank {node.rank}): {result['target']['applied']}")
+        echo(f"fault on {key} (rank {node.rank}): {result['target']['applied']}")
         if rec["recovered_s"] is None:
-            click.echo(f"no new successful completion within {bound_s:g} s "
+            echo(f"no new successful completion within {bound_s:g} s "
                        f"({rec['polls']} polls, failures {rec['failures']})")
         elif rec["served_throughout"]:
-            click.echo(f"served throughout: no poll failed within {bound_s:g} s")
+            echo(f"served throughout: no poll failed within {bound_s:g} s")
         else:
-            click.echo(f"first failed poll {rec['first_failure_s']} s after the fault; serving "
+            echo(f"first failed poll {rec['first_failure_s']} s after the fault; serving "
                        f"again {rec['recovered_s']} s after the fault ({rec['polls']} polls, "
                        f"failures {rec['failures']})")
         for i, item in enumerate(result["streams"]):
-            click.echo(f"  stream {i}: {fault.describe_fate(item)}")
-        click.echo(f"start limit hit: {', '.join(result['start_limit_hit']) or 'none'}")
+            echo(f"  stream {i}: {fault.describe_fate(item)}")
+        echo(f"start limit hit: {', '.join(result['start_limit_hit']) or 'none'}")
         for event in result["events"]:
             when = "-" if event["t_s"] is None else f"{event['t_s']:+.1f} s"
-            click.echo(f"  {when:>9} {event['host']:<6} {event['source']:<8} {event['message']}")
-        click.echo(f"stored: {stored}")
+            echo(f"  {when:>9} {event['host']:<6} {event['source']:<8} {event['message']}")
+        echo(f"stored: {stored}")
     raise SystemExit(0 if rec["recovered_s"] is not None else 3)

@@ -14,7 +14,7 @@ import click
 
 from vllm_provision.backends import UNIT_KINDS
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import CommonOptions, shared_options
+from vllm_provision.cli.options import CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 
 # Colours of the host prefix on a terminal, one per host in inventory order.
@@ -128,7 +128,7 @@ def command(follow: bool, since: str | None, lines: int | None, kinds: tuple[str
         streams, cursors = _read_all(connections, units_of, order, since_s, count, failed)
         printer.print(logs.merge(streams))
         for name, reason in failed.items():
-            click.echo(f"error: {name}: {reason}", err=True)
+            echo(f"error: {name}: {reason}", err=True)
         if follow:
             _follow(connections, units_of, order, cursors, since_s, printer)
     except KeyboardInterrupt:
@@ -209,7 +209,7 @@ def _follow(connections: dict[str, Any], units_of: dict[str, list[str]], order: 
             try:
                 channel = conn.start(command, timeout_s=30)
             except UnreachableError as exc:
-                click.echo(f"error: {name}: {exc.problems[0].message}", err=True)
+                echo(f"error: {name}: {exc.problems[0].message}", err=True)
                 continue
             channels.append(channel)
             threading.Thread(target=reader, args=(name, channel), daemon=True).start()
@@ -217,7 +217,7 @@ def _follow(connections: dict[str, Any], units_of: dict[str, list[str]], order: 
             try:
                 seen, item = arrived.get(timeout=0.1)
                 if isinstance(item, str):
-                    click.echo(f"warning: {item}", err=True)
+                    echo(f"warning: {item}", err=True)
                 else:
                     held.append((seen, item))
             except queue.Empty:

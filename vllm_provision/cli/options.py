@@ -25,6 +25,7 @@ import yaml
 
 from vllm_provision.cli.completion import complete_limit
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.text import printable
 from vllm_provision.inventory import yaml_limits
 from vllm_provision.inventory.source import load_yaml_data
 from vllm_provision.transport.base import (
@@ -35,6 +36,16 @@ from vllm_provision.transport.base import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def echo(text: object = "", *, err: bool = False, nl: bool = True) -> None:
+    """Print one human line (or several) with :func:`click.echo`, made printable first
+    (:func:`vllm_provision.core.text.printable`, newlines and tabs kept): the lines of the
+    commands that print what hosts answered (a unit state, a journal line, a holder file, a
+    package version), so no host text becomes a terminal escape. ``err``: on stderr; ``nl``:
+    end with a newline. A ``json.dumps`` line (ASCII, every control character a ``\\u``
+    escape) passes through unchanged."""
+    click.echo(printable(text, newlines=True), err=err, nl=nl)
 
 
 def parse_extra_vars(values: Sequence[str]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import CommonOptions
+from vllm_provision.cli.options import CommonOptions, echo
 
 
 @click.command("record", epilog=examples(
@@ -39,7 +39,7 @@ def command(inventory: Path, other: Path | None, replica_name: str | None,
     text = record.render(one(inventory), one(other) if other else None)
     record.check_complete(text)
     if out_path is None:
-        click.echo(text, nl=False)
+        echo(text, nl=False)
     else:
         store.write_text(out_path, text)
-        click.echo(f"record: {out_path}")
+        echo(f"record: {out_path}")

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.operations import stack as stack_op
 
@@ -41,7 +41,7 @@ def _chosen(opts: CommonOptions) -> list[tuple[Any, Path]]:
 
 def _warn(line: str) -> None:
     """A warning line on stderr (a stale run lock taken over)."""
-    click.echo(f"warning: {line}", err=True)
+    echo(f"warning: {line}", err=True)
 
 
 @command.command("lock", epilog=examples(
@@ -72,13 +72,13 @@ def lock_command(requirements: Path | None, excludes: Path | None, overrides: Pa
         done = stack_op.lock_replica(
             replica, path, opts.connection_options(), requirements=requirements,
             excludes=excludes, overrides=overrides,
-            warn=lambda line: click.echo(f"warning: {line}", err=True))
-        click.echo(f"{path}: {len(done.lock.pins)} packages for {done.target}, Python "
+            warn=lambda line: echo(f"warning: {line}", err=True))
+        echo(f"{path}: {len(done.lock.pins)} packages for {done.target}, Python "
                    f"{done.python} (stack {done.lock.id})")
         for name, before, after in done.changes:
-            click.echo(f"  {name}: {before or '(absent)'} -> {after or '(removed)'}")
+            echo(f"  {name}: {before or '(absent)'} -> {after or '(removed)'}")
         if not done.changes:
-            click.echo("  no change")
+            echo("  no change")
 
 
 @command.command("sync", epilog=examples(
@@ -106,17 +106,17 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
         for replica, path in chosen:  # replicas are independent: one's failure skips none
             try:
                 lock_id, results = stack_op.sync_replica(replica, path, wheelhouse, options,
-                                                         progress=click.echo, factory=factory)
+                                                         progress=echo, factory=factory)
             except ProvisionError as exc:
                 failed = True
-                click.echo(f"replica {replica.name}: FAILED: {exc.render()}")
+                echo(f"replica {replica.name}: FAILED: {exc.render()}")
                 continue
             for result in results:
-                click.echo(result.line())
+                echo(result.line())
             changed = sum(r.changed for r in results)
             errors = sum(bool(r.error) for r in results)
             failed = failed or bool(errors)
-            click.echo(f"replica {replica.name}: stack {lock_id}: {changed} changed, "
+            echo(f"replica {replica.name}: stack {lock_id}: {changed} changed, "
                        f"{len(results) - changed - errors} unchanged, {errors} failed"
                        + ("; no node switched, run sync again" if any(r.held for r in results)
                           else "")
@@ -145,7 +145,7 @@ def rollback_command(**kwargs: Any) -> None:
             replica_failed, lines = stack_op.rollback_replica(replica, options, factory)
             failed = failed or replica_failed
             for line in lines:
-                click.echo(line)
+                echo(line)
     sys.exit(1 if failed else 0)
 
 
@@ -163,8 +163,8 @@ def status_command(**kwargs: Any) -> None:
         for name, node, found in nodes:
             differs = differs or bool(found)
             state = "matches the lock" if not found else f"{len(found)} packages differ"
-            click.echo(f"{name}: {node.active or '(no venv)'}: {state} (stack {lock.id})")
+            echo(f"{name}: {node.active or '(no venv)'}: {state} (stack {lock.id})")
             for d in found:
-                click.echo(f"  {d.package}  {d.host}  expected {d.expected}  actual "
+                echo(f"  {d.package}  {d.host}  expected {d.expected}  actual "
                            f"{d.actual or 'not installed'}")
     sys.exit(2 if differs else 0)

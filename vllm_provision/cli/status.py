@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
+from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.text import one_line
 
@@ -185,44 +185,44 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     finally:
         close_all(connections)
     if as_json:
-        click.echo(json.dumps({"replicas": replicas}))
+        echo(json.dumps({"replicas": replicas}))
     else:
         for info in replicas:
             if info["down"]:  # stopped on purpose or not: nothing else to read
-                click.echo(f"{info['replica']}: down")
+                echo(f"{info['replica']}: down")
                 continue
-            click.echo(f"replica {info['replica']} ({info['backend']})")
+            echo(f"replica {info['replica']} ({info['backend']})")
             for unit in info["units"]:
                 if unit["state"] == "unreachable":  # one line per node below, with the reason
                     continue
-                click.echo(f"  {unit['host']:<12} {unit['unit']:<20} {unit['state']:<24} "
+                echo(f"  {unit['host']:<12} {unit['unit']:<20} {unit['state']:<24} "
                            f"pid {unit['main_pid']:<7} since {unit['since'] or '-'}  "
                            f"restarts {unit['restarts']}  result {unit['result']}")
                 if unit["last_failure"]:
-                    click.echo(f"    last failure: {unit['last_failure']}")
+                    echo(f"    last failure: {unit['last_failure']}")
                 for line in unit["older_failures"] if history else ():
-                    click.echo(f"    earlier failure: {line}")
+                    echo(f"    earlier failure: {line}")
             for host, reason in info["unreachable"].items():
-                click.echo(f"  {host:<12} {'unreachable':<20} {reason}")
-            click.echo(f"  rank 0 /health: {info['health'] or 'no answer'}  "
+                echo(f"  {host:<12} {'unreachable':<20} {reason}")
+            echo(f"  rank 0 /health: {info['health'] or 'no answer'}  "
                        f"(API path: {info['api_path']})")
             if "ray" in info:
                 ray = dict(info["ray"])
                 pending = ray.pop("pending", None)
-                click.echo(f"  ray: {ray}")
+                echo(f"  ray: {ray}")
                 if pending:
-                    click.echo(f"  pending: {pending}")
+                    echo(f"  pending: {pending}")
             whole = {True: "yes", False: "no",
                      None: "unknown (no running watchdog)"}[info["whole"]]
-            click.echo(f"  whole: {whole}  (watchdogs: " + ", ".join(
+            echo(f"  whole: {whole}  (watchdogs: " + ", ".join(
                 [f"{h} {_watchdog_word(w)}" for h, w in info["watchdogs"].items()
                  if h not in info["unreachable"]]
                 + [f"{h} unreachable" for h in info["unreachable"]]) + ")")
             for host, watchdog in info["watchdogs"].items():
                 probe = describe_probe(watchdog.get("probe"), watchdog.get("age_s") or 0.0)
                 if probe:
-                    click.echo(f"  completion probe on {host}: {probe}")
-            click.echo(f"{info['replica']}: {info['verdict']}")
+                    echo(f"  completion probe on {host}: {probe}")
+            echo(f"{info['replica']}: {info['verdict']}")
     if any(info["unreachable"] for info in replicas):
         sys.exit(1)
     sys.exit(0 if all(i["verdict"] == "serving" for i in replicas) else 3)
@@ -261,7 +261,7 @@ def _watch_routes(inv: Any, interval_s: float, duration_s: float | None, as_json
 
     def line(sample: dict[str, Any]) -> None:
         down = f"  down: {', '.join(sample['down'])}" if sample["down"] else ""
-        click.echo(f"{sample['t_s']:8.1f} s  serving {sample['serving']}/{len(endpoints)}"
+        echo(f"{sample['t_s']:8.1f} s  serving {sample['serving']}/{len(endpoints)}"
                    f"{down}", err=as_json)
 
     probe = fleet.CapacityProbe(endpoints, interval_s, on_sample=line, routes=routes)
@@ -271,8 +271,8 @@ def _watch_routes(inv: Any, interval_s: float, duration_s: float | None, as_json
         pass
     record = fleet.capacity_summary(probe.samples, len(endpoints), interval_s)
     if as_json:
-        click.echo(json.dumps({"watch": record}))
+        echo(json.dumps({"watch": record}))
     elif record["samples"]:
-        click.echo(f"at least {record['min_serving']} of {len(endpoints)} replicas served at "
+        echo(f"at least {record['min_serving']} of {len(endpoints)} replicas served at "
                    f"every poll ({len(record['samples'])} polls)")
     return 0 if record["min_serving"] == len(endpoints) else 3

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.cli.options import CommonOptions, common_options, echo
 from vllm_provision.operations import deploy
 from vllm_provision.operations.approval import YES_HELP
 from vllm_provision.operations.plan import plan_lines
@@ -46,29 +46,29 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
                             verbosity=opts.verbosity)
     reporter = report.HumanReporter(sys.stderr if opts.json else sys.stdout,
                                     diff_mode=opts.diff, verbosity=opts.verbosity)
-    done = deploy.run(request, reporter, echo=lambda line: click.echo(line, err=opts.json),
-                      warn=lambda line: click.echo(f"warning: {line}", err=True))
+    done = deploy.run(request, reporter, echo=lambda line: echo(line, err=opts.json),
+                      warn=lambda line: echo(f"warning: {line}", err=True))
     if done.declined:
         return done.exit_code
     summary = done.summary
     reporter.recap(summary)
     if "plan" in summary:
-        click.echo("\n".join(plan_lines(summary["plan"])), err=opts.json)
+        echo("\n".join(plan_lines(summary["plan"])), err=opts.json)
     if opts.json:
         report.print_json(summary)
     elif name in ("up", "restart") and len(done.replicas) > 1:
         for line in replica_lines(done.replicas):
-            click.echo(line)
+            echo(line)
     elif "completion" in summary:
-        click.echo(f"completion from {summary.get('served_model')}: {summary['completion']!r}")
-        click.echo(serving_line(summary))
+        echo(f"completion from {summary.get('served_model')}: {summary['completion']!r}")
+        echo(serving_line(summary))
         for entry in done.replicas[:1]:
             if entry.get("api_path"):
-                click.echo(f"API path: {entry['api_path']['path']} "
+                echo(f"API path: {entry['api_path']['path']} "
                            f"({entry['api_path']['reason']})")
         if summary.get("start_to_serving_s") is None:
             reason = summary.get("start_to_serving_reason") or "the readiness wait did not run"
-            click.echo(f"warning: start to serving was not measured: {reason}", err=True)
+            echo(f"warning: start to serving was not measured: {reason}", err=True)
     return done.exit_code
 
 

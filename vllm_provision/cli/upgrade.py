@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import CommonOptions, common_options
+from vllm_provision.cli.options import CommonOptions, common_options, echo
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.operations import fleet
 from vllm_provision.operations import upgrade as operation
@@ -84,18 +84,18 @@ def run_upgrade(opts: CommonOptions, *, serial: int | None, max_unavailable: int
     out = sys.stderr if opts.json else sys.stdout
     reporter = report.HumanReporter(out if opts.verbosity > 0 else io.StringIO(),
                                     diff_mode=opts.diff, verbosity=opts.verbosity)
-    done = operation.run(request, reporter, echo=lambda line: click.echo(line, err=opts.json),
-                         warn=lambda line: click.echo(f"warning: {line}", err=True))
+    done = operation.run(request, reporter, echo=lambda line: echo(line, err=opts.json),
+                         warn=lambda line: echo(f"warning: {line}", err=True))
     if done.declined:
         return 1
     if done.plan is not None:
         return _print_plan(done.plan, size, max_fail, opts.json)
     summary = done.summary or {}
     if opts.json:
-        click.echo(json.dumps(summary))
+        echo(json.dumps(summary))
     else:
         for line in fleet.recap_lines(done.entries or [], summary["capacity"]):
-            click.echo(line)
+            echo(line)
     return 0 if summary["ok"] else 1
 
 
@@ -103,20 +103,20 @@ def _print_plan(plan: list[dict[str, Any]], size: int, max_fail: int, as_json: b
     would = any(r["changes"] or r["restart"] for b in plan for r in b["replicas"])
     problems = any(r["problems"] for b in plan for r in b["replicas"])
     if as_json:
-        click.echo(json.dumps({"check": True, "serial": size, "max_fail": max_fail,
+        echo(json.dumps({"check": True, "serial": size, "max_fail": max_fail,
                                "plan": plan}))
     else:
         for batch in plan:
-            click.echo(f"batch {batch['batch']}: " + ", ".join(
+            echo(f"batch {batch['batch']}: " + ", ".join(
                 r["name"] for r in batch["replicas"]))
             for entry in batch["replicas"]:
                 what = ("restart in order" if entry["restart"] else
                         "no restart") + f", {len(entry['changes'])} change(s)"
-                click.echo(f"  replica {entry['name']}: {what}")
+                echo(f"  replica {entry['name']}: {what}")
                 for change in entry["changes"]:
-                    click.echo(f"    would change {change}")
+                    echo(f"    would change {change}")
                 for problem in entry["problems"]:
-                    click.echo(f"    problem {problem}")
+                    echo(f"    problem {problem}")
     if problems:
         return 1
     return 2 if would else 0

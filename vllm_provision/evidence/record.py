@@ -6,6 +6,11 @@ what it does not; how traffic returned after each fault; the evidence (start to 
 ITL, completion rate, placement); refusals where two runs' conditions differ; one closing
 sentence that can be checked against the numbers above it. With a second inventory, the two
 deployments go side by side in one table.
+
+Every value written into the record (a name, a path, a host's or the server's text such as the
+vLLM version, every table cell, list item and the closing sentence) goes through
+:func:`vllm_provision.core.text.markdown_inline`: it stays literal text on its own line or in its
+own cell (no control character, no new cell, row, heading, link or raw HTML).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from vllm_provision import backends, settings
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.text import markdown_inline as md
 
 MISSING = "not measured"
 
@@ -127,9 +133,10 @@ def fault_rows(facts: Mapping[str, Any]) -> list[str]:
                 is not None else f"not serving again within {rec['bound_s']:g} s")
         fates = "; ".join(describe_fate(s) for s in res["streams"])
         limit = ", ".join(res["start_limit_hit"]) or "none"
-        lines.append(f"- {how} to {target} (rank {res['target']['rank']}, {res['time']}): "
-                     f"{back}; first failed request {_s(rec['first_failure_s'])} after it; "
-                     f"in flight: {fates}; start limit hit: {limit}.")
+        lines.append("- " + md(f"{how} to {target} (rank {res['target']['rank']}, "
+                                f"{res['time']}): {back}; first failed request "
+                                f"{_s(rec['first_failure_s'])} after it; in flight: {fates}; "
+                                f"start limit hit: {limit}."))
     return lines
 
 
@@ -174,15 +181,16 @@ def closing(facts: Mapping[str, Any]) -> str:
 def render(facts: Mapping[str, Any], other: Mapping[str, Any] | None = None) -> str:
     """The Markdown record (module doc); ``other``: a second deployment for side by side."""
     runs = [facts] + ([other] if other else [])
-    lines = [f"# Deployment decision record: replica {facts['replica']}", "",
+    lines = [f"# Deployment decision record: replica {md(facts['replica'])}", "",
              "Filled by `provision record` from the inventory and the stored `provision bench` "
              "and `provision fault` results; nothing in it is typed by hand.", ""]
     lines += ["## GPU pool, reservation, workers", "",
-              "| | " + " | ".join(f"{r['backend']} ({r['inventory']})" for r in runs) + " |",
+              "| | " + " | ".join(md(f"{r['backend']} ({r['inventory']})") for r in runs)
+              + " |",
               "|---|" + "---|" * len(runs)]
     for key, label in (("pool", "GPU pool (`vllm_gpu_pool`)"), ("reserves", "who reserves the "
                        "GPUs"), ("starts", "who starts the workers and assigns node identity")):
-        lines.append(f"| {label} | " + " | ".join(str(r[key]) for r in runs) + " |")
+        lines.append(f"| {label} | " + " | ".join(md(r[key]) for r in runs) + " |")
     lines += ["", "## What Ray adds here, and what it does not", "",
               "- Adds: reservation of every GPU as a placement group before any worker starts "
               "(what a shared pool needs: no half-started gang), and a place in an existing "
@@ -194,10 +202,10 @@ def render(facts: Mapping[str, Any], other: Mapping[str, Any] | None = None) -> 
     lines += ["## How traffic returned after a failure", ""]
     for r in runs:
         rows = fault_rows(r)
-        lines += [f"{r['backend']}:", ""] + (rows or [f"- {MISSING}: no `provision fault` "
+        lines += [f"{md(r['backend'])}:", ""] + (rows or [f"- {MISSING}: no `provision fault` "
                                                       "result stored."]) + [""]
     lines += ["## The evidence", "",
-              "| | " + " | ".join(r["backend"] for r in runs) + " |",
+              "| | " + " | ".join(md(r["backend"]) for r in runs) + " |",
               "|---|" + "---|" * len(runs)]
     table: list[tuple[str, Any]] = [
         ("model, dtype", lambda b: f"{b['conditions']['model']}, {b['conditions']['dtype']}"),
@@ -225,17 +233,17 @@ def render(facts: Mapping[str, Any], other: Mapping[str, Any] | None = None) -> 
         ("measured at", lambda b: b["time"]),
     ]
     for label, read in table:
-        lines.append(f"| {label} | " + " | ".join(str(read(r["bench"])) for r in runs) + " |")
+        lines.append(f"| {label} | " + " | ".join(md(read(r["bench"])) for r in runs) + " |")
     lines += ["", "## Refusals", ""]
     refused = refusals(facts, other) if other else []
-    lines += [f"- {text}" for text in refused] or (
+    lines += [f"- {md(text)}" for text in refused] or (
         ["- None: model, dtype, sizes, vLLM version, hosts, inputs and GPU placement were the "
          "same, so a difference above may be attributed to the backend."] if other else
         ["- No second deployment was compared (`--compare`): nothing is attributed to a "
          "backend."])
-    lines += ["", "## Decision", "", closing(facts)]
+    lines += ["", "## Decision", "", md(closing(facts))]
     if other:
-        lines += ["", f"Compared with {other['backend']}: {closing(other)}"]
+        lines += ["", f"Compared with {md(other['backend'])}: {md(closing(other))}"]
     return "\n".join(lines) + "\n"
 
 

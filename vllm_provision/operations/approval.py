@@ -91,11 +91,13 @@ def ask(command: str, *, prompt: Callable[[str], str] | None = None,
         command: the command, for the question.
         prompt: reads one answer (default: :func:`click.prompt` on the terminal); EOF or Ctrl-C
             count as no.
-        echo: prints a line (default: stderr).
+        echo: prints a line (default: stderr, made printable: a unit's state is host text).
     """
     import click
 
-    say = echo or (lambda line: click.echo(line, err=True))
+    from vllm_provision.core.text import printable
+
+    say = echo or (lambda line: click.echo(printable(line, newlines=True), err=True))
     read = prompt or (lambda text: click.prompt(text, default="", show_default=False,
                                                 err=True))
     say(f"Do you want to perform these actions? provision {command} will do what the plan "

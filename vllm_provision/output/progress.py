@@ -37,6 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
+from vllm_provision.core.text import printable as _printable
+
 Mode = Literal["live", "plain", "off"]
 PLAIN_EVERY_S = 10.0
 REFRESH_PER_SECOND = 4
@@ -50,12 +52,9 @@ _board: _Board | None = None
 
 
 def printable(text: str, limit: int = 300) -> str:
-    """``text`` with every control character (C0 but tab, DEL, C1; newline included) and other
-    unprintable one written as ``\\xNN``, cut to ``limit`` characters: safe to print on a
-    terminal."""
-    out = "".join(c if c.isprintable() or c == "\t" else
-                  f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
-    return out if len(out) <= limit else out[:limit - 1] + "…"
+    """``text`` on one line, safe to print on a terminal, cut to ``limit`` characters:
+    :func:`vllm_provision.core.text.printable` with newlines escaped and tabs kept."""
+    return _printable(text, limit=limit)
 
 
 def choose_mode(*, json_mode: bool, stream: TextIO | None = None) -> Mode:

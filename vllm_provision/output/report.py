@@ -4,6 +4,9 @@ Human output looks like ansible-playbook's (``ok: [h1]``, ``changed: [h2]``, col
 diff mode, then a recap table and the total time). With ``--json`` exactly ONE JSON object is
 printed on stdout at the end (progress lines go to stderr); its schema is in docs/engine.md.
 Errors (:class:`ProvisionError`) are printed once by :func:`render_error`, never as a traceback.
+Text from hosts (task messages, diffs, errors) is printed literally: control characters shown
+escaped (:func:`vllm_provision.core.text.printable`) and rich markup escaped; ``--json`` is
+``json.dumps`` (every control character a ``\\u00XX`` escape, non-ASCII too), exact.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, TextIO
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.core.text import printable
 
 STATUS_STYLE = {
     Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "bold red",
@@ -87,7 +91,8 @@ class HumanReporter:
             self.verbosity > 0 or result.status in (Status.CHANGED, Status.FAILED,
                                                     Status.UNREACHABLE))
         if show_message:
-            first, *rest = result.message.splitlines() or [""]
+            # printable first: a host's \r or U+2028 is shown escaped, not taken as a line end
+            first, *rest = printable(result.message, newlines=True).rstrip("\n").split("\n")
             line += f" {_esc(first)}"
             if rest:
                 line += "\n" + _esc("\n".join("    " + r for r in rest))
@@ -95,8 +100,8 @@ class HumanReporter:
         if self.diff_mode and result.diff:
             from rich.syntax import Syntax
 
-            self.console.print(Syntax(result.diff, "diff", theme="ansi_dark",
-                                      background_color="default"))
+            self.console.print(Syntax(printable(result.diff, newlines=True), "diff",
+                                      theme="ansi_dark", background_color="default"))
 
     def recap(self, summary: Mapping[str, Any]) -> None:
         """Print the PLAY RECAP table and the total time."""
@@ -223,7 +228,7 @@ def render_error(error: ProvisionError, stream: TextIO | None = None) -> None:
     """
     console = _console(stream or sys.stderr)
     for problem in error.problems or []:
-        first, *rest = problem.render().splitlines()
+        first, *rest = printable(problem.render(), newlines=True).rstrip("\n").split("\n")
         console.print(f"[bold red]error:[/bold red] {_esc(first)}")
         for line in rest:
             console.print(_esc(line))
@@ -236,6 +241,9 @@ def render_error(error: ProvisionError, stream: TextIO | None = None) -> None:
 
 
 def _esc(text: str) -> str:
+    """``text`` (a task's message, a host's answer, an error) as literal rich text: printable
+    (:func:`vllm_provision.core.text.printable`, newlines kept: no terminal escape from a
+    host) and markup-escaped (``[bold]`` in a host's text is shown, not applied)."""
     from rich.markup import escape
 
-    return escape(text)
+    return escape(printable(text, newlines=True))

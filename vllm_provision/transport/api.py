@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
+from vllm_provision.core.text import printable
 
 if TYPE_CHECKING:
     from vllm_provision.transport.tunnel import ApiRoute
@@ -287,8 +288,10 @@ class Endpoint:
         return [str(item.get("id")) for item in answer.get("data", []) if isinstance(item, dict)]
 
     def version(self) -> str:
-        """``GET /version``: the running vLLM version."""
-        return str(self.get_json("/version").get("version", ""))
+        """``GET /version``: the running vLLM version, made printable (at most 200 characters,
+        :func:`vllm_provision.core.text.printable`): the server's text reaches the terminal,
+        the stored bench result and the decision record."""
+        return printable(self.get_json("/version").get("version", ""), limit=200)
 
     def complete(self, model: str, prompt: str = "Hello", max_tokens: int = 8,
                  clock: Callable[[], float] = time.monotonic) -> Completion:

@@ -59,6 +59,7 @@ from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Host
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import shell_quote
+from vllm_provision.core.text import printable
 from vllm_provision.transport.base import ConnectionOptions, UnreachableError
 from vllm_provision.transport.connection import HostConnection, close_all, open_connections
 
@@ -112,9 +113,13 @@ class Holder:
     remote_pid: int = 0
 
     def describe(self) -> str:
-        """``provision up by alice on ctl-1 (PID 4242), started 2025-01-01T12:00:00Z``."""
-        return (f"provision {self.command} by {self.user} on {self.controller} "
-                f"(PID {self.pid}), started {self.started}")
+        """``provision up by alice on ctl-1 (PID 4242), started 2025-01-01T12:00:00Z``; each
+        word read from the host's holder file is made printable (at most 200 characters,
+        :func:`vllm_provision.core.text.printable`): a holder file is the host's text."""
+        command, user, controller, started = (printable(v, limit=200) for v in (
+            self.command, self.user, self.controller, self.started))
+        return (f"provision {command} by {user} on {controller} "
+                f"(PID {self.pid}), started {started}")
 
     @classmethod
     def parse(cls, text: str) -> Holder | None:
