@@ -6,7 +6,7 @@ is reverted by `up` without restarting anything; a second inventory naming the s
 both replica ids, the lab inventory's path and this controller, then accepted with
 `--take-over`, after which no unit of the old replica is left. The deployment is the session's
 mp replica, held exclusively (the ``replicas`` broker's: reused when it knows it serving, else
-deployed). The module ends with `down --purge` and tells the broker the hosts are purged.
+deployed), brought up once more so that its state record names the processes running now. The module ends with `down --purge` and tells the broker the hosts are purged.
 
 Cost: about 85 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
@@ -49,6 +49,13 @@ def _deployed(lease: Any, folder: Path) -> Iterator[dict[str, Path]]:
     other = folder / "llm.yml"
     other.write_text(yaml.safe_dump(data, sort_keys=False))
     paths = {"mine": mine, "other": other, "state": lease.replica.state_home}
+    # The broker hands over a serving replica, but a module before this one may have restarted
+    # its units since the last `up` (a heal, a fault): the state record then names processes
+    # that no longer run, and `up` rightly restarts what it cannot prove read the restored file.
+    # One `up` first makes the record describe the processes running now (no restart: nothing
+    # changed), which is what the first test's claim is about.
+    up = provision("up", "-i", str(mine), state_home=paths["state"])
+    assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield paths
     finally:
