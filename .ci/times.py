@@ -38,6 +38,27 @@ def cases(path: Path) -> list[dict[str, object]]:
     return found
 
 
+def workers(folder: Path) -> None:
+    """Print, per stand-in worker (``timeline-gw<i>.tsv``: worker, test id, start, end), its
+    tests, the seconds its tests ran, when its first test began and its last ended (seconds
+    from the tier's first test) and how long it sat idle before the tier's last test ended."""
+    lines = [line.split("\t") for path in sorted(folder.glob("timeline-*.tsv"))
+             for line in path.read_text(errors="replace").splitlines() if line.count("\t") == 3]
+    if not lines:
+        return
+    first = min(float(line[2]) for line in lines)
+    last = max(float(line[3]) for line in lines)
+    by_worker: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for worker, _test, start, end in lines:
+        by_worker[worker].append((float(start), float(end)))
+    print(f"\n{'worker':<8}{'tests':>7}{'busy s':>8}{'first':>7}{'last':>7}{'idle at end':>13}")
+    for worker, spans in sorted(by_worker.items()):
+        busy = sum(end - start for start, end in spans)
+        begun, ended = min(s for s, _ in spans) - first, max(e for _, e in spans) - first
+        print(f"{worker:<8}{len(spans):>7}{busy:>8.0f}{begun:>7.0f}{ended:>7.0f}"
+              f"{last - first - ended:>13.0f}")
+
+
 def main(folder: Path) -> None:
     """Print the tables for the CI output folder ``folder``, then one closing line counting
     every tier's tests: ``all tiers: N passed, N failed, N skipped``."""
@@ -67,6 +88,7 @@ def main(folder: Path) -> None:
             modules[(tier, str(c["module"]))].append(float(c["s"]))
     for (tier, module), seconds in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
         print(f"{sum(seconds):>7.0f}  {len(seconds):>3}  {tier:<8} {module}")
+    workers(folder)
     failed = [(tier, c) for tier, c in everything if c["outcome"] == "failed"]
     if failed:
         print("\nfailed (the tier's log in the folder has the whole report):")

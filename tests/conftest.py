@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -56,6 +57,48 @@ def module_cost_s(module: object) -> int:
     it says nothing (unit test modules)."""
     match = COST_LINE.search(getattr(module, "__doc__", None) or "")
     return int(match.group(1)) if match else 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With ``--dist loadfile``, a scheduler that hands a worker its next module only when the
+    worker is down to its last test (pytest-xdist's own waits for two or fewer): a worker whose
+    module ends with two long tests no longer takes a long module early while another worker
+    goes idle at the end of the run (docs/testing.md, "Module order"). Other modes: xdist's own.
+    """
+    if getattr(config.option, "dist", "") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LastTestScheduling(LoadFileScheduling):  # type: ignore[misc]
+        """LoadFileScheduling, topping a worker up at one pending test instead of two."""
+
+        def _reschedule(self, node: object) -> None:
+            if node.shutting_down:  # type: ignore[attr-defined]
+                return
+            if not self.workqueue:
+                node.shutdown()  # type: ignore[attr-defined]
+                return
+            # one pending test is the one the worker holds back until it knows the next item
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    return LastTestScheduling(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: object) -> Iterator[None]:
+    """With ``CI_TIMELINE`` set (a folder, as `.ci/run` sets it), append one line per test to
+    ``<folder>/timeline-<worker>.tsv``: worker, test id, start and end (Unix seconds), so that
+    `.ci/times.py` can say how busy each lab worker was and how long each sat idle at the end."""
+    folder = os.environ.get("CI_TIMELINE")
+    started = time.time()
+    yield
+    if folder:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(folder, f"timeline-{worker}.tsv"), "a", encoding="utf-8") as out:
+            out.write(f"{worker}\t{item.nodeid}\t{started:.3f}\t{time.time():.3f}\n")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -14,7 +14,7 @@ log proves the sessions came from h2, never from the controller.
 
 Two deploys (one ``up`` each), through the broker's exclusive lease.
 
-Cost: about 107 s on one lab worker alone (145 s after test_deploy left its replica), stand-in
+Cost: about 143 s on one lab worker alone (145 s after test_deploy left its replica), stand-in
 tier; docs/testing.md, "Per module".
 """
 

@@ -7,7 +7,7 @@ switch ``up --check --diff`` shows the removals and changes nothing; at the end 
 leaves no unit or file of ours (those the hosts' state records list, and the known names).
 The tests run in file order and share the hosts' state (one ``up`` per switch).
 
-Cost: about 125 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 161 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ a PNG read back; the placement against the TP x PP workers; each in-flight strea
 against the journal of rank 0's API unit (a stream cut when the API process went away is an
 error after fewer tokens than asked, a completed one has them all and ended before it went).
 
-Cost: about 255 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 361 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

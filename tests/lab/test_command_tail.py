@@ -9,7 +9,7 @@ writes 4 MiB and then its last line right before it exits; 200 times in a row, o
 kept busy by CPU burners inside it. The loop that stopped at the exit status once the receive
 buffer looked empty lost the tail in 46 of 200 runs (measured on the lab).
 
-Cost: about 65 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 68 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ user when none of its tests failed (else the broker is told it does not know the
 class takes its replica down. The CLI runs as a subprocess, as an operator would run it; unit
 states come from ``systemctl show`` over the lab's SSH and from pytest-testinfra.
 
-Cost: about 570 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 758 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 at all. The tests read the session's mp replica (the ``replicas`` broker's, deployed only when
 the broker does not know it serving) and each undoes its own change, so it is left serving.
 
-Cost: about 95 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 103 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine against the lab: real SSH, real systemd.
 
-Cost: about 65 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 125 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

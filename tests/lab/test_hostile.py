@@ -7,7 +7,7 @@ whose served model name is ``$(touch MARKER)``; the refused cases run ``up`` bef
 ``down`` after it, and the module ends with ``down --purge`` (the broker is told so). Hosts are
 read over the lab's SSH with pytest-testinfra, as an operator would look.
 
-Cost: about 70 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 128 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

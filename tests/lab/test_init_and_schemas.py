@@ -5,7 +5,7 @@ checked in tests/unit/test_json_schemas.py). One `up` of the module's own invent
 the module, on hosts the ``replicas`` broker hands over with no replica serving; the replica is
 taken down at the end and the broker told so.
 
-Cost: about 60 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 67 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

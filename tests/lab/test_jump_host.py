@@ -7,7 +7,7 @@ the jump host and the host it leads to; ``accept-new`` learns it once into the i
 known_hosts file; a changed key is refused even under ``accept-new``. h2's sshd log proves the
 session came from h1.
 
-Cost: about 10 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 7 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 These tests use their own instance (own name, network and state dir, the shared base cache), so
 they run while the session's lab is up and never touch it.
 
-Cost: about 50 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 33 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A unit written over SSH behaves as on a real host, also across a reboot of the host.
 
-Cost: about 5 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 9 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ safetensors headers, no weights; the estimate reads nothing else), copied to bot
 lab's mp replica is TP=4 x PP=2 on two hosts of 4 stand-in GPUs of 143771 MiB
 (docs/lab-standin.md); ``vllm_gpu_memory_utilization`` from ``-e`` sets each GPU's budget.
 
-Cost: about 10 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 15 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ answers. A second `up` changes nothing, and `down --purge` removes our table and
 leaves a table of someone else's (made first) exactly as it was. Every port comes from the
 inventory and the variables table, none is written here.
 
-Cost: about 160 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 280 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

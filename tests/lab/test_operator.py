@@ -6,7 +6,7 @@ shared by the module. The module holds the session's mp replica exclusively (the
 broker's), handed over not serving so that its `up` starts vLLM; the tests run in file order
 and leave it serving, which the broker is told.
 
-Cost: about 65 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 61 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

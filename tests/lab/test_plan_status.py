@@ -5,7 +5,7 @@ with an API key: the broker reuses it when it knows it serving so, else runs its
 run in file order and the last one takes the replica down (the fixture's `down` then finds
 nothing to do); the broker is told it is down.
 
-Cost: about 75 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 98 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

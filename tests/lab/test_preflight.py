@@ -4,7 +4,7 @@ Every test changes one thing on the lab, runs the real CLI over real SSH, and re
 (`provision lab set HOST key=default`, or undoing its own change) in a ``finally``. The product
 code never knows it talks to the lab.
 
-Cost: about 85 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 123 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

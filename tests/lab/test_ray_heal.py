@@ -16,7 +16,7 @@ graphs) with fast GCS health checks in ``ray_env`` (a silent raylet is DEAD with
 
 Times are printed (``pytest -s``) and recorded in docs/recovery.md.
 
-Cost: about 350 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 395 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

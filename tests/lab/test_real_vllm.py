@@ -11,7 +11,7 @@ first does not pay for a restore it would undo (a real vLLM start costs about 10
 On the real tier the module ends with the replica serving: the module after it there,
 test_recovery, starts from it instead of deploying its own.
 
-Cost: about 255 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 334 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

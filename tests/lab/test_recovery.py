@@ -23,7 +23,7 @@ The CLI runs as a subprocess against the lab's generated inventories; unit state
 ``systemctl show`` over the lab's SSH. Timings measured are printed (``pytest -s``) and
 recorded in docs/recovery.md.
 
-Cost: about 590 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 616 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The module boots four more hosts into the session's lab (h3, h4 bullseye; h5, h6
 replica heals with no operator) and ``down``. A replica mixing the releases is refused by
 preflight's parity rules: Python (and, for Ray, Ray) versions differ.
 
-Cost: about 430 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 470 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ before the first replica is touched). The module adds the hosts the lab lacks of
 running lab (``Lab.add_hosts``: the booted ones keep running), takes the fleet down at the end
 (``down``: every host is free again) and removes the hosts it added.
 
-Cost: about 200 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 289 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ replica id and is the same owner). At the end the replica is
 taken down (``down``), as the module found the lab, and the broker is told so: later modules
 start vLLM stand-ins by hand on the same ports.
 
-Cost: about 50 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 37 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ h2's GPU 0 held, then (the same hold) waits until the hold is released and start
 replica is deployed, its vLLM stopped, one worker GPU taken by another Ray job, and `up` waits
 on the pending placement group until the job ends. Short timeouts keep the module quick.
 
-Cost: about 140 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 207 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ host whose cable is pulled mid-build (no node switches; the rerun converges).
 One module-scoped set-up: a plain venv at a path of its own on both hosts (so the lab's /opt/vllm
 stays as other modules expect it), locked and synced once; the tests go on from there in order.
 
-Cost: about 110 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 139 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The simulated GPU stack on a running lab: nvidia-smi, metadata, lab set, mp and Ray stand-ins.
 
-Cost: about 155 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 190 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

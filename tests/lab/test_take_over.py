@@ -8,7 +8,7 @@ both replica ids, the lab inventory's path and this controller, then accepted wi
 mp replica, held exclusively (the ``replicas`` broker's: reused when it knows it serving, else
 deployed), brought up once more so that its state record names the processes running now. The module ends with `down --purge` and tells the broker the hosts are purged.
 
-Cost: about 85 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 91 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

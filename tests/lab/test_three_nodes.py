@@ -9,7 +9,7 @@ heals with no operator action: rank 0 restarts as a new group and serves again, 
 three hosts running; ``down --purge`` leaves the hosts free. The module adds h3 to the running
 lab when it lacks it and removes it at the end.
 
-Cost: about 250 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 322 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the hosts are read over the lab's SSH. The hosts are held exclusively from the s
 ``replicas`` broker, handed over purged of our replicas (the broker purges unless it knows them
 purged); the module ends with ``down`` and tells the broker so.
 
-Cost: about 20 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 22 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The session's ``replicas`` broker hands the hosts over with no replica serving (
 exclusively, for the check as for the ``up``); the module takes its replicas down at the end
 and tells the broker so.
 
-Cost: about 30 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 28 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the same replica id, so it is the same owner without ``--take-over``), so it cha
 and must still see it serve. One ``down --purge`` at the end, of which the
 broker is told.
 
-Cost: about 40 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 52 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

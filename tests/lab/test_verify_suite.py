@@ -3,7 +3,7 @@ and fails once `provision down` stopped it: the operator's checks can tell the t
 replica is the session's mp replica, held exclusively (the ``replicas`` broker's: reused when it
 knows it serving, else deployed); the broker is told it is left down.
 
-Cost: about 60 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 57 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
