@@ -311,7 +311,7 @@ class HostConnection:
                 if transport is None or not transport.is_active():
                     raise EOFError("SSH transport closed")
                 channel = transport.open_session(timeout=timeout_s)
-                channel.exec_command(line)
+                exec_bounded(channel, line, timeout_s)
                 STATS.add(self.name, commands=1, round_trips=START_ROUND_TRIPS)
             except Exception as exc:  # paramiko.SSHException, OSError, EOFError
                 raise UnreachableError.single(
@@ -384,7 +384,7 @@ class HostConnection:
             transport.clear_to_send_timeout = max(30.0, limit)
             channel = transport.open_session(timeout=max(1.0, min(limit, 30.0)))
             STATS.add(self.name, commands=1, round_trips=COMMAND_ROUND_TRIPS)
-            channel.exec_command(line)
+            exec_bounded(channel, line, max(0.1, deadline - time.monotonic()))
             if isinstance(stdin, (str, bytes)):
                 data = stdin.encode() if isinstance(stdin, str) else stdin
                 channel.settimeout(max(0.1, deadline - time.monotonic()))
@@ -463,6 +463,43 @@ class HostConnection:
             raise UnreachableError.single(self.name, self._broken) from None
         return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - started)
+
+
+def exec_bounded(channel: Any, line: str, timeout_s: float) -> None:
+    """``channel.exec_command(line)`` that gives up after ``timeout_s`` seconds.
+
+    paramiko's ``Channel.exec_command`` waits for the server's reply to the exec request with
+    no timeout (paramiko/channel.py, ``_wait_for_event``): a host cut off after the channel
+    opened, whose transport has not failed yet, leaves the caller waiting forever, and with it
+    the host's task and the whole run. Here a timer closes the channel at the deadline, which
+    wakes the wait.
+
+    Args:
+        channel: an open paramiko ``Channel``. line: the command line. timeout_s: seconds.
+
+    Raises:
+        TimeoutError: no reply within ``timeout_s`` (the channel is closed).
+        paramiko.SSHException, EOFError, OSError: as ``exec_command`` raises them.
+    """
+    fired = threading.Event()
+
+    def give_up() -> None:
+        fired.set()
+        channel.close()
+
+    timer = threading.Timer(max(0.1, timeout_s), give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        channel.exec_command(line)
+    except Exception:
+        if fired.is_set():
+            raise TimeoutError(f"no reply to the exec request within {timeout_s:g} s") from None
+        raise
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        raise TimeoutError(f"no reply to the exec request within {timeout_s:g} s")
 
 
 class _Silent(Exception):
