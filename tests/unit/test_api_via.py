@@ -319,3 +319,21 @@ def test_open_forward_maps_sshd_answers_to_os_errors() -> None:
         assert isinstance(conn, HostConnection)
         with pytest.raises(expected, match=words):
             conn.open_forward("127.0.0.1", 8000, 2)
+
+
+
+def test_choices_for_probes_a_fleet_side_by_side(tmp_path: Path) -> None:
+    """Three replicas' auto probes run at once (each waits for the other two at a barrier,
+    which a one-after-the-other probe never passes), and each replica gets its own answer."""
+    met = threading.Barrier(3, timeout=10)
+
+    def together(address: str, port: int, timeout_s: float) -> tuple[bool, str]:
+        met.wait()
+        return (port == 8000, f"probed {address}:{port}")
+
+    base = _replica(tmp_path, vllm_api_via="auto")
+    replicas = [replace(base, name=f"r{i}", engine=replace(base.engine, api_port=8000 + i))
+                for i in range(3)]
+    chosen = tunnel.choices_for(replicas, probe=together)
+    assert [chosen[f"r{i}"].via for i in range(3)] == ["direct", "ssh", "ssh"]
+    assert all(f":{8000 + i}" in chosen[f"r{i}"].reason for i in range(3))

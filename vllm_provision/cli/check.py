@@ -152,7 +152,7 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     from vllm_provision.facts.collect import collect_facts
     from vllm_provision.inventory import select_hosts
     from vllm_provision.modules.vllm_preflight import api_path_json
-    from vllm_provision.transport.tunnel import choice_for
+    from vllm_provision.transport.tunnel import choices_for
 
     opts = CommonOptions.from_kwargs(kwargs)
     inventory = opts.load_inventory(require_replica=True)
@@ -171,7 +171,8 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     facts, errors = collect_facts(inventory, hosts, probe, opts.connection_options())
     findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
                           defaults=defaults)
-    paths = {replica.name: api_path_json(replica, choice_for(replica)) for replica in replicas}
+    chosen = choices_for(replicas)
+    paths = {replica.name: api_path_json(replica, chosen[replica.name]) for replica in replicas}
     if opts.json:
         echo(json.dumps(findings_json(findings, replicas, memory_estimates(
             replicas, facts, defaults), paths), indent=2))

@@ -236,9 +236,10 @@ def _watch(inv: Any, interval_s: float, duration_s: float | None, as_json: bool,
     object). Exit 0 when every replica served at every poll, 3 otherwise. A replica reached
     through SSH (``vllm_api_via``) is polled over a connection to its rank 0, held meanwhile."""
     from vllm_provision.transport.connection import close_all, open_connections
-    from vllm_provision.transport.tunnel import choice_for, route_for
+    from vllm_provision.transport.tunnel import choices_for, route_for
 
-    masters = [r.master.host for r in inv.replicas if choice_for(r).via == "ssh"]
+    chosen = choices_for(list(inv.replicas))
+    masters = [r.master.host for r in inv.replicas if chosen[r.name].via == "ssh"]
     connections, _ = (open_connections(masters, opts.connection_options()) if masters
                       else ({}, {}))
     routes = {}

@@ -35,7 +35,7 @@ from vllm_provision.facts.gather import gather_facts
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
-from vllm_provision.transport.tunnel import Choice, choice_for, describe_choice
+from vllm_provision.transport.tunnel import Choice, choices_for, describe_choice
 
 RUNS_ON = "controller"
 ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (
@@ -104,7 +104,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     data = {"errors": len(failing), "warnings": len(warnings),
             "findings": [finding_dict(f) for f in findings if f.severity is not Severity.OK]}
     host_results: dict[str, ModuleResult] = {}
-    paths = {replica.name: choice_for(replica) for replica in replicas}
+    paths = choices_for(replicas)
     data["api_paths"] = {replica.name: api_path_json(replica, paths[replica.name])
                          for replica in replicas}
     for replica in replicas:

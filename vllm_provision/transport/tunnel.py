@@ -24,7 +24,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -341,6 +342,19 @@ def choice_for(replica: Replica, *, via: str | None = None,
     return chosen
 
 
+def choices_for(replicas: Sequence[Replica], *, via: str | None = None,
+                probe: Callable[[str, int, float], tuple[bool, str]] = probe_direct
+                ) -> dict[str, Choice]:
+    """:func:`choice_for` of every replica at once: replica name -> :class:`Choice`. The
+    ``auto`` probes run side by side, so a fleet whose APIs the controller cannot reach waits
+    one probe timeout (:data:`PROBE_TIMEOUT_S`), not one per replica."""
+    if len(replicas) < 2:
+        return {r.name: choice_for(r, via=via, probe=probe) for r in replicas}
+    with ThreadPoolExecutor(max_workers=min(16, len(replicas))) as pool:
+        chosen = list(pool.map(lambda r: choice_for(r, via=via, probe=probe), replicas))
+    return {r.name: c for r, c in zip(replicas, chosen, strict=True)}
+
+
 def describe_choice(replica: Replica, choice: Choice) -> str:
     """``direct`` or ``ssh via <rank 0 host>``: the words ``provision check`` prints."""
     return "direct" if choice.via == "direct" else f"ssh via {replica.master.name}"
@@ -385,7 +399,7 @@ def forget() -> None:
 
 __all__ = [
     "PROBE_TIMEOUT_S", "VIAS", "ApiRoute", "ChannelStream", "Choice", "TunnelBackend",
-    "api_via", "choice_for", "choose", "describe_choice", "forget", "http_client",
+    "api_via", "choice_for", "choices_for", "choose", "describe_choice", "forget", "http_client",
     "is_loopback", "probe_direct", "route_for", "ssl_context", "tunnel_destination",
     "tunnel_transport",
 ]
