@@ -11,10 +11,7 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, common_options, echo
-from vllm_provision.operations import deploy
 from vllm_provision.operations.approval import YES_HELP
-from vllm_provision.operations.plan import plan_lines
-from vllm_provision.output import report
 
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
@@ -37,6 +34,12 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         ProvisionError, RunLockError: as :func:`vllm_provision.operations.deploy.run` (nothing
             was changed then).
     """
+    # imported here, not at the top: `provision up --help` (and down's, restart's) then loads
+    # only the command line, not the engine
+    from vllm_provision.operations import deploy
+    from vllm_provision.operations.plan import plan_lines
+    from vllm_provision.output import report
+
     overrides = {**(extra_vars or {}), **deploy.run_vars(skip_checks, take_over)}
     if overrides:
         opts = replace(opts, extra_vars={**(opts.extra_vars or {}), **overrides})
