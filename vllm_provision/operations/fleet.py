@@ -339,11 +339,17 @@ def capacity_summary(samples: Sequence[Mapping[str, Any]], replicas: int,
 class CapacityProbe:
     """Polls every replica's ``GET /health`` each ``interval_s`` seconds in a thread and keeps,
     per tick, how many answered 200 (vLLM's health route: 200 once the engine serves,
-    vllm/entrypoints/openai/api_server.py). The requests of one tick run at once, each with a
-    timeout just under the interval, so a tick lasts at most one interval.
+    vllm/entrypoints/openai/api_server.py). The requests of one tick run at once, each with
+    ``health_timeout_s``; a tick that takes longer than the interval delays the next one.
+
+    A replica counts as down when it refuses, answers other than 200, or gives no answer
+    within ``health_timeout_s``. vLLM answers /health at once while it serves, but a busy
+    controller (or a loaded host) can take over a second to make and read the request, and a
+    timeout just under a one-second interval then counted serving replicas as down.
 
     Args:
         endpoints: replica name -> API base URL. interval_s: seconds between ticks.
+        health_timeout_s: seconds one /health request may take (default 3).
         on_sample: called with each sample (a live line for ``status --watch``).
         routes: replica name -> how the controller reaches it (``vllm_api_via``); a replica
             without one is reached directly.
@@ -351,8 +357,10 @@ class CapacityProbe:
 
     def __init__(self, endpoints: Mapping[str, str], interval_s: float = 1.0,
                  on_sample: Callable[[dict[str, Any]], None] | None = None,
-                 routes: Mapping[str, ApiRoute] | None = None) -> None:
+                 routes: Mapping[str, ApiRoute] | None = None,
+                 health_timeout_s: float = 3.0) -> None:
         self.endpoints = dict(endpoints)
+        self.health_timeout_s = health_timeout_s
         self.routes = dict(routes or {})
         self.interval_s = interval_s
         self.on_sample = on_sample
@@ -364,7 +372,7 @@ class CapacityProbe:
     def tick(self, pool: ThreadPoolExecutor) -> dict[str, Any]:
         """Poll every endpoint once; return (and keep) the sample."""
         t = time.monotonic() - self._started
-        timeout = max(0.2, self.interval_s * 0.9)
+        timeout = max(0.2, self.health_timeout_s)
         names = list(self.endpoints)
         codes = list(pool.map(lambda n: _get(self.endpoints[n] + "/health", timeout,
                                              self.routes.get(n))[0], names))
