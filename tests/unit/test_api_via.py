@@ -337,3 +337,10 @@ def test_choices_for_probes_a_fleet_side_by_side(tmp_path: Path) -> None:
     chosen = tunnel.choices_for(replicas, probe=together)
     assert [chosen[f"r{i}"].via for i in range(3)] == ["direct", "ssh", "ssh"]
     assert all(f":{8000 + i}" in chosen[f"r{i}"].reason for i in range(3))
+
+
+def test_the_tunnel_verifies_tls_with_the_direct_requests_context() -> None:
+    """The tunnel's connection pool carries the TLS context a direct request uses (the
+    operator's CA bundle), not httpcore's default."""
+    transport = tunnel.tunnel_transport(tunnel.TunnelBackend(lambda timeout: None, "test"))
+    assert transport._pool._ssl_context is tunnel.ssl_context()

@@ -258,12 +258,16 @@ def tunnel_transport(backend: TunnelBackend, max_connections: int = 10) -> Any:
 
     class _Transport(httpx.HTTPTransport):
         def __init__(self) -> None:
-            super().__init__(verify=ssl_context(),
+            context = ssl_context()
+            super().__init__(verify=context,
                              limits=httpx.Limits(max_connections=max_connections,
                                                  max_keepalive_connections=max_connections))
+            # the same TLS context as a direct request (the operator's CA bundle): an https
+            # API through the tunnel is verified like one reached directly
             self._pool = httpcore.ConnectionPool(
-                max_connections=max_connections, max_keepalive_connections=max_connections,
-                keepalive_expiry=5.0, http1=True, http2=False, network_backend=backend)
+                ssl_context=context, max_connections=max_connections,
+                max_keepalive_connections=max_connections, keepalive_expiry=5.0, http1=True,
+                http2=False, network_backend=backend)
 
     return _Transport()
 
