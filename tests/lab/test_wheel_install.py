@@ -7,7 +7,8 @@ hosts are held exclusively from the session's ``replicas`` broker, handed over w
 serving (the first ``up`` starts vLLM and measures it), and left serving the lab's mp replica,
 deployed with the broker's state folder for it, which the broker is told.
 
-Cost: about 271 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 120 s on the stand-in tier (3 lab workers on 2 cores; 271 s before the wheel was
+installed with uv, 50 s alone on a quiet machine); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
