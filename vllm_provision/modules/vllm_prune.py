@@ -26,7 +26,7 @@ Example task::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_provision import backends
@@ -113,15 +113,22 @@ def planned(ctx: ModuleContext, replicas: list[Replica]) -> dict[str, prune.Inst
         for replica in replicas for node in replica.nodes}
 
 
-def _folders(node: Node, new: Mapping[str, prune.Installed]) -> list[str]:
-    """The folders a recorded file of ours may lie in: the unit, env-file and watchdog
-    folders, and those of the files this plan installs on ``node``."""
+def our_folders(node: Node, planned_files: Sequence[str] = ()) -> list[str]:
+    """The folders a recorded file of ours may lie in on ``node``: the unit, config (env files)
+    and watchdog folders as the node's variables set them and as the roles' defaults do (a
+    record written before the operator moved them), and the folders of ``planned_files`` (what
+    this plan installs there)."""
     import posixpath
 
+    names = ("vllm_unit_dir", "vllm_config_dir", "vllm_watchdog_dir")
+    defaults = variables.role_defaults()
+    return [*(role_value(node, n) for n in names), *(str(defaults.get(n, "")) for n in names),
+            *(posixpath.dirname(p) for p in planned_files)]
+
+
+def _folders(node: Node, new: Mapping[str, prune.Installed]) -> list[str]:
     mine = new.get(node.name)
-    return [role_value(node, "vllm_unit_dir"), role_value(node, "vllm_config_dir"),
-            role_value(node, "vllm_watchdog_dir"),
-            *(posixpath.dirname(p) for p in (mine.files if mine else ()))]
+    return our_folders(node, mine.files if mine else ())
 
 
 def _folders_script(node: Node, with_record: bool) -> str:
@@ -175,17 +182,27 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         else:
             removal = prune.diff(old, new)
         # narrowed to what is on the hosts now (one read each): a unit already gone is no change
+        # a record is read from the host: one that names what is not ours refuses its host
+        # whole (nothing there is stopped or removed); the other hosts go on
         now: dict[str, prune.HostRemoval] = {}
+        refusals: dict[str, str] = {}
         for host, item in removal.hosts.items():
             result = ctx.connections[host].run(prune.state_script(
                 sorted(set(item.stop) | set(item.units)), item.files))
             if not result.ok:
                 raise ProvisionError.single(host, "cannot read the units and files to remove",
                                             actual=(result.stderr or result.stdout)[-300:])
+            strange = [*refused.get(host, ()), *prune.foreign(result.stdout)]
+            if strange and host in with_record:
+                refusals[host] = prune.refusal_text(host, strange)
+                continue
             units, files = prune.parse_state(result.stdout)
             narrowed = prune.present(item, units, files)
             if narrowed:
                 now[host] = narrowed
+        for host, text in refusals.items():  # also when the record lists nothing else
+            host_results[host] = ModuleResult(Status.FAILED, text)
+            failed = True
         waves = tuple(tuple(t for t in wave if t[0] in now and t[1] in now[t[0]].stop)
                       for wave in removal.waves)
         removal = prune.Removal(now, tuple(w for w in waves if w), removal.replaced)
@@ -203,15 +220,14 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             summaries.append(summary)
         for node in nodes:
             mine_item = removal.hosts.get(node.name)
+            if node.name in refusals:
+                continue
             if node.name in errors:
                 host_results[node.name] = ModuleResult(Status.FAILED, errors[node.name],
                                                        data={"removal": summary})
             elif mine_item:
                 mine = prune.lines(removal, check_mode=ctx.check_mode, host=node.name,
                                    purge=purge)
-                if refused.get(node.name):
-                    mine.append("left alone (the record names them, but no up of ours "
-                                "installs there): " + ", ".join(refused[node.name]))
                 host_results[node.name] = ModuleResult(
                     Status.CHANGED, "; ".join(mine), diff=prune.removal_diff(mine_item)
                     if ctx.diff_mode else "",

@@ -108,6 +108,38 @@ def unit_states(conn: Any, units: Sequence[str]) -> dict[str, dict[str, str]]:
     return found
 
 
+def vet(inventory: Inventory, take: TakeOver, planned: Sequence[str], conn: Any
+        ) -> Problem | None:
+    """The problem when the old owner's record names, on ``take``'s host, a unit or file that
+    no ``up`` of ours installs, else None (one read on ``conn``).
+
+    The record is the host's word, not ours: a file must be absolute, normal and lie directly
+    in a folder we write (``vllm_prune.our_folders``), a unit name must be a unit name, and a
+    unit's file and every listed unit file must begin with our marker line (the roles' unit
+    templates; ``state.prune.MARKER``). Otherwise ``--take-over`` would run ``systemctl
+    disable --now`` and ``rm -f`` as root on whatever an edited record lists.
+    """
+    from vllm_provision.modules.vllm_prune import our_folders
+    from vllm_provision.state import prune
+
+    host = take.conflict.host
+    node = next((n for r in inventory.replicas for n in r.nodes if n.name == host), None)
+    if node is None or not take.remove:
+        return None
+    listed = prune.Installed(host, node.rank, "", take.units, take.remove)
+    _, strange = prune.trusted(listed, our_folders(node, planned))
+    result = conn.run(prune.state_script(take.units, take.remove))
+    if not result.ok:
+        return Problem(host, "cannot read the old owner's units and files before taking over",
+                       actual=(result.stderr or result.stdout).strip()[-300:])
+    entries = [*strange, *prune.foreign(result.stdout)]
+    if not entries:
+        return None
+    return Problem(host, "`--take-over` refused: " + prune.refusal_text(host, entries),
+                   expected="units and files of ours in the old owner's record",
+                   actual=", ".join(entries)[:300])
+
+
 def refusal(conflicts: Sequence[Conflict], command: str) -> ProvisionError:
     """The error of a run that meets hosts of another owner without ``--take-over``."""
     return ProvisionError([Problem(
@@ -165,6 +197,10 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
     if not take_over:
         raise refusal(conflicts, command)
     plans = [plan_take_over(item, plays_files.get(item.host, ())) for item in conflicts]
+    refused = [p for take in plans if (p := vet(inventory, take, plays_files.get(
+        take.conflict.host, ()), connections[take.conflict.host])) is not None]
+    if refused:  # checked on every host before anything is removed on any
+        raise ProvisionError(refused)
     problems: list[Problem] = []
     for take in plans:
         for line in take.lines(check_mode):

@@ -229,19 +229,55 @@ def trusted(installed: Installed, folders: Iterable[str]) -> tuple[Installed, tu
 
 # -- on a host ---------------------------------------------------------------------------------
 
+# The first line of every unit file this product installs (the roles' *.service.j2 templates).
+MARKER = "# managed by vllm-provision"
+# The unit types a record may name (systemd.unit(5)); a listed file with one of these suffixes
+# is a unit file and must carry MARKER.
+UNIT_SUFFIXES = (".service", ".socket", ".target", ".timer", ".mount", ".path", ".slice")
+# Shell: m=ours|foreign|none for the file "$f" (ours: MARKER in its first 3 lines).
+_MARK = ('if [ -z "$f" ] || [ ! -f "$f" ]; then m=none; '
+         f"elif head -n 3 -- \"$f\" | grep -qF -- {quote(MARKER)}; then m=ours; "
+         "else m=foreign; fi")
+
+
 def state_script(units: Sequence[str], files: Sequence[str]) -> str:
     """Shell printing ``@@unit <unit> <ActiveState> <UnitFileState>`` per unit and ``@@file
-    <path>`` per existing path (read-only, one round trip)."""
+    <path>`` per existing path (read-only, one round trip); and ``@@foreign <unit or path>``
+    for each unit whose unit file (systemd's ``FragmentPath``) and each listed unit file that
+    does not carry :data:`MARKER`: not ours, whatever a record says (:func:`foreign`)."""
     parts = []
     if units:
         parts.append(f"for u in {' '.join(quote(u) for u in units)}; do "
                      'a=$(systemctl show -p ActiveState --value -- "$u"); '
                      'e=$(systemctl show -p UnitFileState --value -- "$u"); '
+                     'f=$(systemctl show -p FragmentPath --value -- "$u"); '
+                     f'{_MARK}; [ "$m" = foreign ] && echo "@@foreign $u"; '
                      'echo "@@unit $u ${a:-unknown} ${e:-none}"; done')
     if files:
         parts.append(f"for p in {' '.join(quote(p) for p in files)}; do "
-                     '[ -e "$p" ] && echo "@@file $p"; done')
+                     '[ -e "$p" ] || continue; echo "@@file $p"; '
+                     f'case "$p" in {"|".join("*" + x for x in UNIT_SUFFIXES)}) '
+                     f'f=$p; {_MARK}; [ "$m" = foreign ] && echo "@@foreign $p";; esac; done')
     return "; ".join(parts + ["true"])
+
+
+def foreign(stdout: str) -> list[str]:
+    """The units and unit files that :func:`state_script` found without our :data:`MARKER`,
+    in the order printed: a record that names them was not written by an ``up`` of ours (or
+    was edited), so nothing it lists on that host may be stopped or removed."""
+    return [line[len("@@foreign "):] for line in stdout.splitlines()
+            if line.startswith("@@foreign ")]
+
+
+def refusal_text(host: str, entries: Sequence[str]) -> str:
+    """The message for a host whose record names what is not ours (``entries``: units and
+    paths, as :func:`trusted` and :func:`foreign` give them)."""
+    shown = ", ".join(repr(e)[:120] for e in entries[:8])
+    more = f" and {len(entries) - 8} more" if len(entries) > 8 else ""
+    return (f"the state record on {host} names {shown}{more}, which no `up` of ours installs "
+            "(a unit or file outside the folders we write, or a unit file without the line "
+            f"{MARKER!r}); nothing on {host} was stopped or removed. Check who edited "
+            "/var/lib/vllm-provision/state.json there, fix or remove it, and run again")
 
 
 def parse_state(stdout: str) -> tuple[dict[str, tuple[str, str]], set[str]]:
