@@ -171,3 +171,15 @@ def test_the_command_checks_its_options_before_connecting():
     assert bad.exit_code == 2 and "--hosts" in bad.output
     no_model = runner.invoke(cli, ["init", "--hosts", H1])
     assert no_model.exit_code == 2 and "--model" in no_model.output
+
+
+@pytest.mark.parametrize("group", ["vllm_followers", "llm", "all", "vllm_replicas", "vllm_ray"])
+def test_a_host_named_like_a_group_is_named_after_its_address(tmp_path, facts, group):
+    """A host that reports a group's name (the replica's, one the loader adds) would make
+    `-l NAME` and play patterns mean the group: the node gets its address, and the comment
+    says why."""
+    facts[H2] = replace(facts[H2], hostname=f"{group}.example.net")
+    text, inventory = written(tmp_path, request(), facts)
+    (replica,) = inventory.replicas
+    assert [n.name for n in replica.nodes] == ["h1", H2]
+    assert f"host name '{group}' is also a group's name" in text

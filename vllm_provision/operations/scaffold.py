@@ -26,6 +26,7 @@ import yaml
 from vllm_provision import backends
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.facts.model import HostFacts
+from vllm_provision.inventory.replicas import REPLICAS_GROUP, synthetic_groups
 from vllm_provision.inventory.tree import check_name
 from vllm_provision.settings import kinds, variables
 
@@ -188,10 +189,17 @@ def choose_sizes(gpu_counts: Mapping[str, int], request: InitRequest,
     return Sizes(tp, pp, tp_reason, pp_reason)
 
 
-def _node_name(facts: HostFacts, address: str, taken: set[str]) -> tuple[str, str]:
+def _node_name(facts: HostFacts, address: str, taken: set[str],
+               groups: frozenset[str] = frozenset()) -> tuple[str, str]:
     """The inventory name of a node and why: its short host name when that is a valid,
-    unused inventory host name, else its address."""
+    unused inventory host name that is no group's name (``groups``: ``all``, ``ungrouped``,
+    ``vllm_replicas``, the replica's group and the groups the loader adds, such as
+    ``vllm_followers``: a pattern or ``-l`` naming it would mean the group), else its address.
+    The host name is what the host reports, so it is only a suggestion."""
     short = facts.hostname.split(".", 1)[0]
+    if short in groups:
+        return address, (f"its address (host name {short!r} is also a group's name; rename "
+                         "it in the inventory if you like, to a name no group has)")
     if short and check_name(short, "host") is None and short not in taken:
         return short, "its host name"
     return address, (f"its address (host name {short!r} is not usable as an inventory name)"
@@ -337,10 +345,12 @@ def plan_inventory(request: InitRequest, facts: Mapping[str, HostFacts]) -> Inve
     comments: dict[KeyPath, tuple[str, ...]] = {}
     warnings: list[str] = []
     taken: set[str] = set()
+    groups = frozenset({"all", "ungrouped", REPLICAS_GROUP, request.replica,
+                        *synthetic_groups()})
     hosts: dict[str, dict[str, Any]] = {}
     for rank, address in enumerate(addresses):
         f = facts[address]
-        name, why = _node_name(f, address, taken)
+        name, why = _node_name(f, address, taken, groups)
         taken.add(name)
         entry: dict[str, Any] = {"ansible_host": address, "vllm_node_rank": rank}
         gpus = f"{len(f.gpus)} x {f.gpu_model}" if f.gpus else "no GPU"
