@@ -217,6 +217,10 @@ _TABLE: tuple[Variable, ...] = (
     Variable("vllm_host_ip", str, None, "This node's IP on the cluster network (VLLM_HOST_IP, "
              "Ray --node-ip-address); default `ansible_host`, which must then be an IP.",
              "10.0.0.11", scope="host", check=check_ip_address),
+    Variable("vllm_command_output_limit_mib", int, 64, "MiB of output (stdout and stderr) one "
+             "remote command may send back; past it the command fails naming the host and "
+             "nothing more is read (docs/security.md, \"Bounded input\").", "64", scope="host",
+             minimum=1, maximum=4096),
     Variable("vllm_cluster_interface", str, None, "Network interface of the cluster network "
              "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).", "eth0", scope="host"),
     # Engine arguments (vllm serve).

@@ -93,6 +93,18 @@ class HostConnection:
         #: the ProxyJump hops of the last open attempt, outermost gateway first: the last one is
         #: dialled directly (for `ProxyJump a,b` Fabric 3.2.3 gives [a, b]: b first, unlike ssh)
         self.jump_hosts: list[JumpHost] = []
+        self._output_limit: int | None = None
+
+    @property
+    def output_limit(self) -> int:
+        """Bytes of stdout and stderr together one command may send back: the host's
+        ``vllm_command_output_limit_mib`` (settings resolver; default 64 MiB)."""
+        if self._output_limit is None:
+            from vllm_provision.settings import layered
+
+            self._output_limit = int(layered(self.host.vars)["vllm_command_output_limit_mib"]
+                                     ) << 20
+        return self._output_limit
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -397,13 +409,17 @@ class HostConnection:
             out, err = bytearray(), bytearray()
             exited_at: float | None = None
             alive = _AliveProbe(transport, self.options.connect_timeout_s / ALIVE_COUNT_MAX)
+            cap = self.output_limit
             while True:
-                while channel.recv_ready():
+                while channel.recv_ready() and len(out) + len(err) <= cap:
                     out += channel.recv(65536)
                     alive.heard()
-                while channel.recv_stderr_ready():
+                while channel.recv_stderr_ready() and len(out) + len(err) <= cap:
                     err += channel.recv_stderr(65536)
                     alive.heard()
+                if len(out) + len(err) > cap:
+                    channel.close()  # nothing more is read; the connection itself is fine
+                    raise _TooMuch(cap)
                 if alive.lost():
                     channel.close()
                     raise _Silent(alive.silent_s())
@@ -439,6 +455,12 @@ class HostConnection:
                 channel.status_event.wait(min(remaining, POLL_S))
             code = channel.recv_exit_status()
             channel.close()
+        except _TooMuch as exc:
+            raise ProvisionError.single(
+                self.name, f"a command sent back more than {exc.args[0] >> 20} MiB of output; "
+                "it was stopped reading there",
+                fix="raise vllm_command_output_limit_mib for this host if that much output is "
+                    "expected, else find what floods the output") from None
         except _Silent as exc:
             self._broken = (f"{self._address_label()} answered nothing for {exc.args[0]:.0f} s "
                             f"(not even an SSH keepalive) while a command ran; the connection "
@@ -500,6 +522,10 @@ def exec_bounded(channel: Any, line: str, timeout_s: float) -> None:
         timer.cancel()
     if fired.is_set():
         raise TimeoutError(f"no reply to the exec request within {timeout_s:g} s")
+
+
+class _TooMuch(Exception):
+    """A command's output passed ``args[0]`` bytes (``HostConnection.output_limit``)."""
 
 
 class _Silent(Exception):
