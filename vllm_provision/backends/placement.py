@@ -19,10 +19,10 @@ node's bundles are matched with its actors in actor start order. A mismatch in n
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.quoting import quote, shell_join
 
 NVIDIA_SMI = ("nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>/dev/null "
@@ -137,10 +137,15 @@ def ray_command(replica: Any, vars_: Mapping[str, Any]) -> str:
 
 
 def parse_ray(stdout: str) -> dict[str, Any] | None:
-    """:data:`RAY_SCRIPT`'s JSON line, or None when it printed none."""
+    """:data:`RAY_SCRIPT`'s JSON line, or None when it printed none or not a JSON object (the
+    host's answer is not trusted)."""
     for line in stdout.splitlines():
         if line.startswith("RAY-PLACEMENT "):
-            return dict(json.loads(line.removeprefix("RAY-PLACEMENT ")))
+            try:
+                found = hostjson.loads(line.removeprefix("RAY-PLACEMENT "))
+            except ValueError:
+                return None
+            return dict(found) if isinstance(found, dict) else None
     return None
 
 

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_provision.core import hostjson
+
 # A fixed vocabulary: seeded prompts are the same words on every controller and every run.
 VOCABULARY = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
               "november oscar papa quebec romeo sierra tango uniform victor whiskey xray "
@@ -160,7 +162,7 @@ def stream_one(client: Any, url: str, body: dict[str, Any], index: int,
                 if data == "[DONE]":
                     result.done = True
                     break
-                event = json.loads(data)
+                event = hostjson.loads(data)
                 usage = event.get("usage") or {}
                 if usage.get("completion_tokens") is not None:
                     result.tokens = int(usage["completion_tokens"])

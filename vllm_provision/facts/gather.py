@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from vllm_provision import settings
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory, Replica
 from vllm_provision.core.paths import STATE_DIR
@@ -420,7 +421,8 @@ def probe_host(host: Host, conn: Connection, replica: Replica | None,
     result = conn.run(probe_command(str(host_var(host, "vllm_venv")), config),
                       stdin=probe_source(), timeout_s=options.command_timeout_s)
     try:
-        raw = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
+        text = result.stdout.strip()
+        raw = hostjson.loads(text.splitlines()[-1]) if text else None
     except json.JSONDecodeError:
         raw = None
     if not isinstance(raw, dict):

@@ -543,8 +543,8 @@ def state_record(path):
         return {"record": None}
     try:
         record = json.loads(text)
-    except ValueError:
-        return {"record": None, "error": "%s is not JSON" % path}
+    except (ValueError, RecursionError):  # RecursionError: nested past the recursion limit
+        return {"record": None, "error": "%s is not JSON (or nested too deeply)" % path}
     if not isinstance(record, dict):
         return {"record": None, "error": "%s is not a JSON object" % path}
     units = set()

@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
@@ -141,7 +142,7 @@ def _send_remote(ctx: ModuleContext, request: Mapping[str, Any]) -> dict[str, An
     result = ctx.conn.run(f"python3 -c {quote(loader)}", stdin=json.dumps(request),
                           timeout_s=float(request["timeout"]) + 30)
     try:
-        return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+        return dict(hostjson.loads(result.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         return {"status": -1, "body": "", "error": (result.stderr or result.stdout)[-300:]}
 
@@ -165,7 +166,7 @@ def _judge(ctx: ModuleContext, answer: Mapping[str, Any], wanted: set[Any], cont
 
 def _json(body: str) -> Any:
     try:
-        return json.loads(body)
+        return hostjson.loads(body)
     except ValueError:
         return None
 

@@ -13,13 +13,13 @@ Example task::
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_provision import backends, settings
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
 from vllm_provision.core.quoting import shell_join
@@ -111,13 +111,18 @@ class RaySnapshot:
 
 
 def parse_snapshot(stdout: str) -> RaySnapshot | None:
-    """Parse :data:`SNAPSHOT_SCRIPT`'s output; None when it printed no snapshot line."""
+    """Parse :data:`SNAPSHOT_SCRIPT`'s output; None when it printed no snapshot line, or one
+    that is not the snapshot's JSON object (the host's answer is not trusted: a broken line is
+    "no snapshot yet", never an internal error)."""
     for line in stdout.splitlines():
         if line.startswith("RAY-SNAPSHOT "):
-            data = json.loads(line.removeprefix("RAY-SNAPSHOT "))
-            return RaySnapshot(data["nodes"], data["total"], data["available"],
-                               data["placement_groups"], data.get("free") or {},
-                               data.get("holders") or [])
+            try:
+                data = hostjson.loads(line.removeprefix("RAY-SNAPSHOT "))
+                return RaySnapshot(data["nodes"], data["total"], data["available"],
+                                   data["placement_groups"], data.get("free") or {},
+                                   data.get("holders") or [])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return None
     return None
 
 

@@ -15,13 +15,13 @@ Pure functions here (commands, parsing, merging, the line format); the command's
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.quoting import shell_join
 from vllm_provision.output.progress import printable
@@ -143,7 +143,7 @@ def parse_entry(line: str, host: str, order: int, units: Sequence[str]) -> Entry
     decoded as UTF-8 with replacements.
     """
     try:
-        data = json.loads(line)
+        data = hostjson.loads(line)
         time_us = int(data["__REALTIME_TIMESTAMP"])
     except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: [[[[...
         return None

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import quote
 
@@ -71,7 +72,7 @@ def parse_pending(stdout: str) -> list[PendingNotification]:
     found: list[PendingNotification] = []
     for line in stdout.splitlines():
         try:
-            data = json.loads(line)
+            data = hostjson.loads(line)
         except ValueError:
             continue
         if isinstance(data, dict) and isinstance(data.get("handler"), str):

@@ -27,6 +27,7 @@ from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
 from vllm_provision.stack.lock import Lock, pip_platforms, platform_target
@@ -193,7 +194,7 @@ def run_node(conn: Any, config: Mapping[str, Any], timeout_s: float = 600) -> di
     line = "python3 - " + shlex.quote(json.dumps(config, separators=(",", ":")))
     result = conn.run(line, stdin=node_script(), timeout_s=timeout_s)
     try:
-        answer = json.loads(result.stdout)
+        answer = hostjson.loads(result.stdout)
     except ValueError:
         raise ProvisionError.single(conn.name, f"the stack {config['action']} step printed no "
                                     f"JSON (exit {result.exit_code})",

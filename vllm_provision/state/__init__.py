@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_provision import __version__
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import EngineArgs, Inventory
 from vllm_provision.core.paths import STATE_DIR
@@ -350,7 +351,7 @@ def parse_record(text: str, where: str) -> dict[str, Any]:
         ProvisionError: not JSON, not an object, or an unknown ``schema``.
     """
     try:
-        record = json.loads(text)
+        record = hostjson.loads(text)
     except json.JSONDecodeError as exc:
         raise ProvisionError.single(where, f"the state record is not JSON: {exc}",
                                     fix="run `provision up` to write a new one") from None

@@ -17,12 +17,13 @@ Read over each node's SSH in one round trip (:func:`node_command`), parsed by pu
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from vllm_provision.core import hostjson
 
 WATCHDOG_STATE = "/run/vllm-provision/watchdog.json"
 WATCHDOG_UNIT = "vllm-watchdog.service"
@@ -145,7 +146,7 @@ def parse_node(text: str) -> NodeRecovery:
     watchdog = None
     if running and "".join(watchdog_lines).strip():
         try:
-            loaded = json.loads("\n".join(watchdog_lines))
+            loaded = hostjson.loads("\n".join(watchdog_lines))
             watchdog = loaded if isinstance(loaded, dict) else None
         except ValueError:
             watchdog = None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
 from vllm_provision.core.text import printable
@@ -329,7 +330,10 @@ class Endpoint:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    chunk = json.loads(payload)
+                    chunk = hostjson.loads(payload)
+                    if not isinstance(chunk, dict):
+                        raise ValueError(f"a stream event that is not a JSON object: "
+                                         f"{payload[:80]!r}")
                     for choice in chunk.get("choices", []):
                         text = choice.get("text") or ""
                         if text and first is None:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Host
 from vllm_provision.core.paths import STATE_DIR
@@ -128,7 +129,7 @@ class Holder:
         if not lines:
             return None
         try:
-            data = json.loads(lines[0])
+            data = hostjson.loads(lines[0])
             remote = int(lines[1]) if len(lines) > 1 and lines[1].strip().isdigit() else 0
             return cls(str(data["controller"]), str(data["user"]), int(data["pid"]),
                        str(data["started"]), str(data["command"]), remote)
