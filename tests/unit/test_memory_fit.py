@@ -311,3 +311,30 @@ def test_mla_caches_one_latent_vector_per_layer():
     # (512 + 64) x 2 bytes x 61 layers = 70,272 bytes per token, the same on every TP rank
     assert memory.kv_bytes_per_token(config, 61, 8, 2) == 70_272
     assert memory.kv_bytes_per_token(config, 61, 1, 2) == 70_272
+
+
+def _with_config(facts: dict[str, HostFacts], **config) -> dict[str, HostFacts]:
+    mw = facts["h1"].model_weights
+    assert mw is not None
+    return {**facts, "h1": replace(facts["h1"], model_weights=replace(
+        mw, config={**mw.config, **config}))}
+
+
+@pytest.mark.parametrize("layers", [10 ** 12, 0, -3, "9" * 5000])
+def test_an_absurd_layer_count_is_refused_at_once_naming_the_value(layers):
+    """config.json is the host's word: num_hidden_layers of 10**12 used to make the estimate
+    loop once per layer (check hung); now it is refused, and the work never follows it."""
+    facts = _with_config(facts_for("tinyllama-1.1b-chat-v1.0"), num_hidden_layers=layers)
+    with pytest.raises(memory.CannotEstimate, match="num_hidden_layers"):
+        memory.estimate(replica_of("tinyllama-1.1b-chat-v1.0"), facts, 2048)
+
+
+def test_a_large_layer_count_within_the_bound_costs_what_the_tensors_cost():
+    """A layer the checkpoint has no tensors for loads nothing: 22 layers of tensors under a
+    declared 100,000 give the same weights as under 22, the rest of the stages empty."""
+    facts = facts_for("tinyllama-1.1b-chat-v1.0")
+    declared = _with_config(facts, num_hidden_layers=memory.MAX_LAYERS)
+    real = memory.estimate(replica_of("tinyllama-1.1b-chat-v1.0", pp=1, nodes=1), facts, 0)
+    big = memory.estimate(replica_of("tinyllama-1.1b-chat-v1.0", pp=1, nodes=1), declared, 0)
+    assert big.weights_loaded == real.weights_loaded
+    assert big.stages[0].layers == (0, memory.MAX_LAYERS)

@@ -24,6 +24,9 @@ MIB = 1024 ** 2
 # vLLM's KV cache is allocated in blocks of this many tokens (CacheConfig.block_size, 16 on
 # CUDA; vllm/config/cache.py); ``--block-size`` in vllm_extra_args wins.
 DEFAULT_BLOCK_SIZE = 16
+# The most decoder layers an estimate accepts from config.json: the largest public checkpoints
+# have a few hundred; a value past this is a broken or hostile file, not a model.
+MAX_LAYERS = 100_000
 # Activations, CUDA context, NCCL and cuBLAS workspaces and CUDA graphs per GPU, MiB: what
 # vLLM's profiling run adds to the weights before it sizes the KV cache (``peak_memory`` in
 # ``Worker.determine_available_memory``, vllm/v1/worker/gpu_worker.py). An estimate; the role
@@ -237,6 +240,9 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise CannotEstimate("config.json lacks num_hidden_layers, hidden_size or "
                              "num_attention_heads") from None
+    if not 1 <= num_layers <= MAX_LAYERS:  # the file is the host's word: bounded
+        raise CannotEstimate(f"config.json's num_hidden_layers is {num_layers}, outside 1 to "
+                             f"{MAX_LAYERS}")
     extra = list(engine.extra_args)
     notes = list(weights.errors)
     dtype, dtype_bytes = serving_dtype(config, engine_option(extra, "--dtype"))
@@ -254,11 +260,13 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
     if fp8:
         notes.append("--quantization fp8: decoder-layer weights counted at 1 byte per parameter")
     groups = weights.groups
-    layer_bytes = [
-        _loaded(groups.get(f"layer.{i}", {}), dtype_bytes, prequantized, fp8)
-        for i in range(num_layers)]
-    beyond = [name for name in groups if name.startswith("layer.")
-              and int(name.split(".")[1]) >= num_layers]
+    # bytes per decoder layer that has tensors (a layer without any loads nothing): the work
+    # follows the checkpoint's tensors, never num_hidden_layers, which the file may set to 10**12
+    numbered = {int(name[6:]): name for name in groups
+                if name.startswith("layer.") and name[6:].isdigit()}
+    layer_bytes = {i: _loaded(groups[name], dtype_bytes, prequantized, fp8)
+                   for i, name in numbered.items() if i < num_layers}
+    beyond = [name for i, name in numbered.items() if i >= num_layers]
     if beyond:
         notes.append(f"{len(beyond)} layer(s) past num_hidden_layers ({num_layers}; MTP or draft "
                      "layers) not counted: vLLM loads them only for speculative decoding")
@@ -271,7 +279,7 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
         head = embed if pp > 1 else 0
     else:
         head = _loaded(groups.get("lm_head", {}), dtype_bytes, prequantized, False)
-    loaded = sum(layer_bytes) + embed + other + (head if not tied else 0)
+    loaded = sum(layer_bytes.values()) + embed + other + (head if not tied else 0)
     max_len = engine.max_model_len or (int(config["max_position_embeddings"])
                                        if config.get("max_position_embeddings") else None)
     env = settings.replica_settings(replica)["vllm_env"]
@@ -293,7 +301,7 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
                  for g in facts[h].gpus[:local] if g.memory_total_mib]
         if len(sizes) < len(hosts) or not sizes:
             raise CannotEstimate(f"no GPU memory size from nvidia-smi on {', '.join(hosts)}")
-        share = sum(layer_bytes[start:end]) + other
+        share = sum(b for i, b in layer_bytes.items() if start <= i < end) + other
         share += embed if stage == 0 else 0
         share += head if stage == pp - 1 else 0
         per_gpu = -(-share // tp)
