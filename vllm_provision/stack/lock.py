@@ -163,8 +163,20 @@ def parse_lock(text: str, where: str = "lock") -> Lock:
         index = _index_option(words)
         if index is not None:
             option, rest = index
-            if _valid_index(rest):
+            if _valid_index(rest) and without_credentials(rest[0]) != rest[0]:
+                problems.append(Problem(
+                    f"{where}:{number}", f"{option} holds credentials (user:token@): a lock is "
+                    "meant to be committed", expected=f"{option} {without_credentials(rest[0])}",
+                    fix="remove them from the lock and give them in ~/.netrc, the keyring or "
+                        "PIP_INDEX_URL; `provision stack lock` writes locks without them"))
+            elif _valid_index(rest):
                 indexes.append((INDEX_OPTIONS[option], rest[0]))
+            elif rest and "${" in rest[0]:
+                problems.append(Problem(
+                    f"{where}:{number}", f"{option} holds '${{', which pip expands from the "
+                    "environment", expected=f"{option} https://... (the value itself)",
+                    fix="write the URL itself; credentials go in ~/.netrc, the keyring or "
+                        "PIP_INDEX_URL"))
             else:
                 problems.append(Problem(
                     f"{where}:{number}", f"{option} needs one URL, path or host: got "
@@ -195,6 +207,12 @@ def parse_lock(text: str, where: str = "lock") -> Lock:
                                     expected="one line per distribution", fix=fix))
             continue
         pins[name] = Pin(name, match.group(2), frozenset(hashes), last_root.get(name, False))
+    for key, pattern, example in (("platform", _PLATFORM_RE, "x86_64-manylinux_2_36"),
+                                  ("python", _PYTHON_RE, "3.11.2")):
+        # the header names the controller's wheelhouse folder: a word of its own kind only
+        if key in header and not pattern.match(header[key]):
+            problems.append(Problem(f"{where}: # {key}:", f"the lock's {key} header is "
+                                    f"{header[key][:80]!r}", expected=f"like {example}", fix=fix))
     if problems:
         raise ProvisionError(problems)
     if not pins:
@@ -219,12 +237,28 @@ def read_lock(path: Path) -> Lock:
 
 
 def lock_path(inventory: Inventory, replica: Replica) -> Path | None:
-    """The replica's ``vllm_stack_lock`` (relative: beside the inventory file); None if unset."""
+    """The replica's ``vllm_stack_lock``, a path inside the inventory's folder (relative to
+    it); None if unset.
+
+    The lock is committed beside the inventory, and ``stack lock`` writes it: a path that
+    leaves the folder (absolute, ``..``, a symbolic link out) would point the controller's
+    write elsewhere.
+
+    Raises:
+        ProvisionError: the path leaves the inventory's folder (naming the replica and value).
+    """
     value = replica.vars.get("vllm_stack_lock")
     if not value:
         return None
-    path = Path(str(value)).expanduser()
-    return path if path.is_absolute() else inventory.path.parent / path
+    folder = inventory.path.parent.resolve()
+    path = (folder / str(value)).resolve()
+    if not path.is_relative_to(folder) or path == folder:
+        raise ProvisionError.single(
+            f"{inventory.path}: replica {replica.name}",
+            f"vllm_stack_lock {str(value)[:200]!r} is not a file inside the inventory's folder",
+            expected=f"a path relative to {folder}, such as stack.lock.txt",
+            fix="keep the lock beside the inventory (it is committed with it)")
+    return path
 
 
 def replica_locks(inventory: Inventory) -> dict[str, Lock]:
@@ -381,8 +415,18 @@ def compile_lock(requirements: Path, target: str, python: str,
     # uv resolves with the index options of the requirements file but does not write them (its
     # --emit-index-url would also write its default index, overriding the controller's pip
     # configuration): the lock carries exactly the requirements' own, for `pip download`.
-    indexes = "".join(f"{option} {value}\n" for option, value in
-                      index_options(requirements.read_text(encoding="utf-8")))
+    text = requirements.read_text(encoding="utf-8")
+    if "${" in text:
+        raise ProvisionError.single(
+            str(requirements), "the requirements hold '${', which pip expands from the "
+            "environment (an index URL could carry a controller's variable away)",
+            fix="write the value itself, or give index credentials in ~/.netrc, the keyring "
+                "or PIP_INDEX_URL at download time")
+    stripped = [(option, without_credentials(value)) for option, value in index_options(text)]
+    if any(new != old for (_, new), (_, old) in zip(stripped, index_options(text), strict=True)):
+        notes += ("# credentials: removed from the index URLs (pip reads them at download time "
+                  "from ~/.netrc, the keyring or PIP_INDEX_URL)\n")
+    indexes = "".join(f"{option} {value}\n" for option, value in stripped)
     return (f"{HEADER}\n# platform: {target}\n# python: {python}\n"
             f"# from: {requirements.name}\n{notes}{indexes}{result.stdout}")
 
@@ -426,8 +470,25 @@ def _index_option(words: list[str]) -> tuple[str, list[str]] | None:
 
 
 def _valid_index(values: list[str]) -> bool:
-    """One value, and it is a URL, an absolute path or a host (``host[:port]``)."""
-    return len(values) == 1 and bool(_INDEX_VALUE_RE.match(values[0]))
+    """One value, and it is a URL, an absolute path or a host (``host[:port]``), without
+    ``${``: pip expands ``${NAME}`` in requirements files from the environment (pip docs,
+    "Using Environment Variables"), so such a value would send the controller's variable to
+    whatever the URL names."""
+    return (len(values) == 1 and bool(_INDEX_VALUE_RE.match(values[0]))
+            and "${" not in values[0])
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without its user information (``https://user:token@host/simple`` ->
+    ``https://host/simple``), so a lock meant to be committed never holds a secret. pip finds
+    the credentials at download time in the operator's ``~/.netrc`` or keyring, or in
+    ``PIP_INDEX_URL``/``PIP_EXTRA_INDEX_URL`` (pip docs, "Authentication")."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    host = authority.rpartition("@")[2]
+    return f"{scheme}://{host}{slash}{path}"
 
 
 
