@@ -185,3 +185,18 @@ def test_a_public_cluster_address_warns_naming_every_exposed_port():
     on = make_replica("mp", {"vllm_firewall": "nftables"})
     assert network.check_exposure(on.nodes[0], facts["h1"], on, "eth0") == []
     assert network.check_exposure(replica.nodes[1], facts["h2"], replica, "eth0") == []
+
+
+def test_a_per_host_watchdog_port_is_peer_only_on_every_node(tmp_path):
+    """h2 serves its watchdog on its own port: the table (the same on every node) closes both
+    nodes' ports to all but the peers, not only rank 0's."""
+    path = tmp_path / "inventory.yml"
+    path.write_text(INVENTORY.format(backend="mp", extra="").replace(
+        "h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1}",
+        "h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1, vllm_watchdog_port: 29611}"))
+    [replica] = load_inventory(path).replicas
+    text = firewall.ruleset(replica)
+    assert "tcp dport { 29501, 29510, 29611 } ip saddr @peers4 accept" in text
+    assert "tcp dport { 29501, 29510, 29611 } drop" in text
+    assert [p.low for p in firewall.exposed_ports(replica) if p.what == "watchdog port"] == [
+        29510, 29611]

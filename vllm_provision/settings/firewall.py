@@ -67,12 +67,21 @@ def watchdog_port(replica: Replica) -> int:
     return settings.watchdog_port(replica)
 
 
+def watchdog_ports(replica: Replica) -> list[int]:
+    """Every node's peer watchdog port (``vllm_watchdog_port`` may differ per host), sorted:
+    one table serves the whole replica, so each node's port is closed to all but the peers on
+    every node (a port nothing listens on costs nothing)."""
+    from vllm_provision import settings
+
+    return sorted({settings.watchdog_port(replica, node) for node in replica.nodes})
+
+
 def peer_only_ports(replica: Replica) -> list[PortRange]:
     """Every port the replica's nodes use among themselves: the backend's
-    :meth:`~vllm_provision.backends.Backend.peer_ports` and the peer watchdog's port."""
+    :meth:`~vllm_provision.backends.Backend.peer_ports` and every node's peer watchdog port."""
     ports = [PortRange(what, low, high)
              for what, low, high in replica.backend_type.peer_ports(replica)]
-    ports.append(PortRange("watchdog port", watchdog_port(replica), watchdog_port(replica)))
+    ports += [PortRange("watchdog port", port, port) for port in watchdog_ports(replica)]
     return ports
 
 
