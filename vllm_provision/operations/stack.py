@@ -226,7 +226,8 @@ def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
         def switch(result: Any) -> Any:
             try:
                 return stack_sync.switch_node(connections[result.host], result, venv, lock.id,
-                                              held=_check_point(factory, result.host))
+                                              held=_check_point(factory, result.host),
+                                              prune=False)
             except ProvisionError as exc:
                 result.error = exc.render()
                 return result
@@ -237,13 +238,42 @@ def sync_replica(replica: Replica, path: Path, wheelhouse: Path | None,
             if not broken:
                 if factory is not None:  # all or none: every node's lock before any switch
                     factory.ensure_held(*nodes)
-                return lock.id, list(pool.map(switch, results))
+                switched = list(pool.map(switch, results))
+                return lock.id, _all_or_none(switched, connections, venv, factory, pool)
         for result in results:
             if not result.error and result.active != target:
                 result.held = f"{', '.join(broken)} failed"
         return lock.id, results
     finally:
         close_all(connections)
+
+
+def _all_or_none(results: list[Any], connections: Mapping[str, Any], venv: str,
+                 factory: runlock.LendingFactory | None, pool: ThreadPoolExecutor) -> list[Any]:
+    """After the switch phase: when every node switched (or had the stack already), prune
+    each; when one failed, switch back every node that did (docs/stack.md, "All or none"), so
+    the replica stays on one stack, and say so in each result. A node that cannot be switched
+    back is named as left on the new stack."""
+    failed = [r.host for r in results if r.error]
+    if not failed:
+        def prune(result: Any) -> Any:
+            try:
+                stack_sync.prune_node(connections[result.host], venv,
+                                      _check_point(factory, result.host))
+            except ProvisionError as exc:  # switched; only the old stacks stay on disk
+                result.held = f"switched, but pruning the old stacks failed: {exc.render()}"
+            return result
+        return list(pool.map(prune, results))
+    for result in results:
+        if result.error or not result.switched:
+            continue
+        try:
+            stack_sync.undo_switch(connections[result.host], result, venv)
+            result.held = f"switched back: {', '.join(failed)} failed to switch"
+        except ProvisionError as exc:
+            result.error = (f"left on the new stack: switching back after {', '.join(failed)} "
+                            f"failed did not work: {exc.render()}")
+    return results
 
 
 def rollback_replica(replica: Replica, options: ConnectionOptions,
@@ -275,6 +305,7 @@ def rollback_replica(replica: Replica, options: ConnectionOptions,
                           "(a sync that switched keeps one)"]
         if factory is not None:  # all or none: every node's lock before the first change
             factory.ensure_held(*connections)
+        done: list[str] = []
         for name, conn in connections.items():
             try:
                 _check_point(factory, name)()
@@ -282,7 +313,19 @@ def rollback_replica(replica: Replica, options: ConnectionOptions,
             except ProvisionError as exc:
                 failed = True
                 lines.append(f"{name}: FAILED: {exc.render()}")
-                continue
+                # all or none: the nodes already rolled back go forward again (rollback swaps
+                # the active and the previous stack), so the replica stays on one stack
+                for back in reversed(done):
+                    try:
+                        again = stack_sync.run_node(connections[back],
+                                                    {"action": "rollback", "venv": venv})
+                        lines.append(f"{back}: rolled forward again to {again.get('active')} "
+                                     f"({name} failed)")
+                    except ProvisionError as undo:
+                        lines.append(f"{back}: FAILED to roll forward again, left on the "
+                                     f"previous stack: {undo.render()}")
+                break
+            done.append(name)
             lines.append(f"{name}: {answer.get('before')} -> {answer.get('active')}")
     except ProvisionError as exc:
         return True, [*lines, f"replica {replica.name}: FAILED, nothing rolled back: "

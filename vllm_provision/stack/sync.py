@@ -313,8 +313,9 @@ class NodeResult:
         if self.installed:
             parts.append("built and checked the new venv")
         if self.switched:
-            parts.append(f"switched {self.before or '(none)'} -> {self.active}")
-        if self.held:
+            parts.append(f"switched {self.before or '(none)'} -> {self.active}"
+                         + (f" ({self.held})" if self.held else ""))
+        elif self.held:
             parts.append(f"not switched ({self.held}; {self.active or '(none)'} stays active)")
         return f"{self.host}: " + ", ".join(parts)
 
@@ -427,8 +428,10 @@ def node_requirements(lock: Lock) -> str:
 
 
 def switch_node(conn: Any, result: NodeResult, venv: str, stack_id: str,
-                held: Callable[[], None] = _no_check) -> NodeResult:
-    """Point the node's venv at the built stack ``stack_id`` (one rename(2)), then prune.
+                held: Callable[[], None] = _no_check, *, prune: bool = True) -> NodeResult:
+    """Point the node's venv at the built stack ``stack_id`` (one rename(2)), then prune
+    (unless ``prune`` is False: the caller prunes with :func:`prune_node` once every node of
+    the replica switched, so that a switch can still be undone with :func:`undo_switch`).
 
     Args:
         conn: the node's connection; result: what :func:`build_node` returned for it (updated
@@ -446,9 +449,32 @@ def switch_node(conn: Any, result: NodeResult, venv: str, stack_id: str,
     switched = run_node(conn, {"action": "switch", "venv": venv, "stack": stack_id})
     result.switched = bool(switched.get("switched"))
     result.active = str(switched.get("active", target))
+    if prune:
+        prune_node(conn, venv, held)
+    return result
+
+
+def prune_node(conn: Any, venv: str, held: Callable[[], None] = _no_check) -> None:
+    """Remove the stacks neither active nor kept as the previous one (node.py ``cleanup``).
+
+    Raises:
+        ProvisionError: the host was lost; RunLockLost (from ``held``).
+    """
     held()
     run_node(conn, {"action": "cleanup", "venv": venv, "keep_complete": False})
-    return result
+
+
+def undo_switch(conn: Any, result: NodeResult, venv: str) -> None:
+    """Point the node's venv back at the stack it had before :func:`switch_node` (node.py's
+    ``rollback`` swaps the active and the previous stack), so that a replica whose switch
+    failed on another node is on one stack again; ``result`` says so.
+
+    Raises:
+        ProvisionError: the host was lost (the caller reports the node as left switched).
+    """
+    answer = run_node(conn, {"action": "rollback", "venv": venv})
+    result.active = str(answer.get("active", result.before))
+    result.switched = False
 
 
 def check_target(lock: Lock, nodes: Mapping[str, NodeStack]) -> None:
