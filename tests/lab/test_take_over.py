@@ -6,7 +6,8 @@ is reverted by `up` without restarting anything; a second inventory naming the s
 both replica ids, the lab inventory's path and this controller, then accepted with
 `--take-over`, after which no unit of the old replica is left. The deployment is the session's
 mp replica, held exclusively (the ``replicas`` broker's: reused when it knows it serving, else
-deployed), brought up once more so that its state record names the processes running now. The module ends with `down --purge` and tells the broker the hosts are purged.
+deployed), brought up once more so that its state record names the processes running now.
+The module ends with `down --purge` and tells the broker the hosts are purged.
 
 Cost: about 91 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
