@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.paths import UNIT_MARKER
 from vllm_provision.core.results import Status
 from vllm_provision.modules import (
     DAEMON_RELOAD_MARKER,
@@ -87,6 +88,9 @@ def install(ctx: ModuleContext, values: Mapping[str, Any], content: str,
     if validate is not None and "%s" not in validate:
         raise ProvisionError.single(f"{module}: validate", "the command must contain %s",
                                     actual=validate, fix="e.g. 'visudo -cf %s'")
+    unit_file = is_unit_path(dest)
+    if unit_file:
+        content = stamped(content, module)
     wanted_hash = hashlib.sha256(content.encode()).hexdigest()
 
     current = _read_state(ctx, dest)
@@ -105,7 +109,6 @@ def install(ctx: ModuleContext, values: Mapping[str, Any], content: str,
                        else "mode")
     if not changes:
         return ModuleResult(Status.OK, "", data={"dest": dest, "checksum": wanted_hash})
-    unit_file = is_unit_path(dest)
     if unit_file and content_changed:
         ctx.host_state["daemon_reload_needed"] = True
     diff = ""
@@ -140,6 +143,24 @@ def install(ctx: ModuleContext, values: Mapping[str, Any], content: str,
 
 
 RESTORED = UNAFFECTED_NOTE
+
+
+def stamped(content: str, module: str) -> str:
+    """``content`` of a unit file, with :data:`~vllm_provision.core.paths.UNIT_MARKER` as its
+    first line when none of its first 3 lines carries it.
+
+    Every unit file an ``up`` installs must carry the marker: ``down --purge`` and
+    ``--take-over`` touch no unit file without it (vllm_provision/state/prune.py,
+    docs/security.md "A host's record is data"). The roles' templates begin with it; a plugin
+    backend's template need not (docs/architecture.md, "Adding a backend").
+
+    Args:
+        content: the rendered text. module: ``"template"`` or ``"copy"``, named in the line.
+    """
+    if any(UNIT_MARKER in line for line in content.splitlines()[:3]):
+        return content
+    return (f"{UNIT_MARKER} (the {module} module): do not edit here; change the inventory and "
+            f"run `provision up`.\n{content}")
 
 
 def restores_running(facts: Any, dest: str, wanted_hash: str) -> bool:

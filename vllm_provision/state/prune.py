@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_provision.core.paths import UNIT_MARKER
 from vllm_provision.core.quoting import quote
 
 
@@ -229,8 +230,8 @@ def trusted(installed: Installed, folders: Iterable[str]) -> tuple[Installed, tu
 
 # -- on a host ---------------------------------------------------------------------------------
 
-# The first line of every unit file this product installs (the roles' *.service.j2 templates).
-MARKER = "# managed by vllm-provision"
+# The line every unit file this product installs carries in its first 3 lines (core/paths.py).
+MARKER = UNIT_MARKER
 # The unit types a record may name (systemd.unit(5)); a listed file with one of these suffixes
 # is a unit file and must carry MARKER.
 UNIT_SUFFIXES = (".service", ".socket", ".target", ".timer", ".mount", ".path", ".slice")
