@@ -65,3 +65,36 @@ def test_the_yes_flag_is_on_up_down_and_restart() -> None:
     for command in ("up", "down", "restart"):
         result = CliRunner().invoke(cli, [command, "--help"])
         assert "--yes" in result.output, command
+
+
+class _DryRunner:
+    """Stands in for the approval's check-mode Runner: its preflight gathered ``facts``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.facts = {"h1": "facts of h1", "h2": "facts of h2"}
+
+    def run_plays(self, plays: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("needed", "handed"), [
+    (False, {"h1": "facts of h1", "h2": "facts of h2"}),  # no question: reused seconds later
+    (True, {}),  # the operator was asked (minutes may pass): the real run probes again
+])
+def test_the_dry_run_hands_its_facts_on_only_when_nobody_was_asked(
+        needed: bool, handed: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from vllm_provision.operations import deploy
+
+    monkeypatch.setattr(deploy, "guard_ownership", lambda *a, **k: [])
+    monkeypatch.setattr(deploy, "Runner", _DryRunner)
+    dry_plan = {**plan(unavailable=needed), "steps": [], "summary": "1 to restart"}
+    monkeypatch.setattr(deploy, "run_plan", lambda *a, **k: dry_plan)
+    monkeypatch.setattr(approval, "interactive", lambda: True)
+    monkeypatch.setattr(approval, "ask", lambda name, echo: True)
+    request = SimpleNamespace(inventory=None, command="up", limit=None, connection=None,
+                              take_over=False)
+    go, facts = deploy._approve(request, [], [], [], None, lambda line: None)
+    assert go is True
+    assert facts == handed

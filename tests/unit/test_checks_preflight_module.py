@@ -13,7 +13,7 @@ from vllm_provision.transport.local import LocalConnection
 
 def make_ctx(tmp_path, vars=None):
     inventory = make_inventory(tmp_path)
-    return SimpleNamespace(inventory=inventory, vars=vars or {}, facts={},
+    return SimpleNamespace(inventory=inventory, vars=vars or {}, facts={}, run_state={},
                            connections={"h1": LocalConnection("h1"), "h2": LocalConnection("h2")})
 
 
@@ -34,3 +34,37 @@ def test_skip_checks_leave_those_findings_out(tmp_path):
     result = vllm_preflight.run(ctx, {"skip_checks": ["host", "topology", "parity", "network"]})
     assert not any(f["check"].startswith(("host.", "topology.", "parity.", "network."))
                    for f in result.data["findings"])
+
+
+def test_facts_the_same_run_gathered_are_checked_without_probing_again(tmp_path, monkeypatch):
+    first = make_ctx(tmp_path)
+    expected = vllm_preflight.run(first, {})
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(vllm_preflight, "gather_facts", no_probe)
+    again = SimpleNamespace(**{**vars(first), "facts": {}})
+    again.run_state = {name: {vllm_preflight.GATHERED: facts}
+                       for name, facts in first.facts.items()}
+    result = vllm_preflight.run(again, {})
+    assert again.facts == first.facts
+    assert result.status is expected.status
+    assert result.data["findings"] == expected.data["findings"]
+
+
+def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_path, monkeypatch):
+    first = make_ctx(tmp_path)
+    vllm_preflight.run(first, {})
+    probed = []
+    real = vllm_preflight.gather_facts
+
+    def counting(inventory, connections, probe, hosts):
+        probed.append(sorted(hosts))
+        return real(inventory, connections, probe, hosts=hosts)
+
+    monkeypatch.setattr(vllm_preflight, "gather_facts", counting)
+    again = SimpleNamespace(**{**vars(first), "facts": {}})
+    again.run_state = {"h1": {vllm_preflight.GATHERED: first.facts["h1"]}}
+    vllm_preflight.run(again, {})
+    assert probed == [["h1", "h2"]]

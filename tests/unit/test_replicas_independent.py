@@ -100,7 +100,7 @@ def test_preflight_module_fails_the_invalid_replica_and_passes_the_valid_one(
                              tp={"bad": 3})
     facts = facts_for(inventory)
     monkeypatch.setattr(vllm_preflight, "gather_facts", lambda *a, **k: (facts, {}))
-    ctx = SimpleNamespace(inventory=inventory, vars={}, facts={},
+    ctx = SimpleNamespace(inventory=inventory, vars={}, facts={}, run_state={},
                           connections={name: LocalConnection(name) for name in inventory.hosts})
     # the fake facts hold no port-reachability probe (a live TCP test between the nodes)
     result = vllm_preflight.run(ctx, {"skip_checks": ["network.reach"]})

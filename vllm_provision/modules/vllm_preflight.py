@@ -5,7 +5,9 @@ SSH round trip each, in parallel), stores the facts for later tasks (the ``facts
 and fails every node of a replica that has an error finding, so ``provision up`` touches no
 host of it; the other replicas pass on their own findings (``checks.run.findings_of``). Each
 node's result carries its replica's name and findings (``provision up`` reports per replica).
-Read-only: it runs the same in check mode.
+Read-only: it runs the same in check mode. When the same command's approval dry run
+already probed every node of the task under the run lock it still holds, those facts are
+checked instead of probing again (:data:`GATHERED`).
 
 It also chooses how the controller reaches each replica's API (``vllm_api_via``; ``auto``
 probes the direct address once, :mod:`vllm_provision.transport.tunnel`) and says which in each
@@ -38,6 +40,10 @@ from vllm_provision.modules.context import ModuleContext
 from vllm_provision.transport.tunnel import Choice, choices_for, describe_choice
 
 RUNS_ON = "controller"
+# The key, in a host's per-run scratch space (``TaskContext.run_state``), of facts the same
+# command already gathered under its run lock (the approval's dry run, operations/deploy.py):
+# when every host of the task has them, the task checks those instead of probing again.
+GATHERED = "facts_gathered_this_run"
 ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (
     Argument("skip_checks", ("list", "str"), "check names or prefixes to skip, as --skip-check "
              "(a string: comma-separated)"),
@@ -95,7 +101,13 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         probe = replace(probe, nccl_loaded=True)
     names = [node.name for replica in replicas for node in replica.nodes
              if node.name in ctx.connections]
-    facts, errors = gather_facts(inventory, ctx.connections, probe, hosts=names)
+    earlier = {name: ctx.run_state.get(name, {}).get(GATHERED) for name in names}
+    if names and all(earlier.values()):
+        # the approval's dry run of this same command probed these hosts seconds ago, under
+        # the run lock this run still holds (operations/deploy.py): not probed twice
+        facts, errors = dict(earlier), {}
+    else:
+        facts, errors = gather_facts(inventory, ctx.connections, probe, hosts=names)
     ctx.facts.update(facts)
     findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
                           defaults=defaults)

@@ -31,6 +31,7 @@ from vllm_provision import resources, settings, state
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Inventory
 from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.modules.vllm_preflight import GATHERED
 from vllm_provision.modules.vllm_wait_ready import replica_units
 from vllm_provision.operations import approval, takeover
 from vllm_provision.operations.plan import build_plan, plan_lines
@@ -156,8 +157,11 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         raise approval.refusal(name, deploy.take_over)
     hosts = runlock.hosts_of_plays(inventory, plays, deploy.limit)
     with runlock.locked_run(hosts, deploy.connection, name, warn=warn) as factory:
-        if not approved and not _approve(deploy, plays, hosts, install(), factory, echo):
-            return DeployOutcome(exit_code=1, declined=True)
+        gathered: Mapping[str, Any] = {}
+        if not approved:
+            approved, gathered = _approve(deploy, plays, hosts, install(), factory, echo)
+            if not approved:
+                return DeployOutcome(exit_code=1, declined=True)
         # the approval's dry run already read every node's owner under this run lock: without
         # --take-over that guard either refused or found every host ours, and nothing can have
         # changed since, so it is not read again (with --take-over the real removal runs now)
@@ -169,6 +173,8 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         runner = Runner(inventory, RunOptions(check_mode=deploy.check, diff_mode=deploy.diff,
                                               limit=deploy.limit, connection=deploy.connection),
                         reporter, connection_factory=factory)
+        for host_name, host_facts in gathered.items():
+            runner.host_state.setdefault(host_name, {})[GATHERED] = host_facts
         outcome = runner.run_plays(plays)
         replicas = replica_results(inventory, outcome.results, outcome.hosts)
         # the top-level keys (one replica's, as before there were several): the first replica
@@ -287,10 +293,18 @@ def run_plan(inventory: Inventory, outcome: Any, *, starts_again: bool = False) 
 
 
 def _approve(deploy: Deploy, plays: Sequence[Any], hosts: Sequence[Any],
-             up_plays: Sequence[Any], factory: Any, echo: Callable[[str], None]) -> bool:
+             up_plays: Sequence[Any], factory: Any, echo: Callable[[str], None]
+             ) -> tuple[bool, dict[str, Any]]:
     """Dry-run the playbook on the run's connections (the run locks are held on ``hosts``, the
     hosts of ``plays``), check ownership, show the plan, and ask for approval where it needs
-    one (:mod:`vllm_provision.operations.approval`); True to go on.
+    one (:mod:`vllm_provision.operations.approval`).
+
+    Returns:
+        ``(go on, facts)``: ``facts`` (host name -> ``HostFacts``) are what the dry run's
+        preflight gathered, handed to the real run's preflight
+        (``modules.vllm_preflight.GATHERED``) so that it does not probe every host a second
+        time seconds later under the same run lock; empty when the operator was asked (the
+        answer may come minutes later: the real run probes again).
 
     Raises:
         ProvisionError: approval is needed and stdin is not a terminal (nothing was changed).
@@ -303,11 +317,11 @@ def _approve(deploy: Deploy, plays: Sequence[Any], hosts: Sequence[Any],
                     report.HumanReporter(io.StringIO()), connection_factory=factory)
     plan = run_plan(inventory, runner.run_plays(plays), starts_again=name == "restart")
     if not approval.plan_needs_approval(name, plan, deploy.take_over):
-        return True
+        return True, dict(runner.facts)
     echo("\n".join(plan_lines(plan)))
     if not approval.interactive():
         raise approval.refusal(name, deploy.take_over)
-    return approval.ask(name, echo=echo)
+    return approval.ask(name, echo=echo), {}
 
 
 def guard_ownership(command: str, inventory: Inventory, hosts: Sequence[Any],
