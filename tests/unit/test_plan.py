@@ -200,3 +200,16 @@ def test_summary_of_an_incomplete_plan_claims_nothing_about_the_unread_replica()
     assert line.startswith("plan incomplete: h2 not read (unreachable or failed)")
     assert "replica 'llm' unknown (h2 not read)" in line
     assert "replica 'other' keeps serving" in line and "'llm' keeps" not in line
+
+
+def test_an_up_that_found_the_replica_serving_records_no_start_to_serving() -> None:
+    from vllm_provision.operations.deploy import measured_starts
+
+    replicas = [
+        {"name": "started", "start_to_serving_s": 7.1, "already_serving": False},
+        # found serving at the first poll: 533 s is its units' uptime, not a start
+        {"name": "was-serving", "start_to_serving_s": 533.4, "already_serving": True},
+        {"name": "unmeasured", "start_to_serving_s": None, "already_serving": False},
+        {"name": "failed-before-readiness"},
+    ]
+    assert measured_starts(replicas) == {"started": 7.1, "unmeasured": None}

@@ -266,8 +266,9 @@ def test_up_never_prints_none_as_a_time() -> None:
     line = serving_line({"start_to_serving_s": None, "ttft_s": 0.12})
     assert "None" not in line
     assert line == "start to serving: not measured; time to first token: 0.12 s"
-    assert serving_line({"start_to_serving_s": 4.5, "ttft_s": 0.1, "already_serving": True}) \
-        == "start to serving: 4.5 s (already serving); time to first token: 0.1 s"
+    assert serving_line({"start_to_serving_s": 533.4, "ttft_s": 0.1, "already_serving": True}) \
+        == ("start to serving: not measured (already serving, its vLLM units started 533.4 s "
+            "ago); time to first token: 0.1 s")
 
 
 def test_a_unit_that_restarts_ends_the_wait_at_once_with_its_journal(

@@ -103,7 +103,8 @@ def replica_lines(replicas: Sequence[dict[str, Any]]) -> list[str]:
 
 def serving_line(extra: dict[str, Any]) -> str:
     """The human line with start-to-serving and time to first token; a value that was not
-    measured reads ``not measured``, never ``None`` (the reason goes to a warning).
+    measured reads ``not measured``, never ``None`` (the reason goes to a warning). A replica
+    that was already serving was not started: its line says so, with its units' uptime.
 
     Args:
         extra: the summary keys of the readiness and completion tasks (``start_to_serving_s``,
@@ -112,9 +113,14 @@ def serving_line(extra: dict[str, Any]) -> str:
     def seconds(value: Any) -> str:
         return "not measured" if value is None else f"{value} s"
 
-    already = " (already serving)" if extra.get("already_serving") else ""
-    return (f"start to serving: {seconds(extra.get('start_to_serving_s'))}{already}; "
-            f"time to first token: {seconds(extra.get('ttft_s'))}")
+    started = extra.get("start_to_serving_s")
+    if extra.get("already_serving"):
+        # nothing was started: the value is how long the units have been up, not a start
+        ago = f", its vLLM units started {started} s ago" if started is not None else ""
+        first = f"start to serving: not measured (already serving{ago})"
+    else:
+        first = f"start to serving: {seconds(started)}"
+    return f"{first}; time to first token: {seconds(extra.get('ttft_s'))}"
 
 
 TAKE_OVER_HELP = ("Take over hosts whose state record names another replica id (another "

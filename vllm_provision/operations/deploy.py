@@ -99,6 +99,21 @@ class DeployOutcome:
     declined: bool = False
 
 
+def measured_starts(replicas: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Replica name -> the start to serving this run measured (seconds; None: not measured),
+    for the state record (:func:`vllm_provision.state.serving_record`), from
+    :func:`replica_results`' entries.
+
+    A replica found serving at the readiness wait's first poll (``already_serving``) was not
+    started by this run: its ``start_to_serving_s`` is how long its units have been up, not a
+    start, and recording it would make the next plan's outage estimate ("about N s, its last
+    start to serving", docs/deploy.md) as long as the replica's uptime. It is left out, so the
+    record keeps the last real measurement.
+    """
+    return {entry["name"]: entry["start_to_serving_s"] for entry in replicas
+            if "start_to_serving_s" in entry and not entry.get("already_serving")}
+
+
 def run_vars(skip_checks: Sequence[str], take_over: bool) -> dict[str, Any]:
     """The extra variables a deploy adds to the inventory's before it loads: ``--skip-check``
     (:func:`skip_check_vars`), and with ``--take-over`` the ``ownership`` check skipped too (it
@@ -148,7 +163,7 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         return up_plays
 
     extra: dict[str, Any] = {}
-    measured: dict[str, float | None] = {}
+    measured: dict[str, float | None]
     started_at = datetime.now(UTC)
     approved = (deploy.check or deploy.assume_yes or approval.env_approves()
                 or (name == "restart" and not deploy.take_over))
@@ -185,9 +200,7 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
             extra.update({k: first[k] for k in SERVING_KEYS if k in first})
         if name in ("up", "restart"):
             extra["replicas"] = replicas
-        for entry in replicas:
-            if "start_to_serving_s" in entry:
-                measured[entry["name"]] = entry["start_to_serving_s"]
+        measured = measured_starts(replicas)
         # a verified up (a completion answered, or no replica has an API to verify) records
         # who owns the hosts now; without it the previous owner's record would stay
         verified = "completion" in extra or not any(
