@@ -1,14 +1,18 @@
 """Where CI's time went: the phases `.ci/run` marked, per tier its tests and their seconds, the
-30 slowest tests and the lab modules by cost (docs/testing.md keeps the budgets).
+30 slowest tests, the lab modules by cost and the CPU seconds of each lab instance and of the
+rest (docs/testing.md keeps the budgets).
 
-    python .ci/times.py build/ci      # phases.tsv and unit.xml, standin.xml, real.xml in it
+    python .ci/times.py build/ci      # phases.tsv, cpu.tsv and unit.xml, standin.xml, real.xml
 
 phases.tsv has one line per phase: name, start and end (Unix seconds), exit code. A junit file
-holds one <testcase> per test with its seconds (set-up and tear-down included).
+holds one <testcase> per test with its seconds (set-up and tear-down included). cpu.tsv
+(``.ci/cpu_sample.sh``) has one line every 10 s: ``<unix s> root=<usec> <instance>=<usec> ...``,
+the machine's and each lab instance's CPU time (cgroup v2 ``usage_usec``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -59,6 +63,38 @@ def workers(folder: Path) -> None:
               f"{last - first - ended:>13.0f}")
 
 
+def cpu(folder: Path, cores: int) -> None:
+    """Print each lab instance's CPU seconds, the rest's (the controller: pytest, ``provision``,
+    the unit tier, downloads) and how busy the machine's ``cores`` were, from ``cpu.tsv``. An
+    instance's cgroup goes when its lab does: its last sample stands (up to 10 s are lost)."""
+    path = folder / "cpu.tsv"
+    samples = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        words = line.split()
+        try:
+            samples.append((float(words[0]), {k: int(v) / 1e6 for k, v in
+                                              (w.split("=", 1) for w in words[1:])}))
+        except (IndexError, ValueError):
+            continue
+    if len(samples) < 2 or "root" not in samples[0][1] or "root" not in samples[-1][1]:
+        return
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for _t, values in samples:
+        for key, seconds in values.items():
+            first.setdefault(key, seconds)
+            last[key] = seconds
+    wall = samples[-1][0] - samples[0][0]
+    total = last["root"] - first["root"]
+    labs = {k: last[k] - first[k] for k in last if k != "root"}
+    print(f"\nCPU seconds ({wall:.0f} s sampled, {cores} cores {100 * total / (wall * cores):.0f} %"
+          " busy):")
+    for key, seconds in sorted(labs.items(), key=lambda kv: -kv[1]):
+        print(f"{seconds:>8.0f}  lab {key}")
+    print(f"{total - sum(labs.values()):>8.0f}  the rest (controller, unit tier, downloads)")
+    print(f"{total:>8.0f}  all")
+
+
 def main(folder: Path) -> None:
     """Print the tables for the CI output folder ``folder``, then one closing line counting
     every tier's tests: ``all tiers: N passed, N failed, N skipped``."""
@@ -89,6 +125,7 @@ def main(folder: Path) -> None:
     for (tier, module), seconds in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
         print(f"{sum(seconds):>7.0f}  {len(seconds):>3}  {tier:<8} {module}")
     workers(folder)
+    cpu(folder, os.cpu_count() or 1)
     failed = [(tier, c) for tier, c in everything if c["outcome"] == "failed"]
     if failed:
         print("\nfailed (the tier's log in the folder has the whole report):")
