@@ -63,10 +63,8 @@ def workers(folder: Path) -> None:
               f"{last - first - ended:>13.0f}")
 
 
-def cpu(folder: Path, cores: int) -> None:
-    """Print each lab instance's CPU seconds, the rest's (the controller: pytest, ``provision``,
-    the unit tier, downloads) and how busy the machine's ``cores`` were, from ``cpu.tsv``. An
-    instance's cgroup goes when its lab does: its last sample stands (up to 10 s are lost)."""
+def cpu_samples(folder: Path) -> list[tuple[float, dict[str, float]]]:
+    """``cpu.tsv``'s samples: (unix seconds, key -> CPU seconds so far); bad lines are skipped."""
     path = folder / "cpu.tsv"
     samples = []
     for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
@@ -76,6 +74,54 @@ def cpu(folder: Path, cores: int) -> None:
                                               (w.split("=", 1) for w in words[1:])}))
         except (IndexError, ValueError):
             continue
+    return samples
+
+
+def used(samples: list[tuple[float, dict[str, float]]], key: str, at: float) -> float | None:
+    """CPU seconds of ``key`` at the moment ``at``, between the two samples around it (None
+    outside the samples or where one of them lacks ``key``)."""
+    for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+        if t0 <= at <= t1 and key in a and key in b:
+            return a[key] + (b[key] - a[key]) * (at - t0) / max(t1 - t0, 1e-9)
+    return None
+
+
+def module_cpu(folder: Path) -> None:
+    """Print each stand-in module's CPU seconds on its worker's lab instance (``gw<i>``'s
+    instance is the one named ``...w<i>``) over the module's span, dearest first: what the
+    module's hosts used (systemd, SSH, the stand-ins, Ray), not the controller's share."""
+    samples = cpu_samples(folder)
+    if len(samples) < 2:
+        return
+    keys = set().union(*(values for _t, values in samples))
+    rows = []
+    for path in sorted(folder.glob("timeline-gw*.tsv")):
+        spans: dict[str, list[float]] = {}
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split("\t")
+            if len(parts) != 4:
+                continue
+            module, start, end = parts[1].split("::")[0], float(parts[2]), float(parts[3])
+            span = spans.setdefault(module, [start, end])
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+        worker = path.stem.split("-")[-1]
+        instance = next((k for k in keys if k.endswith("w" + worker[2:])), None)
+        for module, (start, end) in spans.items():
+            a = used(samples, instance, start) if instance else None
+            b = used(samples, instance, end) if instance else None
+            if a is not None and b is not None and end - start >= 1:
+                rows.append((b - a, end - start, worker, module))
+    if rows:
+        print("\nstand-in modules by their lab's CPU seconds (cpu s, wall s, worker):")
+        for seconds, wall, worker, module in sorted(rows, reverse=True):
+            print(f"{seconds:>7.0f}{wall:>8.0f}  {worker:<5} {module}")
+
+
+def cpu(folder: Path, cores: int) -> None:
+    """Print each lab instance's CPU seconds, the rest's (the controller: pytest, ``provision``,
+    the unit tier, downloads) and how busy the machine's ``cores`` were, from ``cpu.tsv``. An
+    instance's cgroup goes when its lab does: its last sample stands (up to 10 s are lost)."""
+    samples = cpu_samples(folder)
     if len(samples) < 2 or "root" not in samples[0][1] or "root" not in samples[-1][1]:
         return
     first: dict[str, float] = {}
@@ -126,6 +172,7 @@ def main(folder: Path) -> None:
         print(f"{sum(seconds):>7.0f}  {len(seconds):>3}  {tier:<8} {module}")
     workers(folder)
     cpu(folder, os.cpu_count() or 1)
+    module_cpu(folder)
     failed = [(tier, c) for tier, c in everything if c["outcome"] == "failed"]
     if failed:
         print("\nfailed (the tier's log in the folder has the whole report):")
