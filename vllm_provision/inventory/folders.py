@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vllm_provision.inventory.source import Problems
@@ -91,3 +92,44 @@ class FolderWalk:
         self.problems.add(str(path), f"symbolic link loop in the {self.what}: the link cannot "
                           "be resolved (Too many levels of symbolic links)", fix=_LOOP_FIX)
         return True
+
+    def files(self, folder: Path, place: Place, *, keep: Callable[[str], bool],
+              descend: Callable[[Path], bool], unreadable: str) -> Iterator[Path]:
+        """The entries below ``folder`` (at ``place``) that the walk does not go into, depth
+        first, each folder in sorted order, without recursion (a deep tree of folders must not
+        exhaust Python's stack).
+
+        Args:
+            folder: the folder to list; ``place`` is its place (:meth:`enter`).
+            keep: whether an entry name is listed at all (hidden, ignored names are not).
+            descend: whether an entry is a folder to walk into (through :meth:`enter`); the
+                other entries are yielded, links that loop left out (:meth:`loop`).
+            unreadable: the problem recorded for a folder that cannot be listed (the
+                ``strerror`` of ``listdir(2)`` follows it).
+        """
+        stack: list[tuple[list[Path], Place]] = []
+
+        def push(current: Path, at: Place) -> None:
+            try:
+                names = sorted(os.listdir(current))
+            except OSError as exc:
+                self.problems.add(str(current), f"{unreadable}: {exc.strerror}",
+                                  fix="check its permissions")
+                return
+            stack.append(([current / n for n in reversed(names) if keep(n)], at))
+
+        push(folder, place)
+        while stack:
+            entries, at = stack[-1]
+            if not entries:
+                stack.pop()
+                continue
+            entry = entries.pop()
+            if self.loop(entry):
+                continue
+            if descend(entry):
+                inner = self.enter(entry, at)
+                if inner is not None:
+                    push(entry, inner)
+            else:
+                yield entry

@@ -11,11 +11,10 @@ executed: a dynamic inventory script or an inventory plugin configuration (``plu
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-from vllm_provision.inventory.folders import FolderWalk, Place, link_loop
+from vllm_provision.inventory.folders import FolderWalk, link_loop
 from vllm_provision.inventory.ini import add_ini, looks_like_ini
 from vllm_provision.inventory.source import Problems, read_text, read_yaml
 from vllm_provision.inventory.tree import Tree, add_yaml, finish_tree
@@ -49,33 +48,10 @@ def inventory_files(path: Path, problems: Problems) -> list[Path]:
     """
     found: list[Path] = []
     walk_state = FolderWalk(path, problems, "inventory folder")
-    # depth first, each folder in sorted order, without recursion (a deep tree of folders must
-    # not exhaust Python's stack): a stack of (entries left, the folder's place)
-    stack: list[tuple[list[Path], Place]] = []
-
-    def push(folder: Path, place: Place) -> None:
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError as exc:
-            problems.add(str(folder), f"the inventory folder cannot be read: {exc.strerror}",
-                         fix="check its permissions")
-            return
-        stack.append(([folder / n for n in reversed(names) if not ignored(n)], place))
-
-    push(path, walk_state.root)
-    while stack:
-        entries, place = stack[-1]
-        if not entries:
-            stack.pop()
-            continue
-        entry = entries.pop()
-        if walk_state.loop(entry):
-            continue
-        if entry.is_dir():
-            inner = walk_state.enter(entry, place)
-            if inner is not None:
-                push(entry, inner)
-        elif len(found) < MAX_FILES:
+    for entry in walk_state.files(path, walk_state.root, keep=lambda n: not ignored(n),
+                                  descend=Path.is_dir,
+                                  unreadable="the inventory folder cannot be read"):
+        if len(found) < MAX_FILES:
             found.append(entry)
         else:
             problems.add(str(path), f"the inventory folder holds more than {MAX_FILES} "

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from vllm_provision.inventory.folders import FolderWalk, Place, link_loop
+from vllm_provision.inventory.folders import FolderWalk, link_loop
 from vllm_provision.inventory.source import Problems, Setting, read_yaml
 from vllm_provision.settings import variables
 
@@ -29,33 +29,14 @@ def _dir_files(folder: Path, walk: FolderWalk) -> list[Path]:
     place = walk.enter(folder, walk.root)
     if place is None:
         return found
-    stack: list[tuple[list[Path], Place]] = []
 
-    def push(current: Path, place: Place) -> None:
-        try:
-            names = sorted(p.name for p in current.iterdir())
-        except OSError as exc:
-            walk.problems.add(str(current), f"the folder cannot be read: {exc.strerror}",
-                              fix="check its permissions")
-            return
-        stack.append(([current / n for n in reversed(names)
-                       if not n.startswith(".") and not n.endswith("~")], place))
+    def descend(entry: Path) -> bool:
+        return entry.is_dir() and not os.path.splitext(entry.name)[1]
 
-    push(folder, place)
-    while stack:
-        entries, place = stack[-1]
-        if not entries:
-            stack.pop()
-            continue
-        entry = entries.pop()
-        if walk.loop(entry):
-            continue
-        extension = os.path.splitext(entry.name)[1]
-        if entry.is_dir() and not extension:
-            inner = walk.enter(entry, place)
-            if inner is not None:
-                push(entry, inner)
-        elif entry.is_file() and extension in EXTENSIONS:
+    for entry in walk.files(folder, place, keep=lambda n: not n.startswith(".")
+                            and not n.endswith("~"), descend=descend,
+                            unreadable="the folder cannot be read"):
+        if entry.is_file() and os.path.splitext(entry.name)[1] in EXTENSIONS:
             found.append(entry)
     return found
 
