@@ -215,9 +215,11 @@ def hosts_under(groups: Mapping[str, _GroupLike], hosts: Iterable[str], name: st
 DERIVED_ID_VERSION = 1
 
 
-def _one_spelling(address: str) -> str:
-    """One spelling per IP address (IPv4-mapped IPv6 as IPv4, IPv6 compressed); a non-address
-    as it is (the same rule as ``settings.kinds.canonical_ip``, which core cannot import)."""
+def canonical_ip(address: str) -> str:
+    """Return one spelling per IP address: an IPv4-mapped IPv6 address (``::ffff:10.0.0.1``)
+    becomes the IPv4 address, IPv6 is compressed (``ipaddress``' ``str``); a non-address is
+    returned as it is. The inventory's ``ip`` kind (``settings.kinds``) and the derived replica
+    id both use it, so an address written two ways is one address."""
     try:
         parsed = ipaddress.ip_address(address)
     except ValueError:
@@ -247,7 +249,7 @@ def derived_replica_id(replica: Replica) -> str:
         replica: the replica (nodes already sorted by rank, as the loader builds them).
     """
     content = {"v": DERIVED_ID_VERSION, "replica": replica.name,
-               "nodes": [[node.name, _one_spelling(node.host_ip)]
+               "nodes": [[node.name, canonical_ip(node.host_ip)]
                          for node in sorted(replica.nodes, key=lambda n: n.rank)],
                "model": replica.engine.model}
     text = json.dumps(content, sort_keys=True, separators=(",", ":"))

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from vllm_provision.core.models import canonical_ip  # noqa: F401 (kinds.canonical_ip)
+
 # Linux dev_valid_name() (net/core/dev.c): 1..15 bytes (IFNAMSIZ 16 with the NUL), not "." or
 # "..", no "/", ":" or whitespace. We also refuse a leading "-" (it would read as an option of
 # ip(8)) and keep to the characters udev and every distribution use.
@@ -95,18 +97,6 @@ def check_address(value: str) -> str | None:
     if zone is not None and not _interface_ok(zone):
         return "an IPv6 zone id that is an interface name (fe80::1%eth0)"
     return None
-
-
-def canonical_ip(value: str) -> str:
-    """Return one spelling per address: an IPv4-mapped IPv6 address (``::ffff:10.0.0.1``)
-    becomes the IPv4 address, IPv6 is compressed; a non-address is returned as is."""
-    try:
-        address = ipaddress.ip_address(value)
-    except ValueError:
-        return value
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
 
 
 def check_ssh_host(value: str) -> str | None:
