@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
@@ -18,6 +17,7 @@ from vllm_provision import settings
 from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory, Replica
+from vllm_provision.core.parallel import split_map
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.facts import parsers, weights
 from vllm_provision.facts.model import (
@@ -458,8 +458,6 @@ def gather_facts(inventory: Inventory, connections: Mapping[str, Connection],
     """
     options = options or ProbeOptions()
     names = [name for name in (hosts or list(connections)) if name in connections]
-    facts: dict[str, HostFacts] = {}
-    errors: dict[str, ProvisionError] = {}
 
     def one(name: str) -> tuple[str, HostFacts | ProvisionError]:
         from vllm_provision.stack.lock import lock_packages
@@ -471,12 +469,4 @@ def gather_facts(inventory: Inventory, connections: Mapping[str, Connection],
         except (UnreachableError, ProvisionError) as exc:
             return name, exc
 
-    if not names:
-        return facts, errors
-    with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        for name, outcome in pool.map(one, names):
-            if isinstance(outcome, HostFacts):
-                facts[name] = outcome
-            else:
-                errors[name] = outcome
-    return facts, errors
+    return split_map(one, names, workers=len(names), failure=ProvisionError)

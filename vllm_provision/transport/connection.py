@@ -24,11 +24,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host
+from vllm_provision.core.parallel import split_map
 from vllm_provision.transport.base import (
     CommandResult,
     Connection,
@@ -613,8 +613,6 @@ def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
     """
     make = factory or (lambda host: HostConnection(host, options))
     hosts = list(hosts)
-    connections: dict[str, HostConnection] = {}
-    errors: dict[str, UnreachableError] = {}
 
     def one(host: Host) -> tuple[str, HostConnection | UnreachableError]:
         conn = make(host)
@@ -626,15 +624,8 @@ def open_connections(hosts: Iterable[Host], options: ConnectionOptions,
             return host.name, UnreachableError(exc.problems)
         return host.name, conn
 
-    if not hosts:
-        return connections, errors
-    with ThreadPoolExecutor(max_workers=max(1, min(options.forks, len(hosts)))) as pool:
-        for name, outcome in pool.map(one, hosts):
-            if isinstance(outcome, UnreachableError):
-                errors[name] = outcome
-            else:
-                connections[name] = outcome
-    return connections, errors
+    return split_map(one, hosts, workers=min(options.forks, len(hosts)),
+                     failure=UnreachableError)
 
 
 def open_all(hosts: Iterable[Host], options: ConnectionOptions,
