@@ -270,3 +270,13 @@ def test_up_makes_a_missing_token_and_down_does_not(tmp_path):
     assert ray_token.read_tokens(inventory) == {}
     deploy._ray_tokens(replace(down, command="up"), ["h1"], print)
     assert list(ray_token.read_tokens(inventory)) == ["llama"]
+
+
+def test_restart_installs_the_token_after_the_hold_and_before_the_stop_in_order():
+    from vllm_provision import resources
+    from vllm_provision.runner.playbook import load_playbook
+
+    names = [play.name for play in load_playbook(resources.playbook("restart"))]
+    token = names.index("Install the Ray token of Ray replicas")
+    assert names[token - 1].startswith("Hold the peer watchdogs")
+    assert names[token + 1].startswith("Stop")
