@@ -110,26 +110,29 @@ def test_the_token_file_path_follows_vllm_state_dir(tmp_path):
     assert env["RAY_AUTH_TOKEN_PATH"] == "/srv/vllm-state/ray_auth_token"
 
 
-def test_a_new_token_changes_the_ray_env_file_so_the_cluster_restarts(tmp_path):
-    """The env file carries the token's digest (its handlers restart the cluster in order),
-    never the token."""
-    inventory = load(tmp_path)
-    replica = inventory.replicas[0]
-    source = (ROLES / "ray" / "templates" / "ray.env.j2").read_text()
-    texts = []
-    for token in ("a" * 64, "b" * 64):
-        templar = templar_for(inventory, replica, 1).with_vars(
-            {"ray_auth_token_id": ray_token.token_id(token)})
-        text = templar.render(source, "ray.env.j2")
-        assert token not in text and f"# token: {ray_token.token_id(token)}" in text
-        texts.append(text)
-    assert texts[0] != texts[1]
+def test_a_new_token_restarts_the_cluster_in_order_on_up_and_restart_installs_the_same():
+    """Role ray installs the token and notifies the Ray handlers (head: the cluster, worker:
+    itself, then vLLM); role ray_token (restart.yml) holds the same task without handlers."""
+    import yaml
+
+    tasks = yaml.safe_load((ROLES / "ray" / "tasks" / "main.yml").read_text())
+    head, worker = (t for t in tasks if t["name"].startswith("Install the replica's Ray token"))
+    assert head["notify"] == ["Restart the Ray cluster", "Restart vLLM on the Ray head"]
+    assert worker["notify"] == ["Restart this Ray worker", "Restart vLLM on the Ray head"]
+    assert tasks.index(head) < min(i for i, t in enumerate(tasks) if "environment" in t["name"])
+    [plain] = yaml.safe_load((ROLES / "ray_token" / "tasks" / "main.yml").read_text())
+    assert "notify" not in plain
+    for task in (head, worker):
+        assert task["template"] == plain["template"] and task["no_log"] is plain["no_log"]
+        assert task["when"].endswith(plain["when"])
+    assert (ROLES / "ray" / "templates" / "ray_auth_token.j2").read_text() == \
+        (ROLES / "ray_token" / "templates" / "ray_auth_token.j2").read_text()
 
 
 def test_the_token_file_holds_the_token_alone_0600_for_the_service_user(tmp_path):
     import yaml
 
-    [task] = yaml.safe_load((ROLES / "ray_token" / "tasks" / "main.yml").read_text())
+    [task] = yaml.safe_load((ROLES / "ray_token" / "tasks" / "main.yml").read_text())  # = ray's
     args = task["template"]
     assert (args["mode"], args["backup"], task["no_log"]) == ("0600", False, True)
     assert args["owner"] == "{{ vllm_service_user }}"
@@ -247,28 +250,38 @@ def test_rotation_targets_the_ray_replicas_of_the_run_only(tmp_path):
     assert deploy.rotation_targets(load(tmp_path, vllm_ray_auth="none"), ["h1"]) == []
 
 
+def run_hosts(inventory, limit=None):
+    """The run's hosts as ``deploy.run`` has them (``runlock.hosts_of_plays``: Host objects)."""
+    from vllm_provision import resources
+    from vllm_provision.runner.playbook import load_playbook
+    from vllm_provision.transport import runlock
+
+    return runlock.hosts_of_plays(inventory, load_playbook(resources.playbook("restart")), limit)
+
+
 def test_rotate_in_check_mode_writes_nothing_and_says_so(tmp_path):
     inventory = load(tmp_path)
     before = ray_token.ensure_tokens(inventory)
     said: list[str] = []
     request = deploy.Deploy("restart", inventory, connection=None,  # type: ignore[arg-type]
                             check=True, rotate_ray_token=True)
-    assert deploy._ray_tokens(request, ["h1", "h2"], said.append) == {}
+    assert deploy._ray_tokens(request, run_hosts(inventory), said.append) == {}
     assert ray_token.read_tokens(inventory) == before and "llama" in said[0]
     request = replace(request, check=False)
-    assert deploy._ray_tokens(request, ["h1", "h2"], said.append) == {
+    assert deploy._ray_tokens(request, run_hosts(inventory), said.append) == {
         "ray_token_rotated": ["llama"]}
     assert ray_token.read_tokens(inventory) != before
-    with pytest.raises(ProvisionError):
-        deploy._ray_tokens(request, ["h3"], said.append)
+    with pytest.raises(ProvisionError) as raised:
+        deploy._ray_tokens(request, run_hosts(inventory, "h3"), said.append)
+    assert "--rotate-ray-token" in str(raised.value)
 
 
 def test_up_makes_a_missing_token_and_down_does_not(tmp_path):
     inventory = load(tmp_path)
     down = deploy.Deploy("down", inventory, connection=None)  # type: ignore[arg-type]
-    deploy._ray_tokens(down, ["h1"], print)
+    deploy._ray_tokens(down, run_hosts(inventory), print)
     assert ray_token.read_tokens(inventory) == {}
-    deploy._ray_tokens(replace(down, command="up"), ["h1"], print)
+    deploy._ray_tokens(replace(down, command="up"), run_hosts(inventory), print)
     assert list(ray_token.read_tokens(inventory)) == ["llama"]
 
 

@@ -149,7 +149,7 @@ def test_the_install_plays_keep_their_role_order_through_dependencies() -> None:
         return list(dict.fromkeys(t.role for t in play.tasks))
 
     assert roles("vllm_mp") == ["vllm_common", "vllm_firewall", "vllm_mp", "vllm_watchdog"]
-    assert roles("vllm_ray") == ["vllm_common", "vllm_firewall", "ray_token", "ray", "vllm_ray",
+    assert roles("vllm_ray") == ["vllm_common", "vllm_firewall", "ray", "vllm_ray",
                                  "vllm_watchdog"]
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from vllm_provision import resources, settings, state
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Inventory
+from vllm_provision.core.models import Host, Inventory
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules.vllm_preflight import GATHERED
 from vllm_provision.modules.vllm_wait_ready import replica_units
@@ -141,10 +141,11 @@ def rotation_targets(inventory: Inventory, hosts: Iterable[str]) -> list[str]:
             if any(node.name in chosen for node in r.nodes)]
 
 
-def _ray_tokens(deploy: Deploy, hosts: Iterable[str],
+def _ray_tokens(deploy: Deploy, hosts: Iterable[Host],
                 warn: Callable[[str], None]) -> dict[str, Any]:
     """Before the run: ``up``/``restart`` make the missing Ray token of each Ray replica with
-    ``vllm_ray_auth: token``; ``--rotate-ray-token`` replaces the targeted ones first. Returns
+    ``vllm_ray_auth: token``; ``--rotate-ray-token`` replaces the targeted ones first (those
+    with a node among ``hosts``, the run's: ``runlock.hosts_of_plays``). Returns
     ``{"ray_token_rotated": [replica, ...]}`` when it rotated (names only, never a token).
 
     Raises:
@@ -155,7 +156,7 @@ def _ray_tokens(deploy: Deploy, hosts: Iterable[str],
         return {}
     rotated: list[str] = []
     if deploy.rotate_ray_token:
-        targets = rotation_targets(deploy.inventory, hosts)
+        targets = rotation_targets(deploy.inventory, [host.name for host in hosts])
         if not targets:
             raise ProvisionError.single(
                 "--rotate-ray-token", "no Ray replica with token authentication in this run",

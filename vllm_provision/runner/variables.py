@@ -5,8 +5,7 @@ defaults < inventory < play vars < registered < ``-e``; docs/runner-contract.md)
 only feeds it the play's and the host's levels, keeps what tasks ``register`` and adds the
 names every template sees (``inventory_hostname``, ``groups``, ``hostvars``, ``replica``,
 ``node``, ``engine``, ``facts``, ``check_mode``, ``ray_auth_token``: the controller's token of
-the host's Ray replica, ``vllm_provision.state.ray_token``, or None; ``ray_auth_token_id``: its
-digest, which the Ray env file carries so a new token restarts the cluster).
+the host's Ray replica, ``vllm_provision.state.ray_token``, or None).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import ModuleResult
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.templating import Templar, environment_for
-from vllm_provision.state.ray_token import read_tokens, token_id
+from vllm_provision.state.ray_token import read_tokens
 
 
 def registered_value(result: ModuleResult) -> dict[str, Any]:
@@ -97,7 +96,6 @@ class VariableResolver:
             "ansible_check_mode": self.check_mode,
             "role_names": [],
             "ray_auth_token": token,
-            "ray_auth_token_id": token_id(token) if token else None,
         }
         env = environment_for(list(play.template_dirs))
         return Templar(env, layered, host.name, fixed)

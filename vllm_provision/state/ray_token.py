@@ -8,14 +8,14 @@ folder 0700 and each file 0600, written atomically (temp file, fsync, rename). A
 
 ``provision up`` and ``restart`` make the token of each Ray replica with ``vllm_ray_auth: token``
 when there is none (:func:`ensure_tokens`), the ray role installs it on every node of the replica
-(``roles/ray/tasks/main.yml``), ``restart --rotate-ray-token`` replaces it (:func:`rotate`). Dry
+(``roles/ray/tasks/main.yml``; ``restart``: role ray_token), ``restart --rotate-ray-token``
+replaces it (:func:`rotate`). Dry
 runs (``--check``, ``drift``) only read it (:func:`read_token`). The run's masker is given every
 token (``runner.engine``), so no value of it is ever printed (docs/security.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from pathlib import Path
 
@@ -80,12 +80,6 @@ def write_token(inventory_path: Path, replica_name: str, token: str) -> Path:
                                     fix="make the folder writable or set XDG_STATE_HOME") \
             from None
     return path
-
-
-def token_id(token: str) -> str:
-    """16 hex digits of the sha256 of ``token``: what the Ray env file carries so that a new
-    token changes it (a digest of 256 random bits says nothing of the token)."""
-    return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 def new_token() -> str:
