@@ -12,8 +12,8 @@ order: the replica serves again and the old token is refused.
 One restart of the replica (no deploy of its own), through the broker's exclusive lease; it is
 left serving.
 
-Cost: 63 s and 67 s (two runs) on one lab instance alone, the broker's cold `up` of the Ray
-replica from purged included, stand-in tier; docs/testing.md, "Per module".
+Cost: about 67 s on one lab instance alone (63 s and 67 s in two runs), the broker's cold `up`
+of the Ray replica from purged included, stand-in tier; docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
