@@ -341,6 +341,11 @@ class TestMp:
             assert_serving_output(deployed.up())
 
 
+# The lab's Ray replica takes a token (vllm_ray_auth: token, the default): a Ray driver of our
+# own names the token file as the product's drivers do (docs/security.md).
+RAY_AUTH = "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/var/lib/vllm/ray_auth_token"
+
+
 class TestRay:
     """Ray backend: ray-head + vllm.service on rank 0, ray-worker on rank 1."""
 
@@ -352,6 +357,7 @@ class TestRay:
         address = f"{deployed.address('h1')}:6379"
         out = deployed.ssh("h1", f"echo {script} | base64 -d > /tmp/vp-pg.py && runuser -u vllm "
                                  "-- env HOME=/var/lib/vllm RAY_USAGE_STATS_ENABLED=0 "
+                                 f"{RAY_AUTH} "
                                  f"/opt/vllm/bin/python /tmp/vp-pg.py {address}", timeout_s=120)
         line = next(x for x in out.splitlines() if x.startswith("RAY "))
         return dict(json.loads(line[4:]))

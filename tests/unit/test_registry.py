@@ -112,8 +112,8 @@ def test_the_checks_run_in_the_order_preflight_has_always_run_them() -> None:
         "parity.driver_minimum", "network.host_ip_unique", "network.routes",
         "network.reachability", "fabric.mtu", "fabric.rdma", "fabric.peer_reach", "memory.fit"]
     assert [e.name for e in checks_of("node")] == [
-        "network.interface", "network.exposure", "network.hostname", "network.ports",
-        "network.watchdog_port", "host.cpu_device", "host.gpus_visible",
+        "network.interface", "network.exposure", "network.ray_auth", "network.hostname",
+        "network.ports", "network.watchdog_port", "host.cpu_device", "host.gpus_visible",
         "host.foreign_gpu_processes", "gpu_health.errors", "gpu_health.mig",
         "gpu_health.persistence", "gpu_health.fabric_manager", "gpu_health.clock", "host.venv",
         "host.shm", "host.remove_ipc", "host.model_present", "host.memory",

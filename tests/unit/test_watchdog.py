@@ -230,7 +230,9 @@ def _replica(backend: str, nodes: int = 3) -> Replica:
 def render(name: str, replica: Replica, rank: int) -> str:
     roles = ["vllm_common", *(["vllm_mp"] if replica.backend == "mp" else ["ray", "vllm_ray"]),
              "vllm_watchdog"]
-    values: dict[str, Any] = {}
+    from vllm_provision.settings import variables
+
+    values: dict[str, Any] = variables.defaults()  # the table's, under the roles' (the engine's)
     for role in roles:
         values.update(yaml.safe_load((ROLE.parent / role / "defaults" / "main.yml").read_text()))
     values |= {"vllm_venv": "/opt/vllm", "replica": replica, "node": replica.nodes[rank]}

@@ -116,9 +116,12 @@ print("RAY-PLACEMENT " + json.dumps({"nodes": nodes, "groups": groups, "actors":
 """
 
 
-def ray_command(replica: Any, vars_: Mapping[str, Any]) -> str:
+def ray_command(replica: Any, vars_: Mapping[str, Any], auth_env: Sequence[str] = ()) -> str:
     """The head-side command running :data:`RAY_SCRIPT` (on stdin) as the service user, as the
-    cluster wait's snapshot does (modules/ray_wait_cluster.py).
+    cluster wait's snapshot does (modules/ray_wait_cluster.py), with ``auth_env``: the
+    replica's Ray authentication environment as ``NAME=value`` words (the caller's
+    ``settings.ray_auth.env_words``, a room above this one: a Ray driver needs the token when
+    ``vllm_ray_auth: token``).
 
     Args:
         replica: the Ray replica.
@@ -132,7 +135,7 @@ def ray_command(replica: Any, vars_: Mapping[str, Any]) -> str:
     python = f"{vars_['vllm_venv']}/bin/python"
     address = f"{replica.master.host_ip}:{vars_['ray_port']}"
     return shell_join(["runuser", "-u", str(vars_["vllm_service_user"]), "--",
-                       "env", f"HOME={vars_['vllm_state_dir']}",
+                       "env", f"HOME={vars_['vllm_state_dir']}", *auth_env,
                        "RAY_USAGE_STATS_ENABLED=0", python, "-", address])
 
 
@@ -194,10 +197,11 @@ def bundles_of(table: Mapping[str, Any], gpus_by_ip: Mapping[str, Mapping[int, l
     return out
 
 
-def ray_placement(replica: Any, connections: Mapping[str, Any],
-                  vars_: Mapping[str, Any]) -> list[dict[str, Any]]:
+def ray_placement(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any],
+                  auth_env: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The Ray replica's bundles (:func:`bundles_of`), read over the head's connection and
-    nvidia-smi on every node; ``vars_``: rank 0's resolved settings (:func:`ray_command`).
+    nvidia-smi on every node; ``vars_``: rank 0's resolved settings, ``auth_env``: Ray's
+    authentication environment (:func:`ray_command`).
 
     Raises:
         ProvisionError: Ray's tables could not be read on the head (the error's tail).
@@ -206,7 +210,7 @@ def ray_placement(replica: Any, connections: Mapping[str, Any],
     from vllm_provision.core.errors import ProvisionError
 
     head = connections[replica.master.name]
-    result = head.run(ray_command(replica, vars_), stdin=RAY_SCRIPT, timeout_s=90)
+    result = head.run(ray_command(replica, vars_, auth_env), stdin=RAY_SCRIPT, timeout_s=90)
     table = parse_ray(result.stdout) if result.exit_code == 0 else None
     if table is None:
         raise ProvisionError.single(replica.master.name, "could not read Ray's placement-group "

@@ -361,6 +361,8 @@ class RayBackend(Backend):
         """
         from vllm_provision import settings
         from vllm_provision.backends.placement import ray_placement
+        from vllm_provision.settings.ray_auth import env_words
 
+        values = settings.layered(vars_)
         return {"kind": "bundles",
-                "bundles": ray_placement(replica, connections, settings.layered(vars_))}
+                "bundles": ray_placement(replica, connections, values, env_words(values))}

@@ -292,6 +292,52 @@ def check_exposure(node: Node, facts: HostFacts, replica: Replica,
         source="Ray docs, Security (CVE-2023-48022); vllm --master-port has no authentication")]
 
 
+def check_ray_auth(node: Node, facts: HostFacts, replica: Replica) -> list[Finding]:
+    """Ray token authentication on a Ray node: Ray below 2.52 has none (Ray's docs, "Ray token
+    authentication", https://docs.ray.io/en/latest/ray-security/token-auth.html) and lets
+    anyone who reaches its ports run code (CVE-2025-62593, through the job API).
+
+    Ray's version is the node's (``facts.packages["ray"]``, the venv's); unknown: no finding
+    (``host.venv`` and ``parity`` name a missing Ray). With ``vllm_firewall: nftables`` only
+    the replica's nodes reach the Ray ports (docs/security.md, "Network exposure"), so old Ray
+    is a warning. With the firewall off the ports are reachable from outside the replica:
+    an error with ``vllm_ray_auth: token`` (the default: the operator asked for
+    authentication this Ray cannot give), a warning with ``vllm_ray_auth: none`` (the operator
+    stated that Ray runs without it).
+
+    Args:
+        node: the node; facts: its facts; replica: its replica (its settings give
+            ``vllm_firewall`` and ``vllm_ray_auth``).
+
+    Returns:
+        at most one ``network.ray_auth`` finding; nothing for a backend without a Ray cluster,
+        Ray >= 2.52 or an unknown version.
+    """
+    from vllm_provision import settings
+    from vllm_provision.settings import ray_auth
+
+    if not replica.backend_type.ray_cluster:
+        return []
+    version = facts.packages.get("ray")
+    if ray_auth.supports_token(version) is not False:
+        return []
+    values = settings.replica_settings(replica)
+    firewall_on = values["vllm_firewall"] == "nftables"
+    wants_token = ray_auth.auth_on(values)
+    severity = Severity.ERROR if wants_token and not firewall_on else Severity.WARNING
+    reach = ("only the replica's nodes reach its ports (vllm_firewall: nftables)" if firewall_on
+             else "its ports are reachable from outside the replica (vllm_firewall: off)")
+    return [Finding(
+        "network.ray_auth", severity, node.name, "Ray token authentication",
+        expected=f"Ray >= {'.'.join(map(str, ray_auth.MIN_RAY))} (token authentication)",
+        actual=f"Ray {version} has no authentication ({ray_auth.CVE}: anyone who reaches "
+               f"its ports can run code); {reach}",
+        fix="upgrade Ray on every node (ray_version, `provision stack sync`); until then set "
+            "vllm_firewall: nftables, or state vllm_ray_auth: none to accept it "
+            "(docs/security.md)",
+        source="Ray docs, Ray token authentication (Ray 2.52)")]
+
+
 # -- registered checks (checks/context.py): what run.py runs, in this order ------------------
 
 @check("network.host_ip_unique", order=60, scope="replica")
@@ -325,6 +371,12 @@ def _interface(scope: NodeScope) -> list[Finding]:
 def _exposure(scope: NodeScope) -> list[Finding]:
     """Peer-only ports are not exposed beyond the cluster interface."""
     return check_exposure(scope.node, scope.facts, scope.replica, scope.interface)
+
+
+@check("network.ray_auth", order=25, scope="node")
+def _ray_auth(scope: NodeScope) -> list[Finding]:
+    """Ray on the node has token authentication, or its ports are closed to outsiders."""
+    return check_ray_auth(scope.node, scope.facts, scope.replica)
 
 
 @check("network.hostname", order=30, scope="node")

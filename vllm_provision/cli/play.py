@@ -50,6 +50,10 @@ def run_play(opts: CommonOptions, playbook: Path, roles_paths: tuple[Path, ...] 
     with runlock.locked_run(runlock.hosts_of_plays(inventory, plays, opts.limit), connection,
                             "play", warn=lambda line: click.echo(f"warning: {line}",
                                                                  err=True)) as factory:
+        if not opts.check:  # a playbook may install role ray: its replicas' Ray tokens
+            from vllm_provision.state import ray_token
+
+            ray_token.ensure_tokens(inventory)
         runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
                                               limit=opts.limit, roles_paths=roles_paths,
                                               connection=connection), reporter,

@@ -16,7 +16,7 @@ from vllm_provision.operations.approval import YES_HELP
 
 def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str, Any] | None = None,
                         skip_checks: tuple[str, ...] = (), take_over: bool = False,
-                        assume_yes: bool = False) -> int:
+                        assume_yes: bool = False, rotate_ray_token: bool = False) -> int:
     """Run the deploy operation (:func:`vllm_provision.operations.deploy.run`: lock, approval,
     ownership guard, apply and verify, state record) for ``up``, ``down`` or ``restart``; print
     the recap (or ``--json``) and return the exit code (0, 1, or 2 for pending changes in check
@@ -29,6 +29,8 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
         skip_checks: preflight checks to skip (``--skip-check``).
         take_over: ``--take-over``.
         assume_yes: ``--yes``.
+        rotate_ray_token: ``restart --rotate-ray-token`` (a new Ray token per targeted Ray
+            replica before the restart in order; docs/security.md).
 
     Raises:
         ProvisionError, RunLockError: as :func:`vllm_provision.operations.deploy.run` (nothing
@@ -46,7 +48,7 @@ def run_deploy_playbook(name: str, opts: CommonOptions, *, extra_vars: dict[str,
     request = deploy.Deploy(name, opts.load_inventory(require_replica=True),
                             opts.connection_options(), limit=opts.limit, check=opts.check,
                             diff=opts.diff, take_over=take_over, assume_yes=assume_yes,
-                            verbosity=opts.verbosity)
+                            verbosity=opts.verbosity, rotate_ray_token=rotate_ray_token)
     reporter = report.HumanReporter(sys.stderr if opts.json else sys.stdout,
                                     diff_mode=opts.diff, verbosity=opts.verbosity)
     done = deploy.run(request, reporter, echo=lambda line: echo(line, err=opts.json),

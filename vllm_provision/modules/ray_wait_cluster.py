@@ -28,6 +28,7 @@ from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 from vllm_provision.output import progress
+from vllm_provision.settings import ray_auth
 from vllm_provision.transport.base import Connection
 
 ARGUMENT_SPEC = ArgumentSpec("ray_wait_cluster", (
@@ -272,7 +273,9 @@ def pending_resources(snapshot: RaySnapshot) -> str | None:
 
 
 def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
-    """The shell command printing a :class:`RaySnapshot` from the head, as the service user.
+    """The shell command printing a :class:`RaySnapshot` from the head, as the service user,
+    with the replica's Ray authentication environment (``settings.ray_auth.env_words``: the
+    snapshot is a Ray driver, refused without the token when ``vllm_ray_auth: token``).
 
     The script itself goes on stdin (``python -``): a multi-line argument would not survive the
     quoting rules that refuse control characters in shell words.
@@ -283,7 +286,8 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
     user = str(values["vllm_service_user"])
     home = str(values["vllm_state_dir"])
     return shell_join(["runuser", "-u", user, "--", "env", f"HOME={home}",
-                       "RAY_USAGE_STATS_ENABLED=0", python, "-", address])
+                       *ray_auth.env_words(values), "RAY_USAGE_STATS_ENABLED=0", python, "-",
+                       address])
 
 
 def read_snapshot(ctx: ModuleContext, replica: Replica) -> tuple[RaySnapshot | None, str]:

@@ -114,13 +114,13 @@ def planned(ctx: ModuleContext, replicas: list[Replica]) -> dict[str, prune.Inst
 
 
 def our_folders(node: Node, planned_files: Sequence[str] = ()) -> list[str]:
-    """The folders a recorded file of ours may lie in on ``node``: the unit, config (env files)
-    and watchdog folders as the node's variables set them and as the roles' defaults do (a
-    record written before the operator moved them), and the folders of ``planned_files`` (what
-    this plan installs there)."""
+    """The folders a recorded file of ours may lie in on ``node``: the unit, config (env files),
+    watchdog and service state (the Ray token file) folders as the node's variables set them and
+    as the roles' defaults do (a record written before the operator moved them), and the
+    folders of ``planned_files`` (what this plan installs there)."""
     import posixpath
 
-    names = ("vllm_unit_dir", "vllm_config_dir", "vllm_watchdog_dir")
+    names = ("vllm_unit_dir", "vllm_config_dir", "vllm_watchdog_dir", "vllm_state_dir")
     defaults = variables.role_defaults()
     return [*(role_value(node, n) for n in names), *(str(defaults.get(n, "")) for n in names),
             *(posixpath.dirname(p) for p in planned_files)]

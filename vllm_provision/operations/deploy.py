@@ -29,7 +29,7 @@ from typing import Any
 
 from vllm_provision import resources, settings, state
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Inventory
+from vllm_provision.core.models import Host, Inventory
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules.vllm_preflight import GATHERED
 from vllm_provision.modules.vllm_wait_ready import replica_units
@@ -41,6 +41,7 @@ from vllm_provision.runner import managed
 from vllm_provision.runner.engine import Runner, RunOptions
 from vllm_provision.runner.playbook import load_playbook
 from vllm_provision.settings.masking import Masker
+from vllm_provision.state import ray_token
 from vllm_provision.transport import runlock
 from vllm_provision.transport.connection import ConnectionOptions, close_all, open_connections
 
@@ -68,6 +69,8 @@ class Deploy:
         take_over: ``--take-over``: take over hosts another replica (another replica id) deployed.
         assume_yes: ``--yes``: approve without asking.
         verbosity: the count of ``-v`` (for the reporter's detail).
+        rotate_ray_token: ``restart --rotate-ray-token``: a new Ray token for each targeted
+            Ray replica with ``vllm_ray_auth: token`` before the run (not in check mode).
     """
 
     command: str
@@ -79,6 +82,7 @@ class Deploy:
     take_over: bool = False
     assume_yes: bool = False
     verbosity: int = 0
+    rotate_ray_token: bool = False
 
 
 @dataclass
@@ -128,6 +132,46 @@ def skip_check_vars(skip_checks: tuple[str, ...]) -> dict[str, Any]:
     return {"skip_checks": list(skip_checks)} if skip_checks else {}
 
 
+def rotation_targets(inventory: Inventory, hosts: Iterable[str]) -> list[str]:
+    """The replicas ``restart --rotate-ray-token`` gives a new token (pure): those with a node
+    among ``hosts`` (the run's, after ``--limit``) that take a Ray token
+    (``state.ray_token.token_replicas``)."""
+    chosen = set(hosts)
+    return [r.name for r in ray_token.token_replicas(inventory)
+            if any(node.name in chosen for node in r.nodes)]
+
+
+def _ray_tokens(deploy: Deploy, hosts: Iterable[Host],
+                warn: Callable[[str], None]) -> dict[str, Any]:
+    """Before the run: ``up``/``restart`` make the missing Ray token of each Ray replica with
+    ``vllm_ray_auth: token``; ``--rotate-ray-token`` replaces the targeted ones first (those
+    with a node among ``hosts``, the run's: ``runlock.hosts_of_plays``). Returns
+    ``{"ray_token_rotated": [replica, ...]}`` when it rotated (names only, never a token).
+
+    Raises:
+        ProvisionError: ``--rotate-ray-token`` on a run without such a replica, or a token file
+            that cannot be read or written (``state.ray_token``).
+    """
+    if deploy.command not in ("up", "restart"):
+        return {}
+    rotated: list[str] = []
+    if deploy.rotate_ray_token:
+        targets = rotation_targets(deploy.inventory, [host.name for host in hosts])
+        if not targets:
+            raise ProvisionError.single(
+                "--rotate-ray-token", "no Ray replica with token authentication in this run",
+                expected="a replica with vllm_backend: ray and vllm_ray_auth: token",
+                fix="limit the run (-l) to such a replica, or leave the flag out")
+        if deploy.check:
+            warn("--check: the Ray token of " + ", ".join(targets) + " would be replaced")
+        else:
+            ray_token.rotate(deploy.inventory, targets)
+            rotated = targets
+    if not deploy.check:
+        ray_token.ensure_tokens(deploy.inventory)
+    return {"ray_token_rotated": rotated} if rotated else {}
+
+
 def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         warn: Callable[[str], None]) -> DeployOutcome:
     """Run the deploy pipeline (the module docstring's five steps) and return what it did.
@@ -173,6 +217,8 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
     hosts = runlock.hosts_of_plays(inventory, plays, deploy.limit)
     with runlock.locked_run(hosts, deploy.connection, name, warn=warn) as factory:
         gathered: Mapping[str, Any] = {}
+        # the Ray tokens first, so the approval's dry run shows the files they change
+        extra.update(_ray_tokens(deploy, hosts, warn))
         if not approved:
             approved, gathered = _approve(deploy, plays, hosts, install(), factory, echo)
             if not approved:

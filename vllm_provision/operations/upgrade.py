@@ -27,6 +27,7 @@ from vllm_provision.runner import managed
 from vllm_provision.runner.engine import Runner, RunOptions
 from vllm_provision.runner.playbook import load_playbook
 from vllm_provision.settings.masking import Masker
+from vllm_provision.state import ray_token
 from vllm_provision.transport import runlock
 from vllm_provision.transport.connection import ConnectionOptions
 from vllm_provision.transport.tunnel import route_for
@@ -183,6 +184,8 @@ class _Upgrade:
         limit = ":".join(names)
         if self.request.limit:
             limit = f"{limit}:&{self.request.limit}"
+        if not check:  # the Ray token of each Ray replica, before its files are installed
+            ray_token.ensure_tokens(self.inventory)
         runner = Runner(self.inventory, RunOptions(check_mode=check, diff_mode=self.request.diff,
                                                    limit=limit,
                                                    connection=self.request.connection),

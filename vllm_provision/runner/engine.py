@@ -71,8 +71,9 @@ class Runner:
             lambda host: HostConnection(host, self.options.connection))
         self.masker = Masker.from_inventory(inventory)
         self.outcome = RunOutcome(check_mode=self.options.check_mode)
-        self.state = RunState(inventory, self.options, self.reporter, self.masker, self.outcome)
         self.variables = VariableResolver(inventory, check_mode=self.options.check_mode)
+        self.masker.add(self.variables.ray_tokens.values())  # never printed (docs/security.md)
+        self.state = RunState(inventory, self.options, self.reporter, self.masker, self.outcome)
         self.executor = TaskExecutor(self.state, self.variables, self.connection_factory)
         self.prefetcher = Prefetcher(self.state, self.variables.templar_for,
                                      self.executor.task_context, self.executor.lock_held)

@@ -27,6 +27,7 @@ import jinja2.sandbox
 from vllm_provision.core import quoting
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.inventory.source import UnsafeText
+from vllm_provision.settings import ray_auth
 
 _MARKERS = ("{{", "{%")
 # Compiled sources kept per environment (a run renders the same few templates and expressions
@@ -82,8 +83,10 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
     """Return the engine's Jinja2 environment: an ImmutableSandboxedEnvironment with
     StrictUndefined, trailing newline kept, and the filters ``bool``, ``quote``, ``combine``
     (Ansible's, a new mapping), ``dirname`` (Ansible's: a remote path's folder),
-    ``systemd_exec_quote``, ``env_file_line`` and ``nftables_ruleset``
-    (:func:`vllm_provision.settings.firewall.ruleset`).
+    ``systemd_exec_quote``, ``env_file_line``, ``nftables_ruleset``
+    (:func:`vllm_provision.settings.firewall.ruleset`) and ``ray_auth_env``
+    (:func:`vllm_provision.settings.ray_auth.auth_env` of a mapping holding ``vllm_ray_auth``
+    and ``vllm_state_dir``).
 
     Args:
         search_path: folders for ``{% include %}`` / ``{% import %}`` (role templates first).
@@ -102,6 +105,8 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
     env.filters["env_file_line"] = quoting.env_file_line
     # The firewall template renders the replica's table through it (role vllm_firewall).
     env.filters["nftables_ruleset"] = _nftables_ruleset
+    # Ray's authentication environment (roles ray, vllm_ray, vllm_watchdog): one rule.
+    env.filters["ray_auth_env"] = ray_auth.auth_env
     return env
 
 

@@ -4,7 +4,8 @@ The chain itself is :func:`vllm_provision.settings.layered` (variables-table def
 defaults < inventory < play vars < registered < ``-e``; docs/runner-contract.md); this module
 only feeds it the play's and the host's levels, keeps what tasks ``register`` and adds the
 names every template sees (``inventory_hostname``, ``groups``, ``hostvars``, ``replica``,
-``node``, ``engine``, ``facts``, ``check_mode``).
+``node``, ``engine``, ``facts``, ``check_mode``, ``ray_auth_token``: the controller's token of
+the host's Ray replica, ``vllm_provision.state.ray_token``, or None).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import ModuleResult
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.templating import Templar, environment_for
+from vllm_provision.state.ray_token import read_tokens
 
 
 def registered_value(result: ModuleResult) -> dict[str, Any]:
@@ -52,6 +54,12 @@ class VariableResolver:
         registered: what each host's tasks registered, by host name then register name.
         facts: gathered facts by host name (filled by preflight modules; templates see a
             host's own as ``facts``).
+        ray_tokens: replica name -> the controller's Ray token (read once, at construction:
+            ``up`` and ``restart`` make the missing ones before; docs/security.md).
+
+    Raises:
+        ProvisionError: a stored Ray token is unreadable or malformed
+            (``state.ray_token.read_token``).
     """
 
     def __init__(self, inventory: Inventory, *, check_mode: bool = False) -> None:
@@ -64,12 +72,14 @@ class VariableResolver:
         # templates cannot change them: ImmutableSandboxedEnvironment, runner/templating.py)
         self._groups = {name: inventory.hosts_in_group(name) for name in inventory.groups}
         self._hostvars = {name: dict(h.vars) for name, h in inventory.hosts.items()}
+        self.ray_tokens = read_tokens(inventory)
 
     def templar_for(self, play: Play, host: Host) -> Templar:
         """Return the Templar holding ``host``'s variables for ``play`` as they are now (a
         value registered later is seen by the next call), on the process's cached Jinja2
         environment for the play's template folders (``templating.environment_for``)."""
         replica = self.inventory.replica_of(host.name)
+        token = self.ray_tokens.get(replica.name) if replica else None
         layered = settings.layered(host.vars, role_defaults=play.role_defaults,
                                    play_vars=play.vars,
                                    registered=self.registered.get(host.name, {}),
@@ -85,6 +95,7 @@ class VariableResolver:
             "check_mode": self.check_mode,
             "ansible_check_mode": self.check_mode,
             "role_names": [],
+            "ray_auth_token": token,
         }
         env = environment_for(list(play.template_dirs))
         return Templar(env, layered, host.name, fixed)

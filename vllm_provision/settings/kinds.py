@@ -67,6 +67,11 @@ UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/syste
 RESERVED_ENV = {
     "VLLM_HOST_IP": "it is this node's vllm_host_ip",
     "VLLM_API_KEY": "it comes from vllm_api_key, which keeps it out of output",
+    # Ray token authentication is one setting for every Ray process of a replica
+    # (settings/ray_auth.py): a value here would split the cluster or put the token in a file.
+    "RAY_AUTH_MODE": "it comes from vllm_ray_auth",
+    "RAY_AUTH_TOKEN": "the token is made per replica by the controller (vllm_ray_auth)",
+    "RAY_AUTH_TOKEN_PATH": "it is the token file the ray role installs (vllm_ray_auth)",
 }
 # Set from vllm_cluster_interface when that is set (roles/vllm_common/templates/macros.j2).
 INTERFACE_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -380,6 +385,7 @@ KINDS: dict[str, Kind] = {
     "vllm_firewall_nft": ("path", check_path),
     "ray_cgraph_get_timeout_s": ("seconds", check_whole_seconds),
     "ray_cgraph_submit_timeout_s": ("seconds", check_whole_seconds),
+    "vllm_ray_auth": ("choice", _no_check),
     "ray_env": ("env", check_env_mapping),
     # versions
     "vllm_version": ("version", check_version),

@@ -339,6 +339,11 @@ _TABLE: tuple[Variable, ...] = (
     Variable("ray_dashboard_port", int, 8265, "Dashboard and job API port on the head "
              "(`--dashboard-port`), when `ray_include_dashboard` is true.", "8265", minimum=1,
              maximum=65535),
+    Variable("vllm_ray_auth", str, "token", "Ray token authentication (Ray >= 2.52): "
+             "`token`: one token per replica, made on the controller, installed 0600 on every "
+             "node and named by `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` in the Ray and "
+             "vLLM env files (`provision restart --rotate-ray-token` replaces it); `none`: "
+             "`RAY_AUTH_MODE=disabled` (docs/security.md).", "none", choices=("token", "none")),
     Variable("ray_env", dict, {}, "More environment for the Ray units only (the Ray env file "
              "on every node, after `vllm_env`), such as the GCS's `RAY_health_check_*` settings, "
              "which also set how long a worker's watchdog waits for an unreachable GCS "

@@ -109,8 +109,13 @@ def occupy(host: str, gpus: str, memory_mib: int, through_ray: bool, release: bo
         return
     unit, count = f"{OCCUPY_UNIT}-ray", len(gpus.split(","))
     # as the Ray cluster's own user (the lab's vllm_service_user), so its session files stay
-    # that user's; returns once the actor holds its GPUs (nvidia-smi lists it), or fails
-    _run(lab, host, f"systemd-run -q --unit={unit} -p User=vllm -E HOME=/var/lib/vllm "
+    # that user's; with the replica's Ray token when it has one (vllm_ray_auth: token, the
+    # token file in the lab's vllm_state_dir: docs/security.md), as another job of the team
+    # would; returns once the actor holds its GPUs (nvidia-smi lists it), or fails
+    token = "/var/lib/vllm/ray_auth_token"
+    auth = (f"$(test -s {token} && echo -E RAY_AUTH_MODE=token -E "
+            f"RAY_AUTH_TOKEN_PATH={token})")
+    _run(lab, host, f"systemd-run -q --unit={unit} -p User=vllm -E HOME=/var/lib/vllm {auth} "
                     f"/opt/vllm/bin/python -m vllm_lab_standin.occupy --ray {count} {memory_mib}"
                     f" && for i in $(seq 240); do nvidia-smi --query-compute-apps=process_name "
                     f"--format=csv,noheader | grep -q 'ray::GpuHolder' && exit 0; "

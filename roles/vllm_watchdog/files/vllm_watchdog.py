@@ -239,6 +239,9 @@ class RayNodes:
 
     address: str
     poll_s: float = 2.0
+    # Ray's authentication environment of the replica (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH):
+    # with token authentication the GCS refuses a client without the token.
+    env: dict[str, str] = field(default_factory=dict)
     latest: dict[str, Any] | None = None
     latest_at: float | None = None
     child: subprocess.Popen[str] | None = None
@@ -252,7 +255,8 @@ class RayNodes:
             log(f"ray: the node-table reader exited ({self.child.returncode}); starting it again")
         self.child = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--ray-nodes", self.address,
-             str(self.poll_s)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             str(self.poll_s)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, **self.env})
         threading.Thread(target=self._read, args=(self.child,), daemon=True).start()
 
     def _read(self, child: subprocess.Popen[str]) -> None:
@@ -273,6 +277,19 @@ class RayNodes:
         if latest is None or at is None:
             return {"ok": False, "nodes": None, "error": "not read yet", "age_s": None}
         return {**latest, "age_s": round(max(0.0, mono - at), 1)}
+
+
+def ray_auth_env(value: Any) -> dict[str, str]:
+    """The config's ``ray_auth_env`` (``{"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH":
+    path}`` or ``{"RAY_AUTH_MODE": "disabled"}``, rendered by the role from
+    vllm_provision/settings/ray_auth.py) as the environment of the GCS reader; only names that
+    start with ``RAY_AUTH_`` and string values are kept (the file is ours, 0600, but a config
+    must not set anything else in the reader's environment). Ray's docs, "Ray token
+    authentication": https://docs.ray.io/en/latest/ray-security/token-auth.html."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items()
+            if str(k).startswith("RAY_AUTH_") and isinstance(v, str) and "\0" not in v}
 
 
 def ray_nodes_main(address: str, poll_s: float) -> int:
@@ -512,7 +529,8 @@ class Watchdog:
         conf = self.config["ray"]
         if conf.get("observe"):
             if self.ray_nodes is None:
-                self.ray_nodes = RayNodes(str(conf["gcs"]), float(conf.get("poll_s", 2.0)))
+                self.ray_nodes = RayNodes(str(conf["gcs"]), float(conf.get("poll_s", 2.0)),
+                                          env=ray_auth_env(self.config.get("ray_auth_env")))
             self.ray_nodes.tick()
             return self.ray_nodes.state(mono)
         unit = str(conf["unit"])
