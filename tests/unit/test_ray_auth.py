@@ -293,3 +293,46 @@ def test_restart_installs_the_token_after_the_hold_and_before_the_stop_in_order(
     token = names.index("Install the Ray token of Ray replicas")
     assert names[token - 1].startswith("Hold the peer watchdogs")
     assert names[token + 1].startswith("Stop")
+
+
+class _Node:
+    """A rank 0 connection that answers ``cat`` of the token file with ``text`` (or raises)."""
+
+    def __init__(self, text: str = "", error: Exception | None = None) -> None:
+        self.text, self.error, self.commands = text, error, []
+
+    def run(self, command: str, **_: object):
+        from vllm_provision.transport.base import CommandResult
+
+        self.commands.append(command)
+        if self.error is not None:
+            raise self.error
+        return CommandResult(0, self.text, "")
+
+
+def test_a_second_controller_adopts_the_token_rank_0_holds_instead_of_making_one(tmp_path):
+    inventory = load(tmp_path)
+    held = "ab" * 32
+    node = _Node(held + "\n")
+    made = ray_token.ensure_tokens(inventory, connections={"h1": node, "h2": _Node("cd" * 32)})
+    assert made == {"llama": held} and ray_token.read_token(inventory.path, "llama") == held
+    assert node.commands == [f"cat -- {TOKEN_PATH} 2>/dev/null || true"]
+    again = _Node("ef" * 32)
+    assert ray_token.ensure_tokens(inventory, connections={"h1": again}) == made
+    assert again.commands == []  # the controller has it now: no round trip
+
+
+@pytest.mark.parametrize("node", [_Node(""), _Node("$(reboot)"), _Node("AB" * 32),
+                                  _Node(error=ProvisionError.single("h1", "unreachable"))])
+def test_no_usable_token_on_rank_0_makes_a_new_one(tmp_path, node):
+    inventory = load(tmp_path)
+    made = ray_token.ensure_tokens(inventory, connections={"h1": node})
+    assert ray_auth.TOKEN_RE.fullmatch(made["llama"]) and made["llama"] != "ab" * 32
+    assert ray_token.read_token(inventory.path, "llama") == made["llama"]
+
+
+def test_the_adopted_token_is_read_from_rank_0s_vllm_state_dir(tmp_path):
+    inventory = load(tmp_path, vllm_state_dir="/srv/vllm-state")
+    node = _Node("12" * 32)
+    assert ray_token.ensure_tokens(inventory, connections={"h1": node}) == {"llama": "12" * 32}
+    assert node.commands == ["cat -- /srv/vllm-state/ray_auth_token 2>/dev/null || true"]

@@ -53,7 +53,7 @@ def run_play(opts: CommonOptions, playbook: Path, roles_paths: tuple[Path, ...] 
         if not opts.check:  # a playbook may install role ray: its replicas' Ray tokens
             from vllm_provision.state import ray_token
 
-            ray_token.ensure_tokens(inventory)
+            ray_token.ensure_tokens(inventory, connections=factory.opened)
         runner = Runner(inventory, RunOptions(check_mode=opts.check, diff_mode=opts.diff,
                                               limit=opts.limit, roles_paths=roles_paths,
                                               connection=connection), reporter,

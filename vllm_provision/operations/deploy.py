@@ -141,10 +141,12 @@ def rotation_targets(inventory: Inventory, hosts: Iterable[str]) -> list[str]:
             if any(node.name in chosen for node in r.nodes)]
 
 
-def _ray_tokens(deploy: Deploy, hosts: Iterable[Host],
-                warn: Callable[[str], None]) -> dict[str, Any]:
+def _ray_tokens(deploy: Deploy, hosts: Iterable[Host], warn: Callable[[str], None],
+                connections: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Before the run: ``up``/``restart`` make the missing Ray token of each Ray replica with
-    ``vllm_ray_auth: token``; ``--rotate-ray-token`` replaces the targeted ones first (those
+    ``vllm_ray_auth: token`` (adopting the one its rank 0 holds when it is in ``connections``,
+    the run's open connections: ``state.ray_token.ensure_tokens``); ``--rotate-ray-token``
+    replaces the targeted ones first (those
     with a node among ``hosts``, the run's: ``runlock.hosts_of_plays``). Returns
     ``{"ray_token_rotated": [replica, ...]}`` when it rotated (names only, never a token).
 
@@ -168,7 +170,7 @@ def _ray_tokens(deploy: Deploy, hosts: Iterable[Host],
             ray_token.rotate(deploy.inventory, targets)
             rotated = targets
     if not deploy.check:
-        ray_token.ensure_tokens(deploy.inventory)
+        ray_token.ensure_tokens(deploy.inventory, connections=connections)
     return {"ray_token_rotated": rotated} if rotated else {}
 
 
@@ -218,7 +220,7 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
     with runlock.locked_run(hosts, deploy.connection, name, warn=warn) as factory:
         gathered: Mapping[str, Any] = {}
         # the Ray tokens first, so the approval's dry run shows the files they change
-        extra.update(_ray_tokens(deploy, hosts, warn))
+        extra.update(_ray_tokens(deploy, hosts, warn, factory.opened))
         if not approved:
             approved, gathered = _approve(deploy, plays, hosts, install(), factory, echo)
             if not approved:

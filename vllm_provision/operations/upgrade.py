@@ -185,7 +185,7 @@ class _Upgrade:
         if self.request.limit:
             limit = f"{limit}:&{self.request.limit}"
         if not check:  # the Ray token of each Ray replica, before its files are installed
-            ray_token.ensure_tokens(self.inventory)
+            ray_token.ensure_tokens(self.inventory, connections=self.factory.opened)
         runner = Runner(self.inventory, RunOptions(check_mode=check, diff_mode=self.request.diff,
                                                    limit=limit,
                                                    connection=self.request.connection),

@@ -7,23 +7,27 @@ folder 0700 and each file 0600, written atomically (temp file, fsync, rename). A
 "Ray token authentication", https://docs.ray.io/en/latest/ray-security/token-auth.html).
 
 ``provision up`` and ``restart`` make the token of each Ray replica with ``vllm_ray_auth: token``
-when there is none (:func:`ensure_tokens`), the ray role installs it on every node of the replica
-(``roles/ray/tasks/main.yml``; ``restart``: role ray_token), ``restart --rotate-ray-token``
-replaces it (:func:`rotate`). Dry
-runs (``--check``, ``drift``) only read it (:func:`read_token`). The run's masker is given every
+when there is none (:func:`ensure_tokens`; a token rank 0 already holds is adopted first, so a
+second controller with the same inventory installs the same token and restarts nothing), the
+ray role installs it on every node of the replica (``roles/ray/tasks/main.yml``; ``restart``:
+role ray_token), ``restart --rotate-ray-token`` replaces it (:func:`rotate`). Dry runs
+(``--check``, ``drift``) only read it (:func:`read_token`). The run's masker is given every
 token (``runner.engine``), so no value of it is ever printed (docs/security.md).
 """
 
 from __future__ import annotations
 
 import secrets
+import shlex
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.files import replace_atomically
 from vllm_provision.core.models import Inventory, Replica
-from vllm_provision.settings import replica_settings
-from vllm_provision.settings.ray_auth import TOKEN_RE, auth_on
+from vllm_provision.settings import master_settings, replica_settings
+from vllm_provision.settings.ray_auth import TOKEN_RE, auth_on, token_file
 
 
 def tokens_dir(inventory_path: Path) -> Path:
@@ -108,9 +112,32 @@ def read_tokens(inventory: Inventory) -> dict[str, str]:
     return found
 
 
-def ensure_tokens(inventory: Inventory, replicas: list[str] | None = None) -> dict[str, str]:
+def node_token(replica: Replica, conn: Any, extra_vars: Mapping[str, Any] | None = None,
+               ) -> str | None:
+    """The token ``replica``'s rank 0 holds (the file role ray installed:
+    ``settings.ray_auth.token_file`` of rank 0's settings), read as root over ``conn`` (its
+    open connection) in one round trip; None when the file is absent, unreadable, not a token
+    this tool made (64 lower-case hex digits), or the host cannot be reached (the caller then
+    makes a new token, as on a first ``up``)."""
+    path = token_file(master_settings(replica, extra_vars))
+    try:
+        result = conn.run(f"cat -- {shlex.quote(path)} 2>/dev/null || true", timeout_s=30)
+    except ProvisionError:  # UnreachableError included
+        return None
+    text = str(result.stdout or "").strip()
+    return text if TOKEN_RE.fullmatch(text) else None
+
+
+def ensure_tokens(inventory: Inventory, replicas: list[str] | None = None, *,
+                  connections: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Make the missing token of each :func:`token_replicas` (only those named in
     ``replicas`` when given); return replica name -> token for all of them.
+
+    A replica with no token on this controller whose rank 0 is in ``connections`` (host name
+    -> open connection, the run's) keeps the token rank 0 already holds (:func:`node_token`):
+    a second controller (a bastion, a teammate's laptop) with the same inventory then installs
+    the same file and the cluster does not restart. Only a replica with no token anywhere gets
+    a new one (``secrets.token_hex(32)``).
 
     Raises:
         ProvisionError: as :func:`read_token` and :func:`write_token`.
@@ -121,7 +148,9 @@ def ensure_tokens(inventory: Inventory, replicas: list[str] | None = None) -> di
             continue
         token = read_token(inventory.path, replica.name)
         if token is None:
-            token = new_token()
+            conn = (connections or {}).get(replica.master.name)
+            token = (node_token(replica, conn, inventory.extra_vars) if conn is not None
+                     else None) or new_token()
             write_token(inventory.path, replica.name, token)
         found[replica.name] = token
     return found
