@@ -210,7 +210,7 @@ class Backend:
     def check_replica(self, replica: Replica, facts: Mapping[str, HostFacts],
                       settings: Any) -> list[Finding]:
         """The backend's own preflight checks (``settings``: the merged
-        :class:`~vllm_provision.checks.run.PreflightSettings`)."""
+        :class:`~vllm_provision.checks.options.PreflightSettings`)."""
         return []
 
     def status_view(self, replica: Replica, states: Sequence[Any], lost: dict[str, str],

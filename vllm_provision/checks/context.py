@@ -37,7 +37,7 @@ from vllm_provision.settings import node_settings, replica_settings
 
 if TYPE_CHECKING:
     from vllm_provision.checks.finding import Finding
-    from vllm_provision.checks.run import PreflightSettings
+    from vllm_provision.checks.options import PreflightSettings
     from vllm_provision.core.models import Node, Replica
     from vllm_provision.facts.model import HostFacts, HostOwner
     from vllm_provision.stack.lock import Lock

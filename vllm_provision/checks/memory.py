@@ -27,11 +27,6 @@ DEFAULT_BLOCK_SIZE = 16
 # The most decoder layers an estimate accepts from config.json: the largest public checkpoints
 # have a few hundred; a value past this is a broken or hostile file, not a model.
 MAX_LAYERS = 100_000
-# Activations, CUDA context, NCCL and cuBLAS workspaces and CUDA graphs per GPU, MiB: what
-# vLLM's profiling run adds to the weights before it sizes the KV cache (``peak_memory`` in
-# ``Worker.determine_available_memory``, vllm/v1/worker/gpu_worker.py). An estimate; the role
-# default ``preflight_gpu_overhead_mib`` changes it.
-DEFAULT_OVERHEAD_MIB = 2048
 SOURCE = ("vllm/v1/worker/gpu_worker.py (determine_available_memory); "
           "vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory); "
           "vllm/v1/kv_cache_interface.py (AttentionSpec.page_size_bytes); "
