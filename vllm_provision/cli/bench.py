@@ -10,7 +10,13 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
+from vllm_provision.cli.options import (
+    HOST_OPTIONS,
+    CommonOptions,
+    echo,
+    replica_option,
+    shared_options,
+)
 from vllm_provision.core.errors import ProvisionError
 
 
@@ -95,8 +101,7 @@ def placement_lines(placement: dict[str, Any]) -> list[str]:
     'provision bench -i inventory.yml --requests 50 --concurrency 4 --plot bench.png',
     'provision bench -i inventory.yml --rate 2 --seed 7 --out bench.json --json'))
 @shared_options(HOST_OPTIONS)
-@click.option("--replica", "replica_name", metavar="NAME",
-              help="The replica to benchmark (default: the inventory's only one).")
+@replica_option("The replica to benchmark")
 @click.option("--requests", type=click.IntRange(1, 100000), default=100, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=8, show_default=True,
               help="Requests in flight at most.")

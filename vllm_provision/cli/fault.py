@@ -11,7 +11,13 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
+from vllm_provision.cli.options import (
+    HOST_OPTIONS,
+    CommonOptions,
+    echo,
+    replica_option,
+    shared_options,
+)
 from vllm_provision.core.errors import ProvisionError
 
 
@@ -40,8 +46,7 @@ def parse_target(replica: Any, text: str) -> tuple[Any, str]:
     'provision fault -i inventory.yml --kill h2 --streams 3',
     'provision fault -i inventory.yml --kill h1:vllm.service --signal TERM'))
 @shared_options(HOST_OPTIONS)
-@click.option("--replica", "replica_name", metavar="NAME",
-              help="The replica (default: the inventory's only one).")
+@replica_option()
 @click.option("--kill", "target", required=True, metavar="NODE[:UNIT]",
               help="The node (and unit) to hit.")
 @click.option("--signal", type=click.Choice(["KILL", "TERM", "STOP"]), default="KILL",

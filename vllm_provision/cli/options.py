@@ -250,6 +250,15 @@ def shared_options(names: Sequence[str] = RUN_OPTIONS) -> Callable[[F], F]:
     return decorate
 
 
+def replica_option(what: str = "The replica") -> Callable[[F], F]:
+    """Return the ``--replica NAME`` option (into ``replica_name``) of a command that acts on
+    one replica: ``what`` starts its help (``"The replica to benchmark"``); unset, the command
+    takes the inventory's only replica (the operation resolves it and refuses when there are
+    several)."""
+    return click.option("--replica", "replica_name", metavar="NAME",
+                        help=f"{what} (default: the inventory's only one).")
+
+
 def common_options(function: F) -> F:
     """Decorate a click command with every shared option (see :class:`CommonOptions`)."""
     return shared_options(RUN_OPTIONS)(function)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from vllm_provision.cli.help import examples
-from vllm_provision.cli.options import CommonOptions, echo
+from vllm_provision.cli.options import CommonOptions, echo, replica_option
 
 
 @click.command("record", epilog=examples(
@@ -19,8 +19,7 @@ from vllm_provision.cli.options import CommonOptions, echo
               help="Inventory: a YAML or INI file, or a directory of them.")
 @click.option("--compare", "other", type=click.Path(path_type=Path),
               help="A second inventory (the other backend on the same hosts): side by side.")
-@click.option("--replica", "replica_name", metavar="NAME",
-              help="The replica (default: the inventory's only one).")
+@replica_option()
 @click.option("--out", "out_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the Markdown here (default: print it).")
 def command(inventory: Path, other: Path | None, replica_name: str | None,

@@ -11,8 +11,10 @@ every node they act on, as ``provision up`` does (docs/security.md, "Run lock").
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +22,10 @@ from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.operations import stack as stack_op
+
+if TYPE_CHECKING:
+    from vllm_provision.transport.connection import ConnectionOptions
+    from vllm_provision.transport.runlock import LendingFactory
 
 # The host options without --json: these commands print lines for an operator (and exit codes).
 STACK_OPTIONS = tuple(name for name in HOST_OPTIONS if name != "json")
@@ -37,6 +43,27 @@ def command() -> None:
 def _chosen(opts: CommonOptions) -> list[tuple[Any, Path]]:
     """The replicas the options choose, each with its lock path."""
     return stack_op.replicas_with_locks(opts.load_inventory(), opts.limit)
+
+
+@contextmanager
+def _locked(kwargs: dict[str, Any],
+            what: str) -> Iterator[tuple[list[tuple[Any, Path]], ConnectionOptions,
+                                         LendingFactory]]:
+    """The chosen replicas (:func:`_chosen`), the connection options and the connection
+    factory, while this run holds the run lock on every node of those replicas
+    (:func:`vllm_provision.operations.stack.locked`; ``what`` names the run in the lock, e.g.
+    ``"stack sync"``).
+
+    Raises:
+        ProvisionError: bad options, an inventory that does not load, or a node whose run lock
+            another run holds (``RunLockError``, nothing changed).
+    """
+    opts = CommonOptions.from_kwargs(kwargs)
+    chosen = _chosen(opts)
+    options = opts.connection_options()
+    with stack_op.locked([replica for replica, _ in chosen], options, what,
+                         warn=_warn) as factory:
+        yield chosen, options, factory
 
 
 def _warn(line: str) -> None:
@@ -97,12 +124,8 @@ def sync_command(wheelhouse: Path | None, **kwargs: Any) -> None:
     rollback. A second run changes nothing; an interrupted run leaves the old venv active.
     Holds the run lock on every node, as `provision up` does.
     """
-    opts = CommonOptions.from_kwargs(kwargs)
     failed = False
-    chosen = _chosen(opts)
-    options = opts.connection_options()
-    with stack_op.locked([replica for replica, _ in chosen], options, "stack sync",
-                         warn=_warn) as factory:
+    with _locked(kwargs, "stack sync") as (chosen, options, factory):
         for replica, path in chosen:  # replicas are independent: one's failure skips none
             try:
                 lock_id, results = stack_op.sync_replica(replica, path, wheelhouse, options,
@@ -135,12 +158,8 @@ def rollback_command(**kwargs: Any) -> None:
     and drift compare the nodes with what they run. Holds the run lock on every node, as
     `provision up` does.
     """
-    opts = CommonOptions.from_kwargs(kwargs)
     failed = False
-    chosen = _chosen(opts)
-    options = opts.connection_options()
-    with stack_op.locked([replica for replica, _ in chosen], options, "stack rollback",
-                         warn=_warn) as factory:
+    with _locked(kwargs, "stack rollback") as (chosen, options, factory):
         for replica, _path in chosen:  # replicas are independent: one's failure skips none
             replica_failed, lines = stack_op.rollback_replica(replica, options, factory)
             failed = failed or replica_failed

@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_provision.core.errors import InventoryError
 from vllm_provision.core.models import Host, Inventory
+from vllm_provision.inventory.tree import groups_under
 from vllm_provision.settings import variables
 
 try:  # the parser behind re.compile (Python 3.11+); sre_parse before
@@ -172,15 +173,8 @@ def _hosts_of_groups(inventory: Inventory, names: list[str]) -> set[str]:
     if "all" in names:
         return set(inventory.hosts)
     hosts: set[str] = set()
-    seen: set[str] = set()
-    stack = list(names)
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in inventory.groups:
-            continue
-        seen.add(name)
+    for name in groups_under(inventory.groups, names):
         hosts.update(inventory.groups[name].hosts)
-        stack.extend(inventory.groups[name].children)
     return hosts & inventory.hosts.keys()
 
 

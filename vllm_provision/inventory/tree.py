@@ -10,7 +10,7 @@ host; its vars are merged, the later one winning.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,16 @@ from vllm_provision.inventory.source import KeyPath, Problems, Setting, YamlDocu
 from vllm_provision.settings import variables
 
 GROUP_KEYS = ("hosts", "children", "vars")
+# Each key of a YAML group holds a mapping (or nothing): what a wrong value is told,
+# (expected, fix), in one table for the one check of the three.
+_SECTION_SHAPES = {
+    "hosts": ("a mapping of host names to their vars (or nothing)",
+              "write hosts as a mapping: 'hosts: {h1: {}, h2: {}}' (not a list)"),
+    "children": ("a mapping of child group names to groups (or nothing)",
+                 "write children as a mapping: 'children: {web: {hosts: {...}}}'"),
+    "vars": ("a mapping of variable names to values",
+             "write 'vars:' followed by 'name: value' lines"),
+}
 
 MAX_HOSTS = 10_000
 """The most hosts one inventory may define (every source of an inventory folder together): the
@@ -341,18 +351,24 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
         return
     for section, value in entry.items():
         section_key = (*key, section)
+        if section not in _SECTION_SHAPES:
+            guess = variables.suggest(str(section), GROUP_KEYS)
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            problems.add(doc.origin(section_key).where,
+                         f"unknown key {section!r} in group {name!r}{hint}",
+                         expected="only 'hosts', 'children' and 'vars'", actual=repr(section),
+                         fix=f"rename it to '{guess}'" if guess else
+                         "put hosts under 'hosts:', groups under 'children:' and variables "
+                         "under 'vars:'")
+            continue
+        expected, fix = _SECTION_SHAPES[section]
+        mapping = _mapping_or_none(value, doc, section_key, problems, expected=expected, fix=fix)
+        if mapping is None:
+            continue
         if section == "vars":
-            values = _mapping_or_none(value, doc, section_key, problems,
-                                      expected="a mapping of variable names to values",
-                                      fix="write 'vars:' followed by 'name: value' lines")
-            if values is not None:
-                group.vars.update(_parse_vars(values, doc, section_key, problems))
+            group.vars.update(_parse_vars(mapping, doc, section_key, problems))
         elif section == "hosts":
-            hosts = _mapping_or_none(
-                value, doc, section_key, problems,
-                expected="a mapping of host names to their vars (or nothing)",
-                fix="write hosts as a mapping: 'hosts: {h1: {}, h2: {}}' (not a list)")
-            for pattern, host_vars in (hosts or {}).items():
+            for pattern, host_vars in mapping.items():
                 host_key = (*section_key, pattern)
                 if not _valid_name(pattern, doc, host_key, problems, "host"):
                     continue
@@ -368,26 +384,13 @@ def _parse_group(tree: Tree, name: str, entry: Any, doc: YamlDocument, key: KeyP
                     parsed = _parse_vars(values, doc, host_key, problems)
                     for node in nodes:
                         node.vars.update(parsed)
-        elif section == "children":
-            children = _mapping_or_none(
-                value, doc, section_key, problems,
-                expected="a mapping of child group names to groups (or nothing)",
-                fix="write children as a mapping: 'children: {web: {hosts: {...}}}'")
-            for child, child_entry in (children or {}).items():
+        else:  # children
+            for child, child_entry in mapping.items():
                 child_key = (*section_key, child)
                 if not _valid_name(child, doc, child_key, problems, "group"):
                     continue
                 group.add_child(child)
                 _parse_group(tree, child, child_entry, doc, child_key, problems)
-        else:
-            guess = variables.suggest(str(section), GROUP_KEYS)
-            hint = f"; did you mean {guess!r}?" if guess else ""
-            problems.add(doc.origin(section_key).where,
-                         f"unknown key {section!r} in group {name!r}{hint}",
-                         expected="only 'hosts', 'children' and 'vars'", actual=repr(section),
-                         fix=f"rename it to '{guess}'" if guess else
-                         "put hosts under 'hosts:', groups under 'children:' and variables "
-                         "under 'vars:'")
 
 
 def _find_cycle(tree: Tree) -> list[str] | None:
@@ -414,18 +417,31 @@ def _find_cycle(tree: Tree) -> list[str] | None:
     return None
 
 
+def groups_under(groups: Mapping[str, Any], names: Iterable[str]) -> set[str]:
+    """The groups ``names`` and all their descendants, in one walk (each group once, cycles
+    included: time linear in groups and children).
+
+    Args:
+        groups: group name -> a group with ``children`` (names); the loaded
+            :class:`~vllm_provision.core.models.Group` or the loader's :class:`GroupNode`.
+        names: the groups to start from; a name that is no group is passed over, as is a child
+            that is none.
+    """
+    found: set[str] = set()
+    frontier = [name for name in names if name in groups]
+    while frontier:
+        name = frontier.pop()
+        if name not in found:
+            found.add(name)
+            frontier.extend(child for child in groups[name].children if child in groups)
+    return found
+
+
 def _compute_depth(tree: Tree) -> None:
     """Depth as Ansible's: the longest path from ``all`` (``all`` = 0). The groups form a tree
     without cycles (checked first), so one pass in topological order (Kahn) settles each group
     once: time linear in groups and children."""
-    reachable: set[str] = set()
-    stack = ["all"]
-    while stack:
-        name = stack.pop()
-        if name in reachable or name not in tree.groups:
-            continue
-        reachable.add(name)
-        stack.extend(tree.groups[name].children)
+    reachable = groups_under(tree.groups, ["all"])
     waiting = dict.fromkeys(reachable, 0)
     for name in reachable:
         for child in tree.groups[name].children:

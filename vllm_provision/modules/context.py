@@ -8,7 +8,7 @@ on the runner (docs/runner-contract.md, "Module interface").
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -95,3 +95,26 @@ def absolute_path_argument(args: Mapping[str, Any], key: str) -> str | None:
     """
     value = args.get(key) if isinstance(args, Mapping) else None
     return value if isinstance(value, str) and posixpath.isabs(value) else None
+
+
+def path_read_command(key: str, command: Callable[[str], str]
+                      ) -> Callable[[ModuleContext, Mapping[str, Any]], str | None]:
+    """A module's ``read_command`` (the module read protocol, docs/runner-contract.md; the
+    runner batches it, runner/prefetch.py) for a module whose first command only reads the
+    path its argument ``key`` names: ``command(path)``, or None when that argument is not an
+    absolute path (:func:`absolute_path_argument`; the arguments are not validated yet).
+
+    Args:
+        key: the argument that names the path on the host (``path``, ``dest``).
+        command: the path -> the read-only shell command (the path quoted inside it).
+
+    Returns:
+        ``read_command(ctx, args) -> str | None``; ``ctx`` is unused.
+    """
+    def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
+        path = absolute_path_argument(args, key)
+        return None if path is None else command(path)
+
+    read_command.__doc__ = (f"The read-only first command of ``run`` for the path in ``{key}`` "
+                            f"(:func:`vllm_provision.modules.context.path_read_command`).")
+    return read_command

@@ -20,7 +20,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, parse_mode, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext, absolute_path_argument
+from vllm_provision.modules.context import ModuleContext, path_read_command
 
 STATES = ("file", "directory", "touch", "absent")
 ARGUMENT_SPEC = ArgumentSpec("file", (
@@ -102,17 +102,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                         {"path": path, "state": state}, persisted_notify=bool(notify))
 
 
-def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
-    """Return the read-only ``stat`` command :func:`run` sends first, or None when ``path`` is
-    not usable; the runner batches it (runner/prefetch.py).
-
-    Args:
-        ctx: the task context (unused; part of the module read protocol).
-        args: the task's rendered arguments.
-    """
-    path = absolute_path_argument(args, "path")
-    return None if path is None else _stat_command(path)
-
-
 def _stat_command(path: str) -> str:
     return f"stat -c '%F|%U|%G|%a' {quote(path)} 2>/dev/null || echo ABSENT"
+
+
+# The read-only ``stat`` command :func:`run` sends first (None when ``path`` is not usable);
+# the runner batches it (runner/prefetch.py).
+read_command = path_read_command("path", _stat_command)

@@ -35,7 +35,7 @@ from vllm_provision.modules import (
     unified_diff,
 )
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext, absolute_path_argument
+from vllm_provision.modules.context import ModuleContext, path_read_command
 
 ARGUMENT_SPEC = ArgumentSpec("template", (
     Argument("src", "str", "template file: relative to the role's templates/ (then the "
@@ -189,23 +189,16 @@ def _oct(mode: int | None) -> str:
     return "none" if mode is None else f"0{mode:o}"
 
 
-def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
-    """Return the read-only command :func:`run` sends first (sha256 and owner/group/mode of
-    ``dest``), or None when ``dest`` is not usable; the runner batches it (runner/prefetch.py).
-
-    Args:
-        ctx: the task context (unused; part of the module read protocol).
-        args: the task's rendered arguments.
-    """
-    dest = absolute_path_argument(args, "dest")
-    return None if dest is None else _state_command(dest)
-
-
 def _state_command(dest: str) -> str:
     path = quote(dest)
     # one round trip: hash computed ON the host, then owner, group, octal mode
     return (f"if [ -f {path} ]; then sha256sum < {path} | cut -d' ' -f1 && "
             f"stat -c '%U %G %a' {path}; else echo ABSENT; fi")
+
+
+# The read-only command :func:`run` sends first, sha256 and owner/group/mode of ``dest`` (None
+# when ``dest`` is not usable); the runner batches it (runner/prefetch.py).
+read_command = path_read_command("dest", _state_command)
 
 
 def _read_state(ctx: ModuleContext, dest: str) -> dict[str, Any]:

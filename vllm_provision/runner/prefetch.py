@@ -263,18 +263,10 @@ class Prefetcher:
             conn = self.state.connections.get(host.name)
             if not isinstance(conn, PrefetchingConnection):
                 return
-            try:
-                commands = self._read_commands(play, host, conn, 0)
-            except Exception:  # noqa: BLE001 - an optimisation only; tasks report it live
-                commands = []
+            commands = self._reads(play, host, conn, 0)
             if play.handlers:
                 commands.insert(0, handlers_state.read_script(self.state.options.pending_dir))
-            if not self._may_lead(host.name):
-                return
-            try:
-                conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
-            except UnreachableError:
-                conn.drop()
+            self._send(host.name, conn, commands)
 
         list(self.state.threads().map(one, batch))
 
@@ -287,17 +279,29 @@ class Prefetcher:
         if (not isinstance(conn, PrefetchingConnection) or not conn.ran_live
                 or host.name in self._no_prefetch):
             return
-        try:
-            commands = self._read_commands(play, host, conn, index)
-        except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
-            commands = []
+        commands = self._reads(play, host, conn, index)
         if len(commands) < 2:
             conn.ran_live = False  # one read costs the same live; look again after the next
             return
-        if not self._may_lead(host.name):
+        self._send(host.name, conn, commands)
+
+    def _reads(self, play: Play, host: Host, conn: PrefetchingConnection,
+               start: int) -> list[str]:
+        """:meth:`_read_commands`, or no commands when working them out fails: batching is an
+        optimisation only, and each task then reports the error live."""
+        try:
+            return self._read_commands(play, host, conn, start)
+        except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
+            return []
+
+    def _send(self, name: str, conn: PrefetchingConnection, commands: list[str]) -> None:
+        """Run ``commands`` as host ``name``'s batch when it may (:meth:`_may_lead`), with the
+        lead commands :meth:`_read_commands` marked; an unreachable host keeps no answers (its
+        tasks then meet the error live)."""
+        if not self._may_lead(name):
             return
         try:
-            conn.prefetch(commands, ahead=self._ahead.get(host.name, ()))
+            conn.prefetch(commands, ahead=self._ahead.get(name, ()))
         except UnreachableError:
             conn.drop()
 

@@ -172,13 +172,27 @@ class Variable:
         return "a string"
 
 
+MAX_PORT = 65535
+"""The largest TCP port (ports are 16-bit numbers, RFC 9293 section 3.1)."""
+
+
+def _port(name: str, default: int | None, doc: str, example: str | None = None, *,
+          minimum: int = 1, **more: Any) -> Variable:
+    """A row of the table for a TCP port variable: an ``int`` from ``minimum`` (1 unless the
+    program that binds it allows less of the range, as Ray's worker ports) to :data:`MAX_PORT`;
+    ``example`` is the default as written in YAML unless given (a port without a default).
+    ``more``: the other fields of :class:`Variable` (``scope``, ``engine_field``)."""
+    return Variable(name, int, default, doc, str(default) if example is None else example,
+                    minimum=minimum, maximum=MAX_PORT, **more)
+
+
 _TABLE: tuple[Variable, ...] = (
     # Ansible connection variables (docs.ansible.com, "Connecting to hosts: behavioral inventory
     # parameters").
     Variable("ansible_host", str, None, "Address to connect to over SSH (default: the inventory "
              "name); also the default of `vllm_host_ip`.", "10.0.0.11", scope="host",
              check=check_ssh_word),
-    Variable("ansible_port", int, 22, "SSH port.", "22", scope="host", minimum=1, maximum=65535),
+    _port("ansible_port", 22, "SSH port.", scope="host"),
     Variable("ansible_user", str, None, "SSH user (default: ~/.ssh/config or the local user).",
              "deploy", scope="host", check=check_ssh_word),
     Variable("ansible_ssh_private_key_file", str, None, "SSH private key; `~` expanded, relative "
@@ -251,10 +265,9 @@ _TABLE: tuple[Variable, ...] = (
              "the address once; reachable (even refused) is `direct`, a timeout or no route is "
              "`ssh`, and an API bound to loopback is `ssh` (docs/deploy.md, \"How the controller "
              "reaches the API\").", "ssh", choices=("auto", "direct", "ssh")),
-    Variable("vllm_api_port", int, 8000, "HTTP port of the master (`--port`).", "8000",
-             engine_field="api_port", minimum=1, maximum=65535),
-    Variable("vllm_master_port", int, 29501, "mp: TCP store port on rank 0 (`--master-port`).",
-             "29501", engine_field="master_port", minimum=1, maximum=65535),
+    _port("vllm_api_port", 8000, "HTTP port of the master (`--port`).", engine_field="api_port"),
+    _port("vllm_master_port", 29501, "mp: TCP store port on rank 0 (`--master-port`).",
+          engine_field="master_port"),
     Variable("vllm_extra_args", list, [], "More `vllm serve` arguments, one list item per word. "
              "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, nor options "
              "that have a variable here.", "[--max-num-seqs, '64']", engine_field="extra_args"),
@@ -301,44 +314,35 @@ _TABLE: tuple[Variable, ...] = (
              "jobs: a shared pool's gang start (mp), or a Ray placement group pending for want "
              "of free resources (NO_RESOURCES).", "600", minimum=0),
     # Ray.
-    Variable("ray_port", int, 6379, "Ray head GCS port.", "6379", minimum=1, maximum=65535),
+    _port("ray_port", 6379, "Ray head GCS port."),
     # Every other port Ray listens on, pinned so a firewall can name it (`ray start` options,
     # ray python/ray/scripts/scripts.py; docs/security.md, "Network exposure").
-    Variable("ray_node_manager_port", int, 6380, "Raylet port on every node "
-             "(`--node-manager-port`; Ray's default 0 picks a random one).", "6380",
-             minimum=1, maximum=65535),
-    Variable("ray_object_manager_port", int, 6381, "Object manager port on every node "
-             "(`--object-manager-port`; Ray's default picks a random one).", "6381",
-             minimum=1, maximum=65535),
-    Variable("ray_client_server_port", int, None, "Ray client server port on the head "
-             "(`--ray-client-server-port`, which Ray accepts only with `ray[client]` "
-             "installed). Unset: Ray's own choice, 10001 when `ray[client]` is installed, else "
-             "no client server; the firewall and the port checks count 10001.", "10001",
-             minimum=1, maximum=65535),
-    Variable("ray_min_worker_port", int, 10002, "Lowest port a Ray worker process binds "
-             "(`--min-worker-port`); with `ray_max_worker_port` a range of its own (Ray: "
-             "1024-65535, min < max).", "10002", minimum=1024, maximum=65535),
-    Variable("ray_max_worker_port", int, 10999, "Highest port a Ray worker process binds "
-             "(`--max-worker-port`; Ray's default is 19999).", "10999", minimum=1024,
-             maximum=65535),
-    Variable("ray_dashboard_agent_listen_port", int, 52365, "HTTP port of the dashboard agent "
-             "on every node (`--dashboard-agent-listen-port`).", "52365", minimum=1,
-             maximum=65535),
-    Variable("ray_dashboard_agent_grpc_port", int, 52366, "gRPC port of the dashboard agent "
-             "on every node (`--dashboard-agent-grpc-port`; Ray's default is random).", "52366",
-             minimum=1, maximum=65535),
-    Variable("ray_runtime_env_agent_port", int, 52367, "Port of the runtime-env agent on every "
-             "node (`--runtime-env-agent-port`; Ray's default is random).", "52367", minimum=1,
-             maximum=65535),
-    Variable("ray_metrics_export_port", int, 52368, "Prometheus metrics port on every node "
-             "(`--metrics-export-port`; Ray's default is random).", "52368", minimum=1,
-             maximum=65535),
+    _port("ray_node_manager_port", 6380, "Raylet port on every node "
+          "(`--node-manager-port`; Ray's default 0 picks a random one)."),
+    _port("ray_object_manager_port", 6381, "Object manager port on every node "
+          "(`--object-manager-port`; Ray's default picks a random one)."),
+    _port("ray_client_server_port", None, "Ray client server port on the head "
+          "(`--ray-client-server-port`, which Ray accepts only with `ray[client]` "
+          "installed). Unset: Ray's own choice, 10001 when `ray[client]` is installed, else "
+          "no client server; the firewall and the port checks count 10001.", "10001"),
+    _port("ray_min_worker_port", 10002, "Lowest port a Ray worker process binds "
+          "(`--min-worker-port`); with `ray_max_worker_port` a range of its own (Ray: "
+          "1024-65535, min < max).", minimum=1024),
+    _port("ray_max_worker_port", 10999, "Highest port a Ray worker process binds "
+          "(`--max-worker-port`; Ray's default is 19999).", minimum=1024),
+    _port("ray_dashboard_agent_listen_port", 52365, "HTTP port of the dashboard agent "
+          "on every node (`--dashboard-agent-listen-port`)."),
+    _port("ray_dashboard_agent_grpc_port", 52366, "gRPC port of the dashboard agent "
+          "on every node (`--dashboard-agent-grpc-port`; Ray's default is random)."),
+    _port("ray_runtime_env_agent_port", 52367, "Port of the runtime-env agent on every "
+          "node (`--runtime-env-agent-port`; Ray's default is random)."),
+    _port("ray_metrics_export_port", 52368, "Prometheus metrics port on every node "
+          "(`--metrics-export-port`; Ray's default is random)."),
     Variable("ray_include_dashboard", bool, False, "Start Ray's dashboard and its job API on "
              "the head (`--include-dashboard`), bound to the head's `vllm_host_ip`; off: no "
              "dashboard, no job submission (docs/security.md).", "true"),
-    Variable("ray_dashboard_port", int, 8265, "Dashboard and job API port on the head "
-             "(`--dashboard-port`), when `ray_include_dashboard` is true.", "8265", minimum=1,
-             maximum=65535),
+    _port("ray_dashboard_port", 8265, "Dashboard and job API port on the head "
+          "(`--dashboard-port`), when `ray_include_dashboard` is true."),
     Variable("vllm_ray_auth", str, "token", "Ray token authentication (Ray >= 2.52): "
              "`token`: one token per replica, made on the controller, installed 0600 on every "
              "node and named by `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` in the Ray and "
