@@ -2,8 +2,9 @@
 
 The import contracts of ``[tool.importlinter]`` in pyproject.toml (a lower room never imports a
 higher one, imports inside functions included; backends never import the command line; the
-product never imports the lab), checked by import-linter; no import circle; and the shape the contracts rely on: at
-most three modules at the package root, and no product Python file over :data:`MAX_LINES` lines.
+product never imports the lab), checked by import-linter; no import circle; and the shape the
+contracts rely on: at most three modules at the package root, and no product Python file over
+:data:`MAX_LINES` lines.
 """
 
 from __future__ import annotations
