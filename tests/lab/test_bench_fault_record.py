@@ -77,7 +77,11 @@ def check_bench(result: dict[str, Any], standin: dict[str, Any], plot: Path) -> 
     ttft, itl = float(standin["ttft_s"]), float(standin["token_s"])
     # the client cannot see a first token sooner than the stand-in sends it
     assert ttft <= client["ttft_s"]["p50"] <= ttft + TTFT_SLACK_S, client["ttft_s"]
-    assert itl * 0.9 <= client["itl_s"]["p50"] <= itl + ITL_SLACK_S, client["itl_s"]
+    # a stream's gaps add up to at least its tokens' pacing, however a loaded controller bunches
+    # its reads (two chunks read at once make one short gap after one long one), so the mean is
+    # bounded below and the median above
+    assert itl * 0.9 <= client["itl_s"]["mean"], client["itl_s"]
+    assert client["itl_s"]["p50"] <= itl + ITL_SLACK_S, client["itl_s"]
     assert client["e2e_s"]["p50"] >= ttft + (MAX_TOKENS - 1) * itl
     # /metrics saw the same requests and the same pacing
     assert server["e2e_s"]["count"] == REQUESTS

@@ -113,7 +113,8 @@ def occupy(host: str, gpus: str, memory_mib: int, through_ray: bool, release: bo
     # token file in the lab's vllm_state_dir: docs/security.md), as another job of the team
     # would; returns once the actor holds its GPUs (nvidia-smi lists it), or fails
     token = "/var/lib/vllm/ray_auth_token"
-    auth = (f"$(test -s {token} && echo -E RAY_AUTH_MODE=token -E "
+    # (printf, not echo: echo would take the first -E as its own option)
+    auth = (f"$(test -s {token} && printf -- '-E %s ' RAY_AUTH_MODE=token "
             f"RAY_AUTH_TOKEN_PATH={token})")
     _run(lab, host, f"systemd-run -q --unit={unit} -p User=vllm -E HOME=/var/lib/vllm {auth} "
                     f"/opt/vllm/bin/python -m vllm_lab_standin.occupy --ray {count} {memory_mib}"
