@@ -3,6 +3,7 @@ a stand-in systemctl, and the file and error helpers several test modules share.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
@@ -106,6 +107,26 @@ class LocalChannel:
         """The holder process ends without ``release`` (it gave up, or the host rebooted)."""
         self.process.kill()
         assert self.status_event.wait(10)
+
+
+class RecordHost:
+    """A connection that answers the ownership record read (``cat <record>``: ``record`` as
+    JSON) and the unit probe (``@@unit vllm.service <active> inv-1``: the unit's ActiveState and
+    its invocation id, as vllm_provision/operations/takeover.py reads them), and records every
+    command it is given in ``commands``."""
+
+    def __init__(self, record: dict[str, Any], active: str = "active") -> None:
+        self.record = record
+        self.active = active
+        self.commands: list[str] = []
+
+    def run(self, command: str, **_: Any) -> CommandResult:
+        self.commands.append(command)
+        if command.startswith("cat "):
+            return CommandResult(0, json.dumps(self.record), "")
+        if "@@unit" in command:
+            return CommandResult(0, f"@@unit vllm.service {self.active} inv-1\n", "")
+        return CommandResult(0, "", "")
 
 
 def make_inventory(tmp_path: Path, names: tuple[str, ...] = ("h1", "h2"), *,
