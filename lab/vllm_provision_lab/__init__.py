@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from vllm_provision_lab import base, cgroups, gpu, hosts, network
 from vllm_provision_lab.config import LabConfig, host_index, host_names
@@ -83,6 +83,26 @@ class HostStatus:
     cut: bool = False
 
 
+class _InStateDir:
+    """A read-only attribute of :class:`Lab`: the path ``<lab.state_dir>/<name>`` of one file
+    or folder of the instance's state dir (``name`` is relative, fixed in this module)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, lab: None, owner: type | None = None) -> _InStateDir: ...
+
+    @overload
+    def __get__(self, lab: Lab, owner: type | None = None) -> Path: ...
+
+    def __get__(self, lab: Lab | None, owner: type | None = None) -> Path | _InStateDir:
+        return self if lab is None else lab.state_dir / self.name
+
+    def __set__(self, lab: Lab, value: object) -> None:
+        raise AttributeError(f"the path of {self.name!r} in the state dir cannot be set")
+
+
 class Lab:
     """One lab instance (settings from :class:`LabConfig`); every method but the read-only
     properties and :meth:`ssh` needs root."""
@@ -105,30 +125,16 @@ class Lab:
         """The instance's state dir."""
         return self.config.state_dir
 
-    @property
-    def key_file(self) -> Path:
-        """The lab's private key (ed25519); ``.pub`` beside it."""
-        return self.state_dir / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        """known_hosts with every host's ed25519 host key, by name and address."""
-        return self.state_dir / "known_hosts"
-
-    @property
-    def ssh_config(self) -> Path:
-        """ssh_config(5) for ``ssh -F``: root, the lab key, ``StrictHostKeyChecking yes``."""
-        return self.state_dir / "ssh_config"
-
-    @property
-    def lab_file(self) -> Path:
-        """``lab.json``: instance name, network and hosts of the running lab."""
-        return self.state_dir / "lab.json"
-
-    @property
-    def base_dir(self) -> Path:
-        """The unpacked base image (the overlay's read-only lower dir)."""
-        return self.state_dir / "base"
+    #: The lab's private key (ed25519); ``.pub`` beside it.
+    key_file = _InStateDir("id_ed25519")
+    #: known_hosts with every host's ed25519 host key, by name and address.
+    known_hosts = _InStateDir("known_hosts")
+    #: ssh_config(5) for ``ssh -F``: root, the lab key, ``StrictHostKeyChecking yes``.
+    ssh_config = _InStateDir("ssh_config")
+    #: ``lab.json``: instance name, network and hosts of the running lab.
+    lab_file = _InStateDir("lab.json")
+    #: The unpacked base image (the overlay's read-only lower dir).
+    base_dir = _InStateDir("base")
 
     def suite_base_dir(self, suite: str) -> Path:
         """The unpacked base of Debian release ``suite``: :attr:`base_dir` for bookworm (the
@@ -456,9 +462,7 @@ class Lab:
         Raises:
             LabError: not root, or the host is not up.
         """
-        require_root("lab cut")
-        self._require_up(host)
-        network.cut(self.config, host)
+        self._set_traffic(host, cut=True)
 
     def heal(self, host: str) -> None:
         """Restore the traffic of ``host`` after :meth:`cut`.
@@ -466,9 +470,14 @@ class Lab:
         Raises:
             LabError: not root, or the host is not up.
         """
-        require_root("lab heal")
+        self._set_traffic(host, cut=False)
+
+    def _set_traffic(self, host: str, *, cut: bool) -> None:
+        """:func:`vllm_provision_lab.network.cut` (``cut``) or ``heal`` of ``host``, as root, on
+        a running host (LabError otherwise)."""
+        require_root("lab cut" if cut else "lab heal")
         self._require_up(host)
-        network.heal(self.config, host)
+        (network.cut if cut else network.heal)(self.config, host)
 
     def _require_up(self, host: str) -> int:
         host_index(host)

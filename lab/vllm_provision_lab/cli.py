@@ -158,6 +158,18 @@ def delay(peer: str | None, host: str, milliseconds: float) -> None:
                else f"{host}: delay removed")
 
 
+def _traffic(host: str, *, cut: bool) -> None:
+    """Cut (``cut``) or restore the traffic of the lab host ``host`` (its name or address, as
+    :meth:`LabConfig.host_named` reads it) and say so under its name."""
+    lab = Lab.from_env()
+    name = lab.config.host_named(host)
+    if cut:
+        lab.cut(name)
+    else:
+        lab.heal(name)
+    click.echo(f"{name}: traffic {'cut' if cut else 'restored'}")
+
+
 @command.command("cut", epilog=examples(
     'provision lab cut h2 && provision status -i inventory/lab-mp.yml'))
 @click.argument("host")
@@ -166,10 +178,7 @@ def cut(host: str) -> None:
 
     HOST is a lab host's name or address, so that `provision fault --partition` can use it as
     its hook: --partition-command 'provision lab cut' --heal-command 'provision lab heal'."""
-    lab = Lab.from_env()
-    host = lab.config.host_named(host)
-    lab.cut(host)
-    click.echo(f"{host}: traffic cut")
+    _traffic(host, cut=True)
 
 
 @command.command("heal", epilog=examples(
@@ -177,10 +186,7 @@ def cut(host: str) -> None:
 @click.argument("host")
 def heal(host: str) -> None:
     """Restore the traffic of HOST after `lab cut` (a lab host's name or address)."""
-    lab = Lab.from_env()
-    host = lab.config.host_named(host)
-    lab.heal(host)
-    click.echo(f"{host}: traffic restored")
+    _traffic(host, cut=False)
 
 
 @command.command("reboot", epilog=examples(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from inventory_support import replicas_yaml
 from test_checks_parity_host import make_facts
 
 from vllm_provision.checks import placement
@@ -121,12 +122,7 @@ def test_the_replica_checks_report_the_shortfall_from_the_nodes_facts():
     assert "the cluster has 23 GPUs on 3 nodes (8, 8, 7); TP=8 x PP=3 needs 24" in finding.actual
 
 
-INVENTORY = """\
-all:
-  vars: {ansible_user: root}
-  children:
-    vllm_replicas:
-      children:
+INVENTORY = replicas_yaml("""\
         llama:
           vars: {vllm_backend: ray, vllm_model: /srv/models/m, vllm_tensor_parallel_size: 8,
                  vllm_pipeline_parallel_size: 3}
@@ -134,7 +130,7 @@ all:
             h1: {ansible_host: 10.0.0.11, vllm_node_rank: 0}
             h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1}
             h3: {ansible_host: 10.0.0.13, vllm_node_rank: 2}
-"""
+""", all_vars="{ansible_user: root}")
 
 
 def test_provision_check_reports_the_missing_gpu(tmp_path: Path, monkeypatch) -> None:

@@ -9,25 +9,23 @@ import click
 import pytest
 from click.shell_completion import BashComplete
 from click.testing import CliRunner
+from inventory_support import replicas_yaml
 
 from vllm_provision.cli import cli
 from vllm_provision.cli.completion import script
 from vllm_provision.cli.help import EXAMPLES_HEADING
 
-INVENTORY = """\
-all:
-  children:
-    vllm_replicas:
-      children:
+INVENTORY = replicas_yaml("""\
         llama:
           vars: {vllm_model: /m, vllm_tensor_parallel_size: 1}
           hosts:
             gpu-a: {ansible_host: 10.0.0.11, vllm_node_rank: 0}
             gpu-b: {ansible_host: 10.0.0.12, vllm_node_rank: 1}
+""", others="""\
     spare:
       hosts:
         cpu-1: {ansible_host: 10.0.0.21}
-"""
+""")
 
 
 def command_paths(group: click.Group = cli, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -8,23 +8,19 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from inventory_support import replicas_yaml
 
 from vllm_provision.cli import cli
 from vllm_provision.cli.options import HOST_OPTIONS, OPTIONS, CommonOptions
 from vllm_provision.transport.base import ConnectionOptions
 
-INVENTORY = """\
-all:
-  vars: {ansible_user: root}
-  children:
-    vllm_replicas:
-      children:
+INVENTORY = replicas_yaml("""\
         llama:
           vars: {vllm_backend: mp, vllm_model: /srv/models/m, vllm_tensor_parallel_size: 2}
           hosts:
             h1: {ansible_host: 10.0.0.11, vllm_node_rank: 0}
             h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1}
-"""
+""", all_vars="{ansible_user: root}")
 HOST_FLAGS = ("-i, --inventory", "-l, --limit", "-e, --extra-vars", "-f, --forks",
               "-v, --verbose", "--json", "--host-key-policy", "--timeout")
 

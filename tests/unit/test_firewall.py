@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from inventory_support import llama_yaml, write_inventory
+from inventory_support import load_llama as load
 from render_support import rendered_files
 from test_checks_parity_host import clean_facts, make_replica
 
@@ -20,30 +22,6 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.facts.model import Interface
 from vllm_provision.inventory import load_inventory
 from vllm_provision.settings import firewall
-
-INVENTORY = """\
-all:
-  children:
-    vllm_replicas:
-      children:
-        llama:
-          vars:
-            vllm_backend: {backend}
-            vllm_model: /srv/models/tiny
-            vllm_tensor_parallel_size: 4
-            vllm_pipeline_parallel_size: 2
-{extra}
-          hosts:
-            h1: {{ansible_host: 10.0.0.11, vllm_node_rank: 0}}
-            h2: {{ansible_host: 10.0.0.12, vllm_node_rank: 1}}
-"""
-
-
-def load(tmp_path: Path, backend: str = "ray", **extra: object):
-    lines = "".join(f"            {k}: {v}\n" for k, v in extra.items()).rstrip("\n")
-    path = tmp_path / "inventory.yml"
-    path.write_text(INVENTORY.format(backend=backend, extra=lines))
-    return load_inventory(path)
 
 
 def problems(tmp_path: Path, backend: str = "ray", **extra: object) -> str:
@@ -190,8 +168,7 @@ def test_a_public_cluster_address_warns_naming_every_exposed_port():
 def test_a_per_host_watchdog_port_is_peer_only_on_every_node(tmp_path):
     """h2 serves its watchdog on its own port: the table (the same on every node) closes both
     nodes' ports to all but the peers, not only rank 0's."""
-    path = tmp_path / "inventory.yml"
-    path.write_text(INVENTORY.format(backend="mp", extra="").replace(
+    path = write_inventory(tmp_path, llama_yaml("mp").replace(
         "h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1}",
         "h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1, vllm_watchdog_port: 29611}"))
     [replica] = load_inventory(path).replicas

@@ -28,22 +28,24 @@ def _error(path: Path) -> str:
 
 # --- host ranges: counted as numbers before any expansion ---------------------------------
 
-def test_a_21_digit_range_end_in_yaml_names_file_entry_range_and_cap(tmp_path: Path) -> None:
-    path = tmp_path / "inventory.yml"
-    path.write_text(f"all:\n  children:\n    gpus:\n      hosts:\n        node[1:{HUGE_END}]:\n")
-    text = _error(path)
-    assert f'{path}:5: all.children.gpus.hosts["node[1:{HUGE_END}]"]' in text
-    assert f"the range [1:{HUGE_END}] names" in text
-    assert f"more than {ranges.MAX_RANGE_HOSTS}" in text
-    assert "fix: correct the range in brackets" in text
-
-
-def test_a_21_digit_range_end_in_ini_names_file_line_group_and_range(tmp_path: Path) -> None:
-    path = tmp_path / "hosts.ini"
-    path.write_text(f"[gpus]\nnode[1:{HUGE_END}] ansible_user=ops\n")
-    text = _error(path)
-    assert f"{path}:2: [gpus] node[1:{HUGE_END}]" in text
-    assert f"more than {ranges.MAX_RANGE_HOSTS}" in text
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    pytest.param("inventory.yml",
+                 f"all:\n  children:\n    gpus:\n      hosts:\n        node[1:{HUGE_END}]:\n",
+                 [f'{{path}}:5: all.children.gpus.hosts["node[1:{HUGE_END}]"]',
+                  f"the range [1:{HUGE_END}] names", "fix: correct the range in brackets"],
+                 id="yaml-names-file-entry-range-and-cap"),
+    pytest.param("hosts.ini", f"[gpus]\nnode[1:{HUGE_END}] ansible_user=ops\n",
+                 [f"{{path}}:2: [gpus] node[1:{HUGE_END}]"],
+                 id="ini-names-file-line-group-and-range"),
+])
+def test_a_21_digit_range_end_is_refused_with_its_place_and_the_cap(
+        tmp_path: Path, name: str, text: str, expected: list[str]) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    rendered = _error(path)
+    for part in expected:
+        assert part.format(path=path) in rendered
+    assert f"more than {ranges.MAX_RANGE_HOSTS}" in rendered
 
 
 def test_range_ends_longer_than_a_dns_label_are_refused_before_int() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import runpy
 import struct
 import sys
 from pathlib import Path
@@ -25,23 +26,18 @@ from vllm_provision.transport.local import LocalConnection
 POLICY = load_defaults()["preflight_parity"]
 LIMIT = 1 << 28
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+# the safetensors layout the header-only test models were written with (their build script)
+HEADER = runpy.run_path(str(Path(__file__).resolve().parents[1] / "data" / "models"
+                            / "build_headers.py"))["header"]
 
 
 def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]], fill: int = 0,
                       metadata: dict[str, str] | None = None) -> bytes:
     """A safetensors file: 8-byte little-endian header length, the JSON header (padded with
     spaces to 8 bytes), then each tensor's bytes (all ``fill``)."""
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    for name, (dtype, shape) in tensors.items():
-        size = {"F32": 4, "F16": 2, "BF16": 2}[dtype]
-        for dim in shape:
-            size *= dim
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + bytes([fill]) * offset
+    head, size = HEADER([(name, dtype, shape) for name, (dtype, shape) in tensors.items()],
+                        metadata)
+    return head + bytes([fill]) * size
 
 
 def write_model(folder: Path, *, dtype: str = "BF16", theta: str = "10000.0", fill: int = 1,

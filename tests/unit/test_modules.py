@@ -6,7 +6,7 @@ import base64
 import hashlib
 from pathlib import Path
 
-from test_runner import run, statuses, write_playbook
+from test_runner import run, statuses, write_play
 from test_runner_support import make_inventory
 
 from vllm_provision.modules.systemd import parse_show
@@ -16,9 +16,7 @@ from vllm_provision.transport.hostkeys import fingerprint_sha256, known_hosts_na
 def test_template_validate_failure_leaves_the_file_unchanged(tmp_path: Path) -> None:
     (tmp_path / "h1" / "conf").parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "h1" / "conf").write_text("old\n")
-    playbook = write_playbook(tmp_path, """
-- hosts: h1
-  tasks:
+    playbook = write_play(tmp_path, "h1", """
     - name: Install a config that fails validation
       template: {src: conf.j2, dest: "{{ root }}/conf", validate: "grep -q valid %s"}
 """)
@@ -33,9 +31,7 @@ def test_template_validate_failure_leaves_the_file_unchanged(tmp_path: Path) -> 
 def test_template_keeps_the_previous_version(tmp_path: Path) -> None:
     (tmp_path / "h1").mkdir(exist_ok=True)
     (tmp_path / "h1" / "conf").write_text("old\n")
-    playbook = write_playbook(tmp_path, """
-- hosts: h1
-  tasks:
+    playbook = write_play(tmp_path, "h1", """
     - name: Install
       template: {src: conf.j2, dest: "{{ root }}/conf"}
 """)
@@ -47,9 +43,7 @@ def test_template_keeps_the_previous_version(tmp_path: Path) -> None:
 
 
 def test_file_directory_then_absent(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: h1
-  tasks:
+    playbook = write_play(tmp_path, "h1", """
     - name: Make the folder
       file: {path: "{{ root }}/d", state: directory, mode: "0750"}
 """)
@@ -59,9 +53,7 @@ def test_file_directory_then_absent(tmp_path: Path) -> None:
     assert oct((tmp_path / "h1" / "d").stat().st_mode & 0o777) == "0o750"
     runner, _ = run(inventory, playbook)
     assert statuses(runner, "Make the folder") == {"h1": "ok"}
-    gone = write_playbook(tmp_path, """
-- hosts: h1
-  tasks:
+    gone = write_play(tmp_path, "h1", """
     - name: Remove it
       file: {path: "{{ root }}/d", state: absent}
 """, "gone.yml")
@@ -73,9 +65,7 @@ def test_file_directory_then_absent(tmp_path: Path) -> None:
 
 
 def test_command_creates_makes_it_idempotent(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: h1
-  tasks:
+    playbook = write_play(tmp_path, "h1", """
     - name: Make a marker once
       command: {cmd: "echo x >> {{ root }}/m", creates: "{{ root }}/m"}
 """)
@@ -86,9 +76,7 @@ def test_command_creates_makes_it_idempotent(tmp_path: Path) -> None:
 
 
 def test_values_with_shell_metacharacters_are_quoted(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: h1
-  tasks:
+    playbook = write_play(tmp_path, "h1", """
     - name: Odd name
       file: {path: "{{ root }}/a b;touch {{ root }}/pwned", state: directory}
 """)

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_runner import statuses, write_playbook
-from test_runner_support import FakeHost, make_inventory
+from test_runner_support import FakeHost, RecordHost, make_inventory
 
 from vllm_provision import state
 from vllm_provision.checks.finding import Severity
@@ -21,7 +20,6 @@ from vllm_provision.facts.gather import parse_owner
 from vllm_provision.facts.model import HostFacts, HostOwner, UnitStart
 from vllm_provision.operations import takeover
 from vllm_provision.runner import Runner, RunOptions
-from vllm_provision.transport.base import CommandResult
 
 RUNNING = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "active", "inv-1")}
 STOPPED = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "inactive", "")}
@@ -121,23 +119,6 @@ def test_take_over_removes_only_what_the_new_plan_lacks_as_quoted_words(tmp_path
     assert take.to_json()["from_inventory"] == "/a.yml"
     nothing = takeover.plan_take_over(item, list(item.owner.files))
     assert takeover.removal_script(nothing) == "true"
-
-
-class RecordHost:
-    """A connection that answers the record read and records every other command."""
-
-    def __init__(self, record: dict[str, Any], active: str = "active") -> None:
-        self.record = record
-        self.active = active
-        self.commands: list[str] = []
-
-    def run(self, command: str, **_: Any) -> CommandResult:
-        self.commands.append(command)
-        if command.startswith("cat "):
-            return CommandResult(0, json.dumps(self.record), "")
-        if "@@unit" in command:
-            return CommandResult(0, f"@@unit vllm.service {self.active} inv-1\n", "")
-        return CommandResult(0, "", "")
 
 
 def _record(name: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from inventory_support import load_llama
 from render_support import ROLES, env_values, rendered_files, templar_for
 from test_checks_parity_host import clean_facts, make_replica
 
@@ -18,32 +19,17 @@ from vllm_provision.backends.placement import ray_command
 from vllm_provision.checks import network
 from vllm_provision.checks.finding import Severity
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.inventory import load_inventory
 from vllm_provision.modules.ray_wait_cluster import snapshot_command
 from vllm_provision.operations import deploy
 from vllm_provision.runner.engine import Runner
 from vllm_provision.settings import layered, ray_auth
 from vllm_provision.state import ray_token
 
-INVENTORY = """\
-all:
-  children:
-    vllm_replicas:
-      children:
-        llama:
-          vars:
-            vllm_backend: {backend}
-            vllm_model: /srv/models/tiny
-            vllm_tensor_parallel_size: 4
-            vllm_pipeline_parallel_size: 2
-{extra}
-          hosts:
-            h1: {{ansible_host: 10.0.0.11, vllm_node_rank: 0}}
-            h2: {{ansible_host: 10.0.0.12, vllm_node_rank: 1}}
+SMALL = """\
         small:
-          vars: {{vllm_backend: mp, vllm_model: /srv/models/tiny}}
+          vars: {vllm_backend: mp, vllm_model: /srv/models/tiny}
           hosts:
-            h3: {{ansible_host: 10.0.0.13, vllm_node_rank: 0}}
+            h3: {ansible_host: 10.0.0.13, vllm_node_rank: 0}
 """
 TOKEN_PATH = "/var/lib/vllm/ray_auth_token"
 
@@ -54,10 +40,8 @@ def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def load(tmp_path: Path, backend: str = "ray", **extra: object):
-    lines = "".join(f"            {k}: {v}\n" for k, v in extra.items()).rstrip("\n")
-    path = tmp_path / "inventory.yml"
-    path.write_text(INVENTORY.format(backend=backend, extra=lines))
-    return load_inventory(path)
+    """The replica ``llama`` (TP=4 x PP=2 on h1, h2) and the one-node mp replica ``small``."""
+    return load_llama(tmp_path, backend, more=SMALL, **extra)
 
 
 def files(inventory) -> dict[str, str]:

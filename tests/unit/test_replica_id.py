@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_runner_support import RecordHost
 
 from vllm_provision import state
 from vllm_provision.checks.finding import Severity
@@ -21,7 +22,6 @@ from vllm_provision.facts.gather import parse_owner
 from vllm_provision.facts.model import HostOwner, UnitStart
 from vllm_provision.inventory import load_inventory
 from vllm_provision.operations import takeover
-from vllm_provision.transport.base import CommandResult
 
 RUNNING = {"vllm.service": UnitStart("vllm.service", "inv-1", {}, "active", "inv-1")}
 
@@ -48,9 +48,11 @@ def replica_of(folder: Path, data: dict[str, Any]) -> Replica:
     return load(folder, data).replicas[0]
 
 
-def edited(change: Any) -> dict[str, Any]:
+def edited(*changes: Any) -> dict[str, Any]:
+    """The inventory data with each of ``changes`` applied, in order, to the group ``llm``."""
     data = inventory_data()
-    change(data["all"]["children"]["vllm_replicas"]["children"]["llm"])
+    for change in changes:
+        change(data["all"]["children"]["vllm_replicas"]["children"]["llm"])
     return data
 
 
@@ -63,6 +65,10 @@ def test_the_derived_id_is_the_same_at_any_path_and_in_any_file_name(tmp_path: P
     assert first.replicas[0].replica_id == second.replicas[0].replica_id
     assert first.replicas[0].replica_id.startswith("llm@")
     assert first.replicas[0].declared_id is None
+
+
+def _declare_id(group: dict[str, Any]) -> None:
+    group["vars"]["vllm_replica_id"] = "llm-prod"
 
 
 def _set_model(group: dict[str, Any]) -> None:
@@ -127,17 +133,10 @@ def test_one_address_written_two_ways_is_one_id(tmp_path: Path) -> None:
 
 
 def test_a_declared_id_wins_and_survives_changes_of_hosts_and_model(tmp_path: Path) -> None:
-    def declare(group: dict[str, Any]) -> None:
-        group["vars"]["vllm_replica_id"] = "llm-prod"
-
-    def declare_and_move(group: dict[str, Any]) -> None:
-        declare(group)
-        _set_model(group)
-        _add_host(group)
-
-    declared = replica_of(tmp_path / "a", edited(declare))
+    declared = replica_of(tmp_path / "a", edited(_declare_id))
     assert (declared.declared_id, declared.replica_id) == ("llm-prod", "llm-prod")
-    assert replica_of(tmp_path / "b", edited(declare_and_move)).replica_id == "llm-prod"
+    moved = edited(_declare_id, _set_model, _add_host)
+    assert replica_of(tmp_path / "b", moved).replica_id == "llm-prod"
 
 
 @pytest.mark.parametrize("bad", ["", "-llm", "llm prod", "llm@1", "x" * 64, "llm\x1b[31m",
@@ -247,15 +246,8 @@ def test_another_inventory_at_the_same_path_is_another_owner(tmp_path: Path) -> 
 
 
 def test_a_declared_id_owns_what_it_deployed_under_another_model(tmp_path: Path) -> None:
-    def declare(group: dict[str, Any]) -> None:
-        group["vars"]["vllm_replica_id"] = "llm-prod"
-
-    def declare_and_change(group: dict[str, Any]) -> None:
-        declare(group)
-        _set_model(group)
-
-    owner = owner_from(record_of(load(tmp_path / "a", edited(declare))))
-    later = load(tmp_path / "b", edited(declare_and_change))
+    owner = owner_from(record_of(load(tmp_path / "a", edited(_declare_id))))
+    later = load(tmp_path / "b", edited(_declare_id, _set_model))
     assert same_owner(later.replicas[0], owner, state.inventory_identity(later.path))
     # an inventory that declares nothing is not the declared owner, even with equal content
     plain = load(tmp_path / "c", edited(lambda group: None))
@@ -294,30 +286,9 @@ def test_an_old_record_of_this_path_passes_a_declared_id_whatever_the_model(
         tmp_path: Path) -> None:
     inventory = load(tmp_path, inventory_data())
     owner = owner_from(old_record(inventory))
-
-    def declare_and_change(group: dict[str, Any]) -> None:
-        group["vars"]["vllm_replica_id"] = "llm-prod"
-        _set_model(group)
-
-    declared = load(tmp_path, edited(declare_and_change))
+    declared = load(tmp_path, edited(_declare_id, _set_model))
     assert conflict(declared.replicas[0], "gpu1", owner,
                     state.inventory_identity(declared.path)) is None
-
-
-class RecordHost:
-    """A connection that answers the record read and a running ``vllm.service``."""
-
-    def __init__(self, record: dict[str, Any]) -> None:
-        self.record = record
-        self.commands: list[str] = []
-
-    def run(self, command: str, **_: Any) -> CommandResult:
-        self.commands.append(command)
-        if command.startswith("cat "):
-            return CommandResult(0, json.dumps(self.record), "")
-        if "@@unit" in command:
-            return CommandResult(0, "@@unit vllm.service active inv-1\n", "")
-        return CommandResult(0, "", "")
 
 
 def _guard(inventory: Inventory, record: dict[str, Any]) -> list[Any]:

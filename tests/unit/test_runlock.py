@@ -7,60 +7,20 @@ channel: the same flock(1), holder file and heartbeat rules apply.
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
 from pathlib import Path
 
 import pytest
+from test_runner_support import LocalChannel
 
 from vllm_provision.transport.runlock import Holder, RunLock, RunLockError
 
 
-class _Channel:
-    """The subset of a paramiko channel RunLock uses, over a local process's pipes."""
-
-    def __init__(self, command: str) -> None:
-        self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE)
-        self.status_event = threading.Event()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        self.process.wait()
-        self.status_event.set()
-
-    def settimeout(self, timeout: float) -> None:
-        pass
-
-    def recv(self, size: int) -> bytes:
-        assert self.process.stdout is not None
-        return self.process.stdout.read1(size)
-
-    def sendall(self, data: bytes) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(data)
-        self.process.stdin.flush()
-
-    def shutdown_write(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-
-    def close(self) -> None:
-        if self.process.stdin and not self.process.stdin.closed:
-            self.process.stdin.close()
-        self.process.wait(10)
-
-    def drop(self) -> None:
-        """The connection dies: the holder's stdin ends without ``release``."""
-        self.close()
-
-
 class _Connection:
     def __init__(self) -> None:
-        self.channels: list[_Channel] = []
+        self.channels: list[LocalChannel] = []
 
-    def start(self, command: str, **kwargs: object) -> _Channel:
-        channel = _Channel(command)
+    def start(self, command: str, **kwargs: object) -> LocalChannel:
+        channel = LocalChannel(command)
         self.channels.append(channel)
         return channel
 

@@ -9,10 +9,7 @@ temporary directory: the same flock(1), holder file and heartbeat answers as ove
 from __future__ import annotations
 
 import os
-import select
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +17,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_runner_support import FakeHost, make_inventory
+from inventory_support import llama_yaml, write_inventory
+from test_runner_support import FakeHost, LocalChannel, make_inventory
 
 from vllm_provision.cli import cli
 from vllm_provision.core.models import Host
@@ -35,70 +33,7 @@ from vllm_provision.transport import connection, runlock
 from vllm_provision.transport.base import CommandResult, ConnectionOptions
 from vllm_provision.transport.runlock import Holder, RunLock, RunLockError, RunLockLost
 
-INVENTORY = """\
-all:
-  children:
-    vllm_replicas:
-      children:
-        llama:
-          vars:
-            vllm_backend: mp
-            vllm_model: /srv/models/tiny
-            vllm_tensor_parallel_size: 4
-            vllm_pipeline_parallel_size: 2
-            vllm_stack_lock: stack.lock.txt
-          hosts:
-            h1: {ansible_host: 10.213.0.11, vllm_node_rank: 0}
-            h2: {ansible_host: 10.213.0.12, vllm_node_rank: 1}
-"""
 BOB = Holder("ctl-2", "bob", 4242, "2025-01-01T12:00:00Z", "up")
-
-
-class Channel:
-    """The subset of a paramiko channel the run lock uses, over a local process's pipes."""
-
-    def __init__(self, command: str) -> None:
-        self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE)
-        self.status_event = threading.Event()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        self.process.wait()
-        self.status_event.set()
-
-    def settimeout(self, timeout: float) -> None:
-        pass
-
-    def recv_ready(self) -> bool:
-        assert self.process.stdout is not None
-        return bool(select.select([self.process.stdout], [], [], 0)[0])
-
-    def recv(self, size: int) -> bytes:
-        assert self.process.stdout is not None
-        return os.read(self.process.stdout.fileno(), size)
-
-    def sendall(self, data: bytes) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(data)
-        self.process.stdin.flush()
-
-    def shutdown_write(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-
-    def close(self) -> None:
-        if self.process.stdin and not self.process.stdin.closed:
-            try:
-                self.process.stdin.close()
-            except BrokenPipeError:  # the holder is gone (a paramiko channel closes quietly)
-                pass
-        self.process.wait(10)
-
-    def end(self) -> None:
-        """The holder process ends without ``release`` (it gave up, or the host rebooted)."""
-        self.process.kill()
-        assert self.status_event.wait(10)
 
 
 class LockHost(FakeHost):
@@ -109,10 +44,10 @@ class LockHost(FakeHost):
     def __init__(self, host: Host, root: Path) -> None:
         super().__init__(host)
         self.state = root / host.name / "state"
-        self.channels: list[Channel] = []
+        self.channels: list[LocalChannel] = []
 
-    def start(self, command: str, **kwargs: Any) -> Channel:
-        self.channels.append(Channel(command.replace(STATE_DIR, str(self.state))))
+    def start(self, command: str, **kwargs: Any) -> LocalChannel:
+        self.channels.append(LocalChannel(command.replace(STATE_DIR, str(self.state))))
         return self.channels[-1]
 
     def run(self, command: str, **kwargs: Any) -> Any:
@@ -140,9 +75,8 @@ def made(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, LockHost]
 
 @pytest.fixture
 def inventory_file(tmp_path: Path) -> Path:
-    path = tmp_path / "inventory.yml"
-    path.write_text(INVENTORY)
-    return path
+    return write_inventory(tmp_path, llama_yaml("mp", net="10.213.0",
+                                                 vllm_stack_lock="stack.lock.txt"))
 
 
 def other_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> RunLock:

@@ -27,6 +27,12 @@ def write_playbook(tmp_path: Path, text: str, name: str = "play.yml") -> Path:
     return path
 
 
+def write_play(tmp_path: Path, hosts: str, tasks: str, name: str = "play.yml") -> Path:
+    """Write a playbook of one play on ``hosts`` (a host pattern) whose ``tasks:`` list is the
+    YAML ``tasks`` (a newline, then the items indented by 4 spaces); see :func:`write_playbook`."""
+    return write_playbook(tmp_path, f"\n- hosts: {hosts}\n  tasks:{tasks}", name)
+
+
 def run(inventory: Any, playbook: Path, *, check: bool = False, diff: bool = False,
         fakes: dict[str, FakeHost] | None = None, **factory: Any) -> tuple[Runner, dict]:
     fakes = fakes if fakes is not None else {}
@@ -93,9 +99,7 @@ def test_precedence_defaults_inventory_play_vars_extra_vars(tmp_path: Path) -> N
 
 
 def test_when_false_skips_and_list_means_all(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: llama
-  tasks:
+    playbook = write_play(tmp_path, "llama", """
     - name: Only on the master
       command: "touch {{ root }}/master"
       when: node.rank == 0
@@ -110,9 +114,7 @@ def test_when_false_skips_and_list_means_all(tmp_path: Path) -> None:
 
 
 def test_undefined_variable_fails_that_host_with_its_name(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: llama
-  tasks:
+    playbook = write_play(tmp_path, "llama", """
     - name: Use a missing variable
       command: "echo {{ nope }}"
     - name: Not reached
@@ -127,9 +129,7 @@ def test_undefined_variable_fails_that_host_with_its_name(tmp_path: Path) -> Non
 
 
 def test_register_and_changed_when(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: llama
-  tasks:
+    playbook = write_play(tmp_path, "llama", """
     - name: Read a value
       command: echo 42
       register: answer
@@ -144,9 +144,7 @@ def test_register_and_changed_when(tmp_path: Path) -> None:
 
 
 def test_failed_host_drops_out_others_go_on(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: llama
-  tasks:
+    playbook = write_play(tmp_path, "llama", """
     - name: Fail on h2
       command: "test {{ inventory_hostname }} = h1"
     - name: Next
@@ -285,9 +283,7 @@ def test_json_summary_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_secrets_are_masked_in_messages_and_diffs(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: llama
-  tasks:
+    playbook = write_play(tmp_path, "llama", """
     - name: Write the key
       template: {src: key.j2, dest: "{{ root }}/key"}
     - name: Echo it
@@ -304,9 +300,7 @@ def test_secrets_are_masked_in_messages_and_diffs(tmp_path: Path) -> None:
 
 
 def test_playbook_errors_name_the_place(tmp_path: Path) -> None:
-    playbook = write_playbook(tmp_path, """
-- hosts: all
-  tasks:
+    playbook = write_play(tmp_path, "all", """
     - name: Typo
       templte: {src: a, dest: /b}
 """)
@@ -314,9 +308,7 @@ def test_playbook_errors_name_the_place(tmp_path: Path) -> None:
         load_playbook(playbook)
     assert "tasks[0].templte" in caught.value.render()
     assert "template" in caught.value.render()
-    missing = write_playbook(tmp_path, """
-- hosts: all
-  tasks:
+    missing = write_play(tmp_path, "all", """
     - name: Notify nobody
       command: "true"
       notify: Restart

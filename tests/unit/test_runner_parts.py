@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from inventory_support import replicas_yaml
 from test_runner_support import FakeHost, make_inventory
 
 from vllm_provision.core.models import Inventory
@@ -105,17 +106,13 @@ def test_persisted_notification_is_read_back_run_once_then_cleared(
     assert again.queue.notified == {}  # the handler ran: its record was cleared
 
 
-INVENTORY = """\
-all:
-  children:
-    vllm_replicas:
-      children:
+INVENTORY = replicas_yaml("""\
         llama:
           vars: {vllm_backend: mp, vllm_model: /srv/models/tiny, greeting: group, port: 1}
           hosts:
             h1: {ansible_host: 10.0.0.11, vllm_node_rank: 0, greeting: host, shadow: host}
             h2: {ansible_host: 10.0.0.12, vllm_node_rank: 1}
-"""
+""")
 
 
 def test_resolver_chain_group_host_play_registered_extra(tmp_path: Path) -> None:

@@ -3,7 +3,11 @@ a stand-in systemctl, and the file and error helpers several test modules share.
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,83 @@ class FakeHost:
             raise UnreachableError.single(self.name, "operation timed out (fake cut)")
         self.commands.append(command)
         return self.local.run(command, stdin=stdin, timeout_s=timeout_s, check=check)
+
+
+class LocalChannel:
+    """The subset of a paramiko channel the run lock uses (vllm_provision/transport/runlock.py:
+    ``recv_ready``, ``recv``, ``sendall``, ``shutdown_write``, ``close``, ``status_event``),
+    over the pipes of a local ``bash -c <command>`` (the holder script the lock starts).
+
+    ``drop()`` is a controller that died (the holder's stdin ends without ``release``);
+    ``end()`` a holder process that ended (killed: it gave up, or the host rebooted).
+    """
+
+    def __init__(self, command: str) -> None:
+        self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE)
+        self.status_event = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        self.process.wait()
+        self.status_event.set()
+
+    def settimeout(self, timeout: float) -> None:
+        pass
+
+    def recv_ready(self) -> bool:
+        assert self.process.stdout is not None
+        return bool(select.select([self.process.stdout], [], [], 0)[0])
+
+    def recv(self, size: int) -> bytes:
+        assert self.process.stdout is not None
+        return os.read(self.process.stdout.fileno(), size)
+
+    def sendall(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def shutdown_write(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+
+    def close(self) -> None:
+        if self.process.stdin and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:  # the holder is gone (a paramiko channel closes quietly)
+                pass
+        self.process.wait(10)
+
+    def drop(self) -> None:
+        """The connection dies: the holder's stdin ends without ``release``."""
+        self.close()
+
+    def end(self) -> None:
+        """The holder process ends without ``release`` (it gave up, or the host rebooted)."""
+        self.process.kill()
+        assert self.status_event.wait(10)
+
+
+class RecordHost:
+    """A connection that answers the ownership record read (``cat <record>``: ``record`` as
+    JSON) and the unit probe (``@@unit vllm.service <active> inv-1``: the unit's ActiveState and
+    its invocation id, as vllm_provision/operations/takeover.py reads them), and records every
+    command it is given in ``commands``."""
+
+    def __init__(self, record: dict[str, Any], active: str = "active") -> None:
+        self.record = record
+        self.active = active
+        self.commands: list[str] = []
+
+    def run(self, command: str, **_: Any) -> CommandResult:
+        self.commands.append(command)
+        if command.startswith("cat "):
+            return CommandResult(0, json.dumps(self.record), "")
+        if "@@unit" in command:
+            return CommandResult(0, f"@@unit vllm.service {self.active} inv-1\n", "")
+        return CommandResult(0, "", "")
 
 
 def make_inventory(tmp_path: Path, names: tuple[str, ...] = ("h1", "h2"), *,

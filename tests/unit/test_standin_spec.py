@@ -44,6 +44,20 @@ def test_invalid_spec_values_are_rejected_with_the_key(tmp_path: Path, text: str
     assert text.split(":")[0] in str(caught.value)
 
 
+
+@pytest.mark.parametrize(("name", "text", "says", "fix"), [
+    ("spec.yml", "hosts: [\n", "cannot read the lab spec", "fix the YAML or run lab up"),
+    ("gpu-overrides.json", "{not json", "cannot read lab overrides", "delete {path} to go back"),
+], ids=["spec", "overrides"])
+def test_an_unreadable_state_file_is_a_lab_error_naming_it(tmp_path: Path, name: str, text: str,
+                                                           says: str, fix: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(LabError) as caught:
+        effective_spec(tmp_path, "h1")
+    rendered = caught.value.render()
+    assert str(tmp_path / name) in rendered and says in rendered
+    assert fix.format(path=tmp_path / name) in rendered
+
 def test_assignments_split_values_and_resets() -> None:
     assert parse_assignments(["vllm=0.33.1", "nccl=default"]) == ({"vllm": "0.33.1"}, ["nccl"])
     with pytest.raises(LabError):

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,13 +208,8 @@ def parse_assignments(assignments: list[str]) -> tuple[dict[str, str], list[str]
 def read_overrides(state_dir: Path) -> dict[str, dict[str, Any]]:
     """Return ``{host: {key: value}}`` set with ``lab set`` (empty when none)."""
     path = state_dir / OVERRIDES_FILE
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LabError.single(str(path), f"cannot read lab overrides: {exc}",
-                              fix=f"delete {path} to go back to the spec") from exc
+    data = _read_state_file(path, json.loads, json.JSONDecodeError, "lab overrides",
+                            f"delete {path} to go back to the spec")
     return data if isinstance(data, dict) else {}
 
 
@@ -230,15 +225,26 @@ def clear_overrides(state_dir: Path) -> None:
     (state_dir / OVERRIDES_FILE).unlink(missing_ok=True)
 
 
+def _read_state_file(path: Path, parse: Callable[[str], Any], error: type[Exception], what: str,
+                     fix: str) -> Any:
+    """``parse`` of the text of ``path`` (UTF-8), or None when there is no such file.
+
+    Raises:
+        LabError: naming ``path``, ``what`` it holds and the ``fix``, when it cannot be read
+            (OSError) or ``parse`` raises ``error``.
+    """
+    if not path.exists():
+        return None
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, error) as exc:
+        raise LabError.single(str(path), f"cannot read {what}: {exc}", fix=fix) from exc
+
+
 def _read_spec_file(state_dir: Path) -> dict[str, Any]:
     path = state_dir / SPEC_FILE
-    if not path.exists():
-        return {}
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise LabError.single(str(path), f"cannot read the lab spec: {exc}",
-                              fix="fix the YAML or run lab up without --spec") from exc
+    raw = _read_state_file(path, yaml.safe_load, yaml.YAMLError, "the lab spec",
+                           "fix the YAML or run lab up without --spec")
     if raw is None:
         return {}
     if not isinstance(raw, dict):

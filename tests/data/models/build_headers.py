@@ -52,18 +52,27 @@ def tensors(c: dict, bias: bool = False, moe: int = 0) -> list[tuple[str, list]]
     return out
 
 
-def write(path: Path, items: list[tuple[str, list]], dtype: str) -> None:
-    header: dict = {"__metadata__": {"format": "pt"}}
+def header(items: list[tuple[str, str, list]], metadata: dict | None = None) -> tuple[bytes, int]:
+    """The start of a safetensors file holding ``items`` (name, dtype, shape; each tensor's data
+    right after the one before): the 8-byte little-endian header length, then the JSON header
+    (``__metadata__`` is ``metadata``, ``{"format": "pt"}`` when none) padded with spaces to a
+    multiple of 8 bytes; and the size in bytes of the data that follows it. Also used by
+    tests/unit/test_model_content.py, which appends the data."""
+    head: dict = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
-    for name, shape in items:
+    for name, dtype, shape in items:
         size = SIZES[dtype]
         for dim in shape:
             size *= dim
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        head[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw = json.dumps(head, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    return struct.pack("<Q", len(raw)) + raw, offset
+
+
+def write(path: Path, items: list[tuple[str, list]], dtype: str) -> None:
+    path.write_bytes(header([(name, dtype, shape) for name, shape in items])[0])
 
 
 def build(folder: str, config: dict, shards: int = 1, bias: bool = False, moe: int = 0) -> None:
