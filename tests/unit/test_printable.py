@@ -188,6 +188,11 @@ def test_markdown_known_attacks() -> None:
     assert markdown_inline("# h") == "\\# h" and markdown_inline("- li") == "\\- li"
     assert markdown_inline("&#124;") == "&amp;\\#124;"
     assert markdown_inline(f"v{OSC_TITLE}") == "v\\\\x1b\\]0;evil\\\\x07"
+    # indented: " -" is an empty list item, four spaces a code block (hypothesis found the first)
+    assert markdown_inline(" -") == "&#32;\\-" and markdown_inline("    x") == "&#32;" * 4 + "x"
+    for value in (" -", "  1. x", "    x"):
+        assert _types(MD.parse(markdown_inline(value) + "\n")) == [
+            "paragraph_open", "inline", "text", "paragraph_close"], value
 
 
 def _record_facts(version: str, model: str, inventory: str) -> dict:

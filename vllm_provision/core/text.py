@@ -94,9 +94,9 @@ def markdown_inline(text: object) -> str:
     GFM table cell, GitHub Flavored Markdown "Tables"), ``< > &`` and ``{ }`` become HTML
     entities (no raw HTML, no entity the value did not spell). A newline, a tab and every other
     control character are shown escaped by :func:`printable` (``\\x0a``): a value never ends
-    its table row, list item or line. A leading ``-``, ``+``, ``=`` or the ``.``
-    or ``)`` after leading digits gets a backslash too (no list item, no setext heading when
-    the value starts a line).
+    its table row, list item or line. Leading spaces become ``&#32;`` (no indented code block)
+    and a ``-``, ``+``, ``=`` or the ``.`` or ``)`` after leading digits that follows them gets a
+    backslash (no list item, no setext heading when the value starts a line).
 
     Args:
         text: any value (``str()`` of it; ``None`` gives ``""``).
@@ -111,7 +111,13 @@ def markdown_inline(text: object) -> str:
         else:
             out.append(_MARKDOWN_ENTITIES.get(ch, ch))
     text = "".join(out)
+    # Leading spaces would indent: four open a code block, up to three still let the marker
+    # below open a list item (CommonMark "Indented code blocks", "List items"): each becomes
+    # the entity of a space, which renders as one and indents nothing.
+    rest = text.lstrip(" ")
     # At the start of a line, "-", "+", "=" and "1." or "1)" would open a list item or
     # underline a heading (CommonMark "List items", "Setext headings"): escaped there.
-    lead = _LINE_START.match(text)
-    return f"{lead.group(1)}\\{text[lead.end(1):]}" if lead else text
+    lead = _LINE_START.match(rest)
+    if lead:
+        rest = f"{lead.group(1)}\\{rest[lead.end(1):]}"
+    return "&#32;" * (len(text) - len(text.lstrip(" "))) + rest
