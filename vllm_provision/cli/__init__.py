@@ -85,6 +85,9 @@ _TABLE: tuple[tuple[str, str, str], ...] = (
      "adds and does not, how traffic returned after faults, the evidence, refusals where "
      "conditions differ, and one checkable closing sentence."),
     ("stack", "stack", "Install and upgrade the replica's Python stack from one reviewed lock."),
+    ("monitor", "monitor",
+     "Write Prometheus scrape targets for every replica (and a prometheus.yml); no host "
+     "contacted."),
 )
 
 # the command registry (vllm_provision.core.registry): a name twice is an error naming it;

@@ -1,0 +1,117 @@
+"""``provision monitor`` (docs/monitoring.md): Prometheus file_sd targets and a prometheus.yml
+from the inventory, written on the controller only, idempotently, values kept as data."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from inventory_support import load_llama
+
+from vllm_provision.cli import cli
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.operations import monitor
+
+SMALL = """\
+        small:
+          vars: {vllm_backend: mp, vllm_model: /srv/models/small, vllm_api_port: 9000,
+                 vllm_served_model_name: "small-v1"}
+          hosts:
+            h3: {ansible_host: 10.0.0.13, vllm_node_rank: 0}
+"""
+
+
+def _file_sd(entries: list) -> None:
+    """The shape Prometheus' file_sd reads: a list of {targets: [str], labels: {str: str}}."""
+    for entry in entries:
+        assert set(entry) == {"targets", "labels"}
+        assert all(isinstance(t, str) and t.rsplit(":", 1)[1].isdigit() for t in entry["targets"])
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in entry["labels"].items())
+
+
+def test_rank_0_of_every_replica_and_every_ray_node_are_targets_with_their_labels(tmp_path):
+    inventory = load_llama(tmp_path, "ray", more=SMALL)
+    vllm, ray = monitor.vllm_targets(inventory), monitor.ray_targets(inventory)
+    _file_sd(vllm)
+    _file_sd(ray)
+    assert vllm == [
+        {"targets": ["10.0.0.11:8000"], "labels": {"replica": "llama", "backend": "ray",
+                                                   "model": "/srv/models/tiny",
+                                                   "node_rank": "0", "role": "api"}},
+        {"targets": ["10.0.0.13:9000"], "labels": {"replica": "small", "backend": "mp",
+                                                   "model": "small-v1", "node_rank": "0",
+                                                   "role": "api"}}]
+    assert [(e["targets"], e["labels"]["role"], e["labels"]["node_rank"]) for e in ray] == [
+        (["10.0.0.11:52368"], "head", "0"), (["10.0.0.12:52368"], "worker", "1")]
+    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2}
+
+
+def test_the_replica_s_ray_metrics_port_and_an_api_bind_address_are_followed(tmp_path):
+    inventory = load_llama(tmp_path, "ray", vllm_api_host="10.9.9.9",
+                           ray_metrics_export_port=9100)
+    assert monitor.vllm_targets(inventory)[0]["targets"] == ["10.9.9.9:8000"]
+    assert [e["targets"] for e in monitor.ray_targets(inventory)] == [
+        ["10.0.0.11:9100"], ["10.0.0.12:9100"]]
+
+
+def test_an_mp_replica_has_no_ray_targets_and_ipv6_is_bracketed(tmp_path):
+    inventory = load_llama(tmp_path, "mp", more=SMALL)
+    assert monitor.ray_targets(inventory) == []
+    assert monitor._address("fd00::1", 52368) == "[fd00::1]:52368"
+    assert monitor._address("10.0.0.1", 80) == "10.0.0.1:80"
+
+
+def test_the_files_are_written_once_and_a_second_run_changes_nothing(tmp_path):
+    inventory = load_llama(tmp_path, "ray", more=SMALL)
+    out = tmp_path / "prom"
+    first = monitor.write(inventory, out)
+    assert [(w.path.relative_to(out).as_posix(), w.changed) for w in first] == [
+        ("targets/vllm.json", True), ("targets/ray.json", True), ("prometheus.yml", True)]
+    assert all(not w.changed for w in monitor.write(inventory, out))
+    assert stat.S_IMODE((out / "prometheus.yml").stat().st_mode) == 0o644
+    config = yaml.safe_load((out / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job["file_sd_configs"][0]["files"][0]
+            for job in config["scrape_configs"]}
+    assert jobs == monitor.JOBS  # relative to prometheus.yml's folder, as Prometheus reads them
+    for path in jobs.values():
+        _file_sd(json.loads((out / path).read_text()))
+    assert config["global"]["scrape_interval"] == monitor.SCRAPE_INTERVAL
+
+
+def test_targets_only_leaves_prometheus_yml_alone(tmp_path):
+    inventory = load_llama(tmp_path, "mp")
+    out = tmp_path / "prom"
+    out.mkdir()
+    (out / "prometheus.yml").write_text("# the team's own\n")
+    written = monitor.write(inventory, out, config=False)
+    assert [w.path.name for w in written] == ["vllm.json", "ray.json"]
+    assert (out / "prometheus.yml").read_text() == "# the team's own\n"
+
+
+def test_a_hostile_looking_model_name_stays_one_label_value(tmp_path):
+    model = "m\\u0022}], \\u0022x\\u0022: [{"
+    inventory = load_llama(tmp_path, "mp", vllm_served_model_name=f'"{model}"')
+    [entry] = json.loads(monitor.render(inventory)["targets/vllm.json"])
+    assert entry["labels"]["model"] == 'm"}], "x": [{' and len(entry) == 2
+
+
+def test_an_unwritable_folder_is_an_error_naming_the_file(tmp_path):
+    inventory = load_llama(tmp_path, "mp")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ProvisionError) as raised:
+        monitor.write(inventory, blocker / "prom")
+    assert "prom" in str(raised.value) and "--out" in str(raised.value)
+
+
+def test_the_command_writes_and_says_what_changed(tmp_path):
+    load_llama(tmp_path, "ray")
+    args = ["monitor", "-i", str(tmp_path / "inventory.yml"), "--out", str(tmp_path / "p")]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    assert first.output.count("changed") == 3 and "vllm: 1 target, ray: 2 targets" in first.output
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and "changed" not in again.output

@@ -1,0 +1,44 @@
+"""``provision monitor``: write Prometheus scrape targets for the inventory's replicas.
+
+A thin caller of :mod:`vllm_provision.operations.monitor` (docs/monitoring.md): loads the
+inventory, writes the targets files (and ``prometheus.yml`` unless ``--targets-only``) under
+``--out``, prints one line per file (``changed`` or ``ok``) and the target counts. No host is
+contacted; a second run with the same inventory changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vllm_provision.cli.help import examples
+from vllm_provision.cli.options import CommonOptions, shared_options
+
+
+@click.command("monitor", epilog=examples(
+    'provision monitor -i inventory.yml --out /etc/prometheus/vllm',
+    'prometheus --config.file=/etc/prometheus/vllm/prometheus.yml',
+    'provision monitor -i inventory.yml --out targets/ --targets-only'))
+@shared_options(("inventory", "extra_vars", "verbose"))
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Folder to write prometheus.yml and targets/*.json into (created).")
+@click.option("--targets-only", is_flag=True,
+              help="Write only targets/*.json, for a Prometheus with its own configuration.")
+def command(out: Path, targets_only: bool, **kwargs: Any) -> None:
+    """Write Prometheus scrape targets for every replica (and a prometheus.yml); no host
+    contacted.
+
+    Targets: rank 0's vLLM /metrics of every replica, and the Ray metrics agent of every node
+    of a Ray replica, labelled replica, backend, model, node_rank and role (docs/monitoring.md).
+    """
+    from vllm_provision.operations import monitor
+
+    opts = CommonOptions.from_kwargs(kwargs)
+    inventory = opts.load_inventory(require_replica=True)
+    for written in monitor.write(inventory, out, config=not targets_only):
+        click.echo(f"{'changed' if written.changed else 'ok':8} {written.path}")
+    counts = monitor.summary(inventory)
+    click.echo(", ".join(f"{job}: {n} target{'s' if n != 1 else ''}"
+                         for job, n in counts.items()))

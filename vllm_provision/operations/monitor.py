@@ -1,0 +1,150 @@
+"""Prometheus scrape targets from the inventory: ``provision monitor`` (docs/monitoring.md).
+
+Pure: an inventory in, the files a Prometheus server needs out, written on the controller only
+(no host is contacted). Prometheus reads the targets through file-based service discovery
+(``file_sd_configs``: a JSON list of ``{"targets": ["host:port"], "labels": {...}}``, re-read
+when the file changes; Prometheus docs, "Configuration", ``<file_sd_config>``), so a Prometheus
+that loads :func:`prometheus_config` once follows every later ``monitor`` run without a reload.
+
+Targets (docs/monitoring.md, "Targets"):
+
+- ``vllm``: rank 0 of every replica that serves the OpenAI API, its ``/metrics`` on the API port
+  (``vllm serve`` exposes it beside ``/v1``; ``--api-key`` guards ``/v1`` routes only: vLLM
+  docs/usage/metrics.md and vllm/entrypoints/openai/api_server.py).
+- ``ray``: every node of a Ray replica, the Ray metrics agent on ``ray_metrics_export_port``
+  (``ray start --metrics-export-port``; Ray docs, "Collecting and monitoring metrics").
+
+Every target carries the labels ``replica``, ``backend``, ``model``, ``node_rank`` and ``role``
+(``api``, ``head``, ``worker``), so one dashboard or rule groups by replica across both jobs.
+Values are data: the files are written with ``json.dumps`` and ``yaml.safe_dump``, never from a
+template, and a label value holds the inventory's text as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vllm_provision import settings
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.files import replace_atomically
+from vllm_provision.core.models import Inventory, Node, Replica
+
+# The scrape jobs, in the order prometheus.yml lists them: job name -> its targets file under
+# ``targets/`` (relative paths in file_sd_configs are resolved against the configuration file's
+# folder: Prometheus docs, "Configuration", <file_sd_config>).
+JOBS = {"vllm": "targets/vllm.json", "ray": "targets/ray.json"}
+# Prometheus' own defaults (global scrape_interval 1m) are coarse for a serving fleet; 15 s is
+# the interval of Prometheus' example configuration and of vLLM's examples/online_serving
+# /prometheus_grafana/prometheus.yaml (which uses 5 s for a single server).
+SCRAPE_INTERVAL = "15s"
+
+
+@dataclass(frozen=True)
+class Written:
+    """One file :func:`write` handled: its path and whether its content changed."""
+
+    path: Path
+    changed: bool
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port`` as Prometheus' ``targets`` take it (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _labels(replica: Replica, node: Node, role: str) -> dict[str, str]:
+    """The labels of one target (Prometheus label values are strings)."""
+    return {"replica": replica.name, "backend": replica.backend,
+            "model": replica.engine.served_model_name or replica.engine.model,
+            "node_rank": str(node.rank), "role": role}
+
+
+def vllm_targets(inventory: Inventory) -> list[dict[str, Any]]:
+    """The ``vllm`` job's file_sd entries: one per replica whose backend serves the OpenAI API,
+    rank 0's API address (``Replica.api_url``: an all-interfaces bind is reached on rank 0's
+    cluster IP)."""
+    out = []
+    for replica in inventory.replicas:
+        if not replica.backend_type.serves_openai:
+            continue
+        host_port = replica.api_url.removeprefix("http://")
+        out.append({"targets": [host_port], "labels": _labels(replica, replica.master, "api")})
+    return out
+
+
+def ray_targets(inventory: Inventory) -> list[dict[str, Any]]:
+    """The ``ray`` job's file_sd entries: one per node of every replica whose backend runs a
+    Ray cluster, the node's cluster IP and ``ray_metrics_export_port`` (``settings.node_settings``;
+    the inventory's load keeps it the same on every node of a replica)."""
+    out = []
+    for replica in inventory.replicas:
+        if not replica.backend_type.ray_cluster:
+            continue
+        for node in replica.nodes:
+            port = int(settings.node_settings(replica, node, inventory.extra_vars)
+                       ["ray_metrics_export_port"])
+            role = "head" if node.rank == 0 else "worker"
+            out.append({"targets": [_address(node.host_ip, port)],
+                        "labels": _labels(replica, node, role)})
+    return out
+
+
+def prometheus_config(scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
+    """A complete ``prometheus.yml`` (as data) for a team without one: one scrape job per
+    :data:`JOBS` entry, each reading its targets file (``file_sd_configs``)."""
+    return {"global": {"scrape_interval": scrape_interval,
+                       "evaluation_interval": scrape_interval},
+            "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
+                                "file_sd_configs": [{"files": [path]}]}
+                               for job, path in JOBS.items()]}
+
+
+def render(inventory: Inventory) -> dict[str, str]:
+    """Every file ``monitor`` writes, by path relative to the output folder -> its text."""
+    targets = {"vllm": vllm_targets(inventory), "ray": ray_targets(inventory)}
+    files = {JOBS[job]: json.dumps(entries, indent=2) + "\n" for job, entries in targets.items()}
+    files["prometheus.yml"] = ("# managed by vllm-provision (provision monitor): the scrape "
+                               "jobs of the inventory's replicas\n"
+                               + yaml.safe_dump(prometheus_config(), sort_keys=False))
+    return files
+
+
+def write(inventory: Inventory, out: Path, *, config: bool = True) -> list[Written]:
+    """Write :func:`render`'s files under ``out`` (created when missing), each atomically and
+    only when its content differs (a second run changes nothing).
+
+    Args:
+        inventory: the loaded inventory.
+        out: the output folder (Prometheus' configuration folder, or one it can read).
+        config: also write ``prometheus.yml`` (False: the targets only, for a Prometheus whose
+            own configuration names them).
+
+    Raises:
+        ProvisionError: a file cannot be written, naming it and what to do.
+    """
+    done = []
+    for relative, text in render(inventory).items():
+        if relative == "prometheus.yml" and not config:
+            continue
+        path = out / relative
+        try:
+            old = path.read_text(encoding="utf-8") if path.is_file() else None
+            if old != text:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                replace_atomically(path, text, mode=0o644)
+        except OSError as exc:
+            raise ProvisionError.single(str(path), f"cannot write it: {exc.strerror or exc}",
+                                        fix="choose a folder you can write (--out)") from None
+        done.append(Written(path, old != text))
+    return done
+
+
+def summary(inventory: Inventory) -> Mapping[str, int]:
+    """How many targets each job has (for the command's last line)."""
+    return {"vllm": len(vllm_targets(inventory)), "ray": len(ray_targets(inventory))}
