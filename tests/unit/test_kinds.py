@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_provision.core.models import canonical_ip
 from vllm_provision.settings import kinds, variables
 
 
@@ -42,5 +43,5 @@ def test_a_zone_id_is_an_interface_name(value: str, ok: bool) -> None:
 
 
 def test_one_address_written_two_ways_has_one_canonical_form() -> None:
-    assert kinds.canonical_ip("::ffff:10.0.0.1") == kinds.canonical_ip("10.0.0.1")
-    assert kinds.canonical_ip("FE80:0::1") == kinds.canonical_ip("fe80::1")
+    assert canonical_ip("::ffff:10.0.0.1") == canonical_ip("10.0.0.1")
+    assert canonical_ip("FE80:0::1") == canonical_ip("fe80::1")

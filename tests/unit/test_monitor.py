@@ -13,6 +13,7 @@ from inventory_support import load_llama
 
 from vllm_provision.cli import cli
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import host_port
 from vllm_provision.operations import monitor
 
 SMALL = """\
@@ -60,8 +61,8 @@ def test_the_replica_s_ray_metrics_port_and_an_api_bind_address_are_followed(tmp
 def test_an_mp_replica_has_no_ray_targets_and_ipv6_is_bracketed(tmp_path):
     inventory = load_llama(tmp_path, "mp", more=SMALL)
     assert monitor.ray_targets(inventory) == []
-    assert monitor._address("fd00::1", 52368) == "[fd00::1]:52368"
-    assert monitor._address("10.0.0.1", 80) == "10.0.0.1:80"
+    assert host_port("fd00::1", 52368) == "[fd00::1]:52368"
+    assert host_port("10.0.0.1", 80) == "10.0.0.1:80"
 
 
 def test_the_files_are_written_once_and_a_second_run_changes_nothing(tmp_path):

@@ -176,9 +176,7 @@ class Replica:
         host = self.engine.api_host
         if host in ("0.0.0.0", "::", ""):
             host = self.master.host_ip
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.engine.api_port}"
+        return f"http://{host_port(host, self.engine.api_port)}"
 
 
 class _GroupLike(Protocol):
@@ -213,6 +211,12 @@ def hosts_under(groups: Mapping[str, _GroupLike], hosts: Iterable[str], name: st
 # The version of what derived_replica_id hashes: a change of its inputs is a new version, so
 # that every derived id changes at once and on purpose.
 DERIVED_ID_VERSION = 1
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as URLs and Prometheus targets write it: an IPv6 address in brackets
+    (RFC 3986, "IP-literal")."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def canonical_ip(address: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm_provision import backends
 from vllm_provision.backends import choice
-from vllm_provision.core.models import EngineArgs, Host, Node, Replica
+from vllm_provision.core.models import EngineArgs, Host, Node, Replica, canonical_ip
 from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.tree import Tree
@@ -336,7 +336,7 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
         ips: dict[str, tuple[str, str]] = {}
         for node in nodes:
             # one address written two ways (::ffff:10.0.0.1 and 10.0.0.1) is one address
-            same = kinds.canonical_ip(node.host_ip)
+            same = canonical_ip(node.host_ip)
             if same in ips:
                 other, written = ips[same]
                 spelled = node.host_ip if written == node.host_ip else \

@@ -33,7 +33,7 @@ import yaml
 from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.files import replace_atomically
-from vllm_provision.core.models import Inventory, Node, Replica
+from vllm_provision.core.models import Inventory, Node, Replica, host_port
 
 # The scrape jobs, in the order prometheus.yml lists them: job name -> its targets file under
 # ``targets/`` (relative paths in file_sd_configs are resolved against the configuration file's
@@ -51,11 +51,6 @@ class Written:
 
     path: Path
     changed: bool
-
-
-def _address(host: str, port: int) -> str:
-    """``host:port`` as Prometheus' ``targets`` take it (an IPv6 address in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _labels(replica: Replica, node: Node, role: str) -> dict[str, str]:
@@ -90,7 +85,7 @@ def ray_targets(inventory: Inventory) -> list[dict[str, Any]]:
             port = int(settings.node_settings(replica, node, inventory.extra_vars)
                        ["ray_metrics_export_port"])
             role = "head" if node.rank == 0 else "worker"
-            out.append({"targets": [_address(node.host_ip, port)],
+            out.append({"targets": [host_port(node.host_ip, port)],
                         "labels": _labels(replica, node, role)})
     return out
 

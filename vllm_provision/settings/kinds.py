@@ -19,8 +19,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from vllm_provision.core.models import canonical_ip  # noqa: F401 (kinds.canonical_ip)
-
 # Linux dev_valid_name() (net/core/dev.c): 1..15 bytes (IFNAMSIZ 16 with the NUL), not "." or
 # "..", no "/", ":" or whitespace. We also refuse a leading "-" (it would read as an option of
 # ip(8)) and keep to the characters udev and every distribution use.
