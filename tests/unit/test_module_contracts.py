@@ -31,6 +31,7 @@ DECLARED = {
     "file": ("path", "state", "owner", "group", "mode"),
     "http": ("url", "method", "body", "body_format", "headers", "timeout", "status_code",
              "body_contains", "until", "retries", "delay", "from"),
+    "package": ("name", "state"),
     "ray_wait_cluster": ("timeout_s", "poll_s", "gpus_per_node"),
     "systemd": ("name", "state", "enabled", "daemon_reload", "if_running"),
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
@@ -42,6 +43,7 @@ DECLARED = {
     "wait_for": ("port", "host", "state", "timeout", "delay", "connect_timeout", "from"),
 }
 REQUIRED = {"command": {"cmd"}, "copy": {"src", "dest"}, "file": {"path"}, "http": {"url"},
+            "package": {"name"},
             "template": {"src", "dest"}, "wait_for": {"port"}}
 
 

@@ -41,13 +41,14 @@ def test_rank_0_of_every_replica_and_every_ray_node_are_targets_with_their_label
     assert vllm == [
         {"targets": ["10.0.0.11:8000"], "labels": {"replica": "llama", "backend": "ray",
                                                    "model": "/srv/models/tiny",
-                                                   "node_rank": "0", "role": "api"}},
+                                                   "node_rank": "0", "role": "api",
+                                                   "host": "h1"}},
         {"targets": ["10.0.0.13:9000"], "labels": {"replica": "small", "backend": "mp",
                                                    "model": "small-v1", "node_rank": "0",
-                                                   "role": "api"}}]
+                                                   "role": "api", "host": "h3"}}]
     assert [(e["targets"], e["labels"]["role"], e["labels"]["node_rank"]) for e in ray] == [
         (["10.0.0.11:52368"], "head", "0"), (["10.0.0.12:52368"], "worker", "1")]
-    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2}
+    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2, "node": 0, "gpu": 0}
 
 
 def test_the_replica_s_ray_metrics_port_and_an_api_bind_address_are_followed(tmp_path):
@@ -70,7 +71,8 @@ def test_the_files_are_written_once_and_a_second_run_changes_nothing(tmp_path):
     out = tmp_path / "prom"
     first = monitor.write(inventory, out)
     assert [(w.path.relative_to(out).as_posix(), w.changed) for w in first] == [
-        ("targets/vllm.json", True), ("targets/ray.json", True), ("prometheus.yml", True)]
+        ("targets/vllm.json", True), ("targets/ray.json", True), ("targets/node.json", True),
+        ("targets/gpu.json", True), ("prometheus.yml", True)]
     assert all(not w.changed for w in monitor.write(inventory, out))
     assert stat.S_IMODE((out / "prometheus.yml").stat().st_mode) == 0o644
     config = yaml.safe_load((out / "prometheus.yml").read_text())
@@ -88,7 +90,7 @@ def test_targets_only_leaves_prometheus_yml_alone(tmp_path):
     out.mkdir()
     (out / "prometheus.yml").write_text("# the team's own\n")
     written = monitor.write(inventory, out, config=False)
-    assert [w.path.name for w in written] == ["vllm.json", "ray.json"]
+    assert [w.path.name for w in written] == ["vllm.json", "ray.json", "node.json", "gpu.json"]
     assert (out / "prometheus.yml").read_text() == "# the team's own\n"
 
 
@@ -113,6 +115,29 @@ def test_the_command_writes_and_says_what_changed(tmp_path):
     args = ["monitor", "-i", str(tmp_path / "inventory.yml"), "--out", str(tmp_path / "p")]
     first = CliRunner().invoke(cli, args)
     assert first.exit_code == 0, first.output
-    assert first.output.count("changed") == 3 and "vllm: 1 target, ray: 2 targets" in first.output
+    assert first.output.count("changed") == 5
+    assert "vllm: 1 target, ray: 2 targets, node: 0 targets, gpu: 0 targets" in first.output
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "changed" not in again.output
+
+
+def test_every_node_s_exporters_are_targets_of_their_jobs(tmp_path):
+    inventory = load_llama(tmp_path, "ray", more=SMALL, vllm_monitoring="node_exporter",
+                           vllm_gpu_exporter="dcgm-exporter")
+    node, gpu = monitor.exporter_targets(inventory, "node"), monitor.exporter_targets(inventory,
+                                                                                      "gpu")
+    _file_sd(node)
+    _file_sd(gpu)
+    # the llama replica (Ray, h1 and h2) has both; the small one (mp, h3) has neither
+    assert [(e["targets"], e["labels"]["host"], e["labels"]["role"]) for e in node] == [
+        (["10.0.0.11:9100"], "h1", "head"), (["10.0.0.12:9100"], "h2", "worker")]
+    assert [e["targets"] for e in gpu] == [["10.0.0.11:9400"], ["10.0.0.12:9400"]]
+    assert {e["labels"]["replica"] for e in node + gpu} == {"llama"}
+    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2, "node": 2, "gpu": 2}
+
+
+def test_a_host_s_own_exporter_port_is_followed(tmp_path):
+    inventory = load_llama(tmp_path, "mp", vllm_gpu_exporter="nvidia_gpu_exporter")
+    assert [e["targets"] for e in monitor.exporter_targets(inventory, "gpu")] == [
+        ["10.0.0.11:9835"], ["10.0.0.12:9835"]]
+    assert monitor.exporter_targets(inventory, "node") == []

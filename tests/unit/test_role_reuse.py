@@ -148,9 +148,10 @@ def test_the_install_plays_keep_their_role_order_through_dependencies() -> None:
         play = next(p for p in plays if p.hosts == hosts and p.name.startswith("Install"))
         return list(dict.fromkeys(t.role for t in play.tasks))
 
-    assert roles("vllm_mp") == ["vllm_common", "vllm_firewall", "vllm_mp", "vllm_watchdog"]
-    assert roles("vllm_ray") == ["vllm_common", "vllm_firewall", "ray", "vllm_ray",
-                                 "vllm_watchdog"]
+    assert roles("vllm_mp") == ["vllm_common", "vllm_firewall", "vllm_monitoring", "vllm_mp",
+                                "vllm_watchdog"]
+    assert roles("vllm_ray") == ["vllm_common", "vllm_firewall", "vllm_monitoring", "ray",
+                                 "vllm_ray", "vllm_watchdog"]
 
 
 def test_a_dependency_cycle_and_a_bad_meta_key_are_located_errors(tmp_path: Path) -> None:

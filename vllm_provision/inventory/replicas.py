@@ -14,7 +14,8 @@ from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Origin, Problems, Setting
 from vllm_provision.inventory.tree import Tree
 from vllm_provision.inventory.values import SECRET_OPTIONS, secret_option, show
-from vllm_provision.settings import kinds, variables
+from vllm_provision.settings import kinds, monitoring, variables
+from vllm_provision.settings.monitoring import VARIABLES as MONITORING_VARIABLES
 
 REPLICAS_GROUP = "vllm_replicas"
 def synthetic_groups() -> tuple[str, ...]:
@@ -199,7 +200,9 @@ def _check_conflicts(replica: str, members: list[str],
         host_value = functools.partial(_value, values)
         ports = {"vllm_api_port": agreed.get("vllm_api_port"),
                  "vllm_watchdog_port": _value(values, "vllm_watchdog_port"),
-                 **chosen.other_ports(agreed, host_value)}
+                 **chosen.other_ports(agreed, host_value),
+                 **{e.variable: e.port for e in monitoring.exporters(
+                     {name: _value(values, name) for name in MONITORING_VARIABLES})}}
         for first, second, message, expected in _port_clashes(
                 ports, chosen.port_ranges(agreed, host_value)):
             if (first, second) in reported:

@@ -13,9 +13,12 @@ Targets (docs/monitoring.md, "Targets"):
   docs/usage/metrics.md and vllm/entrypoints/openai/api_server.py).
 - ``ray``: every node of a Ray replica, the Ray metrics agent on ``ray_metrics_export_port``
   (``ray start --metrics-export-port``; Ray docs, "Collecting and monitoring metrics").
+- ``node`` and ``gpu``: every node's node exporter and GPU exporter, where the replica has them
+  (``vllm_monitoring``, ``vllm_gpu_exporter``: :mod:`vllm_provision.settings.monitoring`).
 
-Every target carries the labels ``replica``, ``backend``, ``model``, ``node_rank`` and ``role``
-(``api``, ``head``, ``worker``), so one dashboard or rule groups by replica across both jobs.
+Every target carries the labels ``replica``, ``backend``, ``model``, ``node_rank``, ``role``
+(``api``, ``head``, ``worker``) and ``host`` (the inventory host name), so one dashboard or rule
+groups by replica across the jobs.
 Values are data: the files are written with ``json.dumps`` and ``yaml.safe_dump``, never from a
 template, and a label value holds the inventory's text as it is.
 """
@@ -34,11 +37,13 @@ from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.files import replace_atomically
 from vllm_provision.core.models import Inventory, Node, Replica, host_port
+from vllm_provision.settings import monitoring
 
 # The scrape jobs, in the order prometheus.yml lists them: job name -> its targets file under
 # ``targets/`` (relative paths in file_sd_configs are resolved against the configuration file's
 # folder: Prometheus docs, "Configuration", <file_sd_config>).
-JOBS = {"vllm": "targets/vllm.json", "ray": "targets/ray.json"}
+JOBS = {"vllm": "targets/vllm.json", "ray": "targets/ray.json", "node": "targets/node.json",
+        "gpu": "targets/gpu.json"}
 # Prometheus' own defaults (global scrape_interval 1m) are coarse for a serving fleet; 15 s is
 # the interval of Prometheus' example configuration and of vLLM's examples/online_serving
 # /prometheus_grafana/prometheus.yaml (which uses 5 s for a single server).
@@ -57,7 +62,13 @@ def _labels(replica: Replica, node: Node, role: str) -> dict[str, str]:
     """The labels of one target (Prometheus label values are strings)."""
     return {"replica": replica.name, "backend": replica.backend,
             "model": replica.engine.served_model_name or replica.engine.model,
-            "node_rank": str(node.rank), "role": role}
+            "node_rank": str(node.rank), "role": role, "host": node.name}
+
+
+def _node_role(node: Node) -> str:
+    """``head`` for rank 0 (vLLM's docs call the node that runs the API server the head node
+    with both backends), ``worker`` for the others."""
+    return "head" if node.rank == 0 else "worker"
 
 
 def vllm_targets(inventory: Inventory) -> list[dict[str, Any]]:
@@ -84,9 +95,23 @@ def ray_targets(inventory: Inventory) -> list[dict[str, Any]]:
         for node in replica.nodes:
             port = int(settings.node_settings(replica, node, inventory.extra_vars)
                        ["ray_metrics_export_port"])
-            role = "head" if node.rank == 0 else "worker"
             out.append({"targets": [host_port(node.host_ip, port)],
-                        "labels": _labels(replica, node, role)})
+                        "labels": _labels(replica, node, _node_role(node))})
+    return out
+
+
+def exporter_targets(inventory: Inventory, job: str) -> list[dict[str, Any]]:
+    """The ``node`` or ``gpu`` job's file_sd entries: one per node of every replica that has
+    that exporter (:func:`vllm_provision.settings.monitoring.exporters` of the node's
+    settings), the node's cluster IP and the exporter's port."""
+    out = []
+    for replica in inventory.replicas:
+        for node in replica.nodes:
+            values = settings.node_settings(replica, node, inventory.extra_vars)
+            for exporter in monitoring.exporters(values):
+                if exporter.job == job:
+                    out.append({"targets": [host_port(node.host_ip, exporter.port)],
+                                "labels": _labels(replica, node, _node_role(node))})
     return out
 
 
@@ -102,7 +127,7 @@ def prometheus_config(scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
 
 def render(inventory: Inventory) -> dict[str, str]:
     """Every file ``monitor`` writes, by path relative to the output folder -> its text."""
-    targets = {"vllm": vllm_targets(inventory), "ray": ray_targets(inventory)}
+    targets = all_targets(inventory)
     files = {JOBS[job]: json.dumps(entries, indent=2) + "\n" for job, entries in targets.items()}
     files["prometheus.yml"] = ("# managed by vllm-provision (provision monitor): the scrape "
                                "jobs of the inventory's replicas\n"
@@ -140,6 +165,13 @@ def write(inventory: Inventory, out: Path, *, config: bool = True) -> list[Writt
     return done
 
 
+def all_targets(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
+    """Every job's file_sd entries, by job name, in :data:`JOBS` order."""
+    return {"vllm": vllm_targets(inventory), "ray": ray_targets(inventory),
+            "node": exporter_targets(inventory, "node"),
+            "gpu": exporter_targets(inventory, "gpu")}
+
+
 def summary(inventory: Inventory) -> Mapping[str, int]:
     """How many targets each job has (for the command's last line)."""
-    return {"vllm": len(vllm_targets(inventory)), "ray": len(ray_targets(inventory))}
+    return {job: len(entries) for job, entries in all_targets(inventory).items()}

@@ -20,7 +20,7 @@ from vllm_provision.inventory.selection import select_play_hosts
 FILE_MODULES = frozenset({"template", "copy"})
 # Modules whose plays only put files and units in place: the plays `provision drift` replays in
 # check mode (preflight, waiting and verification plays are left out).
-INSTALL_MODULES = FILE_MODULES | {"file", "systemd", "command"}
+INSTALL_MODULES = FILE_MODULES | {"file", "systemd", "command", "package"}
 
 
 def install_plays(plays: Sequence[Any]) -> list[Any]:

@@ -110,10 +110,15 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
     return env
 
 
-def _nftables_ruleset(replica: Any, allow_from: Any = ()) -> str:
-    from vllm_provision.settings import firewall
+def _nftables_ruleset(replica: Any, allow_from: Any = (), metrics_from: Any = (),
+                      exporters: Any = (), metrics_port: Any = None) -> str:
+    """``exporters``: the four monitoring variables' values, in
+    :func:`~vllm_provision.settings.monitoring.exporter_ports`' order."""
+    from vllm_provision.settings import firewall, monitoring
 
-    return firewall.ruleset(replica, allow_from or ())
+    ports = monitoring.exporter_ports(*exporters) if exporters else []
+    return firewall.ruleset(replica, allow_from or (), metrics_from or (), ports,
+                            metrics_port if isinstance(metrics_port, int) else None)
 
 
 def _to_bool(value: Any) -> bool:

@@ -98,7 +98,13 @@ def _elements(values: Sequence[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
+def _sorted_networks(items: Iterable[Any]) -> list[Network]:
+    return sorted(set(networks(items)), key=lambda n: (n.version, int(n.network_address),
+                                                       n.prefixlen))
+
+
+def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iterable[Any] = (),
+            exporters: Sequence[tuple[str, int]] = (), metrics_port: int | None = None) -> str:
     """The nft file that installs our table on a node of ``replica``.
 
     Args:
@@ -106,6 +112,16 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
             ports accept (:func:`peer_only_ports`).
         allow_from: ``vllm_api_allow_from``: IP addresses or CIDR networks that may reach the
             API port besides the replica's nodes; empty: any source (no API rule).
+        metrics_from: ``vllm_metrics_allow_from``: the Prometheus servers' addresses or
+            networks. They may reach the exporters, ``metrics_port`` when it is one of the
+            peer-only ports, and the API port when ``allow_from`` closes it (vLLM serves
+            ``/metrics`` on the API port; nftables cannot tell one path from another). Empty:
+            no metrics rule.
+        exporters: ``[(what, port), ...]`` the node's exporters serve on
+            (:func:`vllm_provision.settings.monitoring.exporter_ports`). With ``metrics_from``
+            they accept the replica's nodes and ``metrics_from`` only; without it, any source.
+        metrics_port: Ray's metrics agent port (``ray_metrics_export_port``); it matters only
+            where it is a peer-only port (a Ray replica).
 
     Returns:
         the text of an ``nft -f`` file: one transaction that replaces ``inet vllm_provision``
@@ -116,19 +132,28 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
                    key=lambda a: (a.version, int(a)))
     peers4 = [a for a in peers if a.version == 4]
     peers6 = [a for a in peers if a.version == 6]
-    api = sorted(set(networks(allow_from)), key=lambda n: (n.version, int(n.network_address),
-                                                            n.prefixlen))
+    api = _sorted_networks(allow_from)
     api4 = [n for n in api if n.version == 4]
     api6 = [n for n in api if n.version == 6]
+    metrics = _sorted_networks(metrics_from)
+    metrics4 = [n for n in metrics if n.version == 4]
+    metrics6 = [n for n in metrics if n.version == 6]
     ports = peer_only_ports(replica)
     port_set = "{ " + ", ".join(p.text() for p in ports) + " }"
+    # Ray's metrics port is peer-only: a Prometheus of metrics_from reaches it before the drop
+    peer_metrics = [metrics_port] if metrics and metrics_port is not None and any(
+        p.low <= metrics_port <= p.high for p in ports) else []
+    exporter_list = sorted({port for _, port in exporters}) if metrics else []
     lines = [
         "#!/usr/sbin/nft -f",
         f"# managed by vllm-provision, replica {replica.name}: do not edit here; change the "
         "inventory and run `provision up`.",
         "# Peer-only ports: " + "; ".join(f"{p.text()} ({p.what})" for p in ports) + ".",
         f"# API port {replica.engine.api_port}: "
-        + ("from the peers and " + _elements(api) if api else "from any source") + ".",
+        + ("from the peers and " + _elements(api + metrics) if api else "from any source")
+        + ".",
+        *([f"# Metrics ports {_elements(peer_metrics + exporter_list)}: from the peers and "
+           f"{_elements(metrics)}."] if peer_metrics or exporter_list else []),
         "# One transaction (nft -f): create-if-absent, delete, define: replaces our table only.",
         f"table {FAMILY} {TABLE}",
         f"delete table {FAMILY} {TABLE}",
@@ -137,7 +162,9 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
     for name, kind, members, flags in (("peers4", "ipv4_addr", peers4, False),
                                        ("peers6", "ipv6_addr", peers6, False),
                                        ("api4", "ipv4_addr", api4, True),
-                                       ("api6", "ipv6_addr", api6, True)):
+                                       ("api6", "ipv6_addr", api6, True),
+                                       ("metrics4", "ipv4_addr", metrics4, True),
+                                       ("metrics6", "ipv6_addr", metrics6, True)):
         if members:
             lines += [f"\tset {name} {{", f"\t\ttype {kind}"]
             if flags:
@@ -148,25 +175,31 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = ()) -> str:
         "\t\ttype filter hook input priority filter; policy accept;",
         '\t\tiifname "lo" accept',
     ]
-    if peers4:
-        lines.append(f"\t\ttcp dport {port_set} ip saddr @peers4 accept")
-    if peers6:
-        lines.append(f"\t\ttcp dport {port_set} ip6 saddr @peers6 accept")
+    lines += _accept(port_set, [("peers4", peers4), ("peers6", peers6)])
+    lines += _accept(_elements(peer_metrics), [("metrics4", metrics4), ("metrics6", metrics6)])
     lines.append(f"\t\ttcp dport {port_set} drop")
     if api:
-        port = replica.engine.api_port
+        port = str(replica.engine.api_port)
         # the replica's own nodes too: preflight checks that they reach it (network.peer_reach)
-        if peers4:
-            lines.append(f"\t\ttcp dport {port} ip saddr @peers4 accept")
-        if peers6:
-            lines.append(f"\t\ttcp dport {port} ip6 saddr @peers6 accept")
-        if api4:
-            lines.append(f"\t\ttcp dport {port} ip saddr @api4 accept")
-        if api6:
-            lines.append(f"\t\ttcp dport {port} ip6 saddr @api6 accept")
+        lines += _accept(port, [("peers4", peers4), ("peers6", peers6), ("api4", api4),
+                                ("api6", api6), ("metrics4", metrics4), ("metrics6", metrics6)])
         lines.append(f"\t\ttcp dport {port} drop")
+    if exporter_list:
+        exporter_set = "{ " + _elements(exporter_list) + " }"
+        lines += _accept(exporter_set, [("peers4", peers4), ("peers6", peers6),
+                                        ("metrics4", metrics4), ("metrics6", metrics6)])
+        lines.append(f"\t\ttcp dport {exporter_set} drop")
     lines += ["\t}", "}"]
     return "\n".join(lines) + "\n"
+
+
+def _accept(ports: str, sets: Sequence[tuple[str, Sequence[Any]]]) -> list[str]:
+    """``tcp dport PORTS ip[6] saddr @SET accept`` for every non-empty set (none without
+    ports); a set's family is the digit its name ends with."""
+    if not ports:
+        return []
+    return [f"\t\ttcp dport {ports} {'ip6' if name.endswith('6') else 'ip'} saddr @{name} accept"
+            for name, members in sets if members]
 
 
 def exposed_ports(replica: Replica) -> list[PortRange]:

@@ -209,6 +209,20 @@ def check_unit(value: str) -> str | None:
     return None
 
 
+# A distribution package name: Debian Policy 5.6.1 ("Package": lower case letters, digits, + - .,
+# at least two characters, starting alphanumeric); RPM names may also hold upper case and "_".
+# A leading "-" would be read by apt-get or dnf as an option.
+PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._-]{1,127}$")
+
+
+def check_package(value: str) -> str | None:
+    """Return why ``value`` is not a distribution package name (:data:`PACKAGE_RE`), or None."""
+    if not PACKAGE_RE.match(value):
+        return ("a package name such as prometheus-node-exporter (A-Za-z0-9 + . _ -, starting "
+                "with a letter or digit)")
+    return None
+
+
 def check_engine_word(value: str) -> str | None:
     """Return why ``value`` cannot be a positional or option value of ``vllm serve``, or None:
     a leading ``-`` would make argparse read it as an option."""
@@ -289,7 +303,7 @@ Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
 # ssh_host, ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret,
-# version, count, seconds, fraction, flag, choice, text, data, replica_id.
+# version, count, seconds, fraction, flag, choice, text, data, replica_id, package.
 KINDS: dict[str, Kind] = {
     # connection
     "ansible_host": ("ssh_host", check_ssh_host),
@@ -378,6 +392,15 @@ KINDS: dict[str, Kind] = {
     # firewall
     "vllm_firewall": ("choice", _no_check),
     "vllm_api_allow_from": ("cidr_list", _no_check),  # checked by its table entry
+    # monitoring
+    "vllm_monitoring": ("choice", _no_check),
+    "vllm_node_exporter_port": ("port", _no_check),
+    "vllm_gpu_exporter": ("choice", _no_check),
+    "vllm_gpu_exporter_port": ("port", _no_check),
+    "vllm_metrics_allow_from": ("cidr_list", _no_check),  # checked by its table entry
+    "vllm_node_exporter_package": ("package", check_package),
+    "vllm_node_exporter_service": ("unit", check_unit),
+    "vllm_node_exporter_binary": ("path", check_path),
     "vllm_firewall_file": ("owned_file", check_owned_file),
     "vllm_firewall_unit_name": ("unit", check_unit),
     "vllm_firewall_nft": ("path", check_path),
@@ -422,7 +445,7 @@ KINDS: dict[str, Kind] = {
 # (it could not be checked before it is rendered).
 STRUCTURED = frozenset({"unit", "path", "owned_dir", "owned_file", "unit_dir", "address",
                         "ssh_host", "ssh_user", "interface", "name", "port", "count", "seconds",
-                        "replica_id"})
+                        "replica_id", "package"})
 # Kinds that take provision_owned_dirs into account.
 OWNED = frozenset({"owned_dir", "owned_file"})
 # preflight_placement_strategy: Ray's placement strategies (ray.util.placement_group).

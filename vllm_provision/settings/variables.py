@@ -370,6 +370,24 @@ _TABLE: tuple[Variable, ...] = (
              "CIDR networks that may reach the API port besides the replica's nodes; empty: "
              "any source.",
              "[10.0.0.0/8, 'fd00::/8']", check=check_cidr_list),
+    # Monitoring (docs/monitoring.md, "Exporters on the nodes").
+    Variable("vllm_monitoring", str, "off", "`node_exporter`: install and start the "
+             "distribution's Prometheus node exporter on every node (its systemd collector on), "
+             "on `vllm_node_exporter_port`; `off`: leave the nodes' exporters as they are.",
+             "node_exporter", choices=("off", "node_exporter")),
+    _port("vllm_node_exporter_port", 9100, "Port of the node exporter, with "
+          "`vllm_monitoring: node_exporter` (the node exporter's own default)."),
+    Variable("vllm_gpu_exporter", str, "none", "A GPU exporter already running on every node, "
+             "for the scrape targets and the firewall: `dcgm-exporter`, `nvidia_gpu_exporter` "
+             "or `none`.", "dcgm-exporter",
+             choices=("none", "dcgm-exporter", "nvidia_gpu_exporter")),
+    _port("vllm_gpu_exporter_port", None, "Port of the GPU exporter (default: the exporter's "
+          "own: 9400 for dcgm-exporter, 9835 for nvidia_gpu_exporter).", "9400"),
+    Variable("vllm_metrics_allow_from", list, [], "With `vllm_firewall: nftables`: addresses "
+             "or CIDR networks of the Prometheus servers that may reach the metrics ports (the "
+             "API port's `/metrics`, the exporters, Ray's metrics port) besides the replica's "
+             "nodes; empty: the exporters from any source, the rest as without it.",
+             "[10.0.5.10]", check=check_cidr_list),
     # Version pins, checked by preflight on every node.
     Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
     Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",
