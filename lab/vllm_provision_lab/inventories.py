@@ -56,6 +56,7 @@ def inventory_text(config: LabConfig, kind: InventoryKind,
         f"            vllm_tensor_parallel_size: {TENSOR_PARALLEL_SIZE}\n"
         f"            vllm_pipeline_parallel_size: {PIPELINE_PARALLEL_SIZE}\n"
         "            vllm_cluster_interface: eth0\n"
+        "            vllm_monitoring: node_exporter\n"
         "          hosts:\n"
         f"{hosts}")
 

@@ -141,3 +141,16 @@ def test_a_host_s_own_exporter_port_is_followed(tmp_path):
     assert [e["targets"] for e in monitor.exporter_targets(inventory, "gpu")] == [
         ["10.0.0.11:9835"], ["10.0.0.12:9835"]]
     assert monitor.exporter_targets(inventory, "node") == []
+
+
+def test_the_scrape_interval_is_a_prometheus_duration(tmp_path):
+    inventory = load_llama(tmp_path, "mp")
+    config = yaml.safe_load(monitor.render(inventory, "2s")["prometheus.yml"])
+    assert config["global"] == {"scrape_interval": "2s", "evaluation_interval": "2s"}
+    for bad in ("2", "1h30m", "0s", "-1s", "2s\nrule_files: [x]"):
+        with pytest.raises(ProvisionError, match="Prometheus duration"):
+            monitor.render(inventory, bad)
+    result = CliRunner().invoke(cli, ["monitor", "-i", str(tmp_path / "inventory.yml"), "--out",
+                                      str(tmp_path / "p"), "--scrape-interval", "soon"])
+    assert isinstance(result.exception, ProvisionError)  # the entry point prints it, exit 1
+    assert "--scrape-interval" in str(result.exception) and not (tmp_path / "p").exists()

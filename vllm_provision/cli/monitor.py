@@ -26,18 +26,22 @@ from vllm_provision.cli.options import CommonOptions, shared_options
               help="Folder to write prometheus.yml and targets/*.json into (created).")
 @click.option("--targets-only", is_flag=True,
               help="Write only targets/*.json, for a Prometheus with its own configuration.")
-def command(out: Path, targets_only: bool, **kwargs: Any) -> None:
+@click.option("--scrape-interval", default="15s", show_default=True, metavar="DURATION",
+              help="prometheus.yml's scrape and rule evaluation interval (500ms, 15s, 1m).")
+def command(out: Path, targets_only: bool, scrape_interval: str, **kwargs: Any) -> None:
     """Write Prometheus scrape targets for every replica (and a prometheus.yml); no host
     contacted.
 
-    Targets: rank 0's vLLM /metrics of every replica, and the Ray metrics agent of every node
-    of a Ray replica, labelled replica, backend, model, node_rank and role (docs/monitoring.md).
+    Targets: rank 0's vLLM /metrics of every replica, the Ray metrics agent of every node of a
+    Ray replica, and every node's node and GPU exporters where the inventory has them, labelled
+    replica, backend, model, node_rank, role and host (docs/monitoring.md).
     """
     from vllm_provision.operations import monitor
 
     opts = CommonOptions.from_kwargs(kwargs)
     inventory = opts.load_inventory(require_replica=True)
-    for written in monitor.write(inventory, out, config=not targets_only):
+    for written in monitor.write(inventory, out, config=not targets_only,
+                                 scrape_interval=monitor.check_interval(scrape_interval)):
         click.echo(f"{'changed' if written.changed else 'ok':8} {written.path}")
     counts = monitor.summary(inventory)
     click.echo(", ".join(f"{job}: {n} target{'s' if n != 1 else ''}"

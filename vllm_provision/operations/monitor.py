@@ -26,6 +26,7 @@ template, and a label value holds the inventory's text as it is.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ JOBS = {"vllm": "targets/vllm.json", "ray": "targets/ray.json", "node": "targets
 # the interval of Prometheus' example configuration and of vLLM's examples/online_serving
 # /prometheus_grafana/prometheus.yaml (which uses 5 s for a single server).
 SCRAPE_INTERVAL = "15s"
+# One Prometheus duration of one unit (Prometheus' <duration> allows unit sequences such as
+# 1h30m too; one unit is what an interval needs).
+DURATION_RE = re.compile(r"^[1-9][0-9]{0,5}(ms|s|m|h)$")
 
 
 @dataclass(frozen=True)
@@ -125,17 +129,34 @@ def prometheus_config(scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
                                for job, path in JOBS.items()]}
 
 
-def render(inventory: Inventory) -> dict[str, str]:
-    """Every file ``monitor`` writes, by path relative to the output folder -> its text."""
+def check_interval(text: str) -> str:
+    """``text`` when it is a Prometheus duration of one unit (``15s``, ``500ms``, ``1m``:
+    Prometheus docs, "Configuration", ``<duration>``), for ``--scrape-interval``.
+
+    Raises:
+        ProvisionError: anything else, naming the option and an example.
+    """
+    if not DURATION_RE.match(text):
+        raise ProvisionError.single("--scrape-interval", "is not a Prometheus duration",
+                                    expected="a number and one unit: 500ms, 15s, 1m",
+                                    actual=repr(text))
+    return text
+
+
+def render(inventory: Inventory, scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, str]:
+    """Every file ``monitor`` writes, by path relative to the output folder -> its text
+    (``scrape_interval``: checked by :func:`check_interval`)."""
     targets = all_targets(inventory)
     files = {JOBS[job]: json.dumps(entries, indent=2) + "\n" for job, entries in targets.items()}
     files["prometheus.yml"] = ("# managed by vllm-provision (provision monitor): the scrape "
                                "jobs of the inventory's replicas\n"
-                               + yaml.safe_dump(prometheus_config(), sort_keys=False))
+                               + yaml.safe_dump(prometheus_config(check_interval(
+                                   scrape_interval)), sort_keys=False))
     return files
 
 
-def write(inventory: Inventory, out: Path, *, config: bool = True) -> list[Written]:
+def write(inventory: Inventory, out: Path, *, config: bool = True,
+          scrape_interval: str = SCRAPE_INTERVAL) -> list[Written]:
     """Write :func:`render`'s files under ``out`` (created when missing), each atomically and
     only when its content differs (a second run changes nothing).
 
@@ -144,12 +165,13 @@ def write(inventory: Inventory, out: Path, *, config: bool = True) -> list[Writt
         out: the output folder (Prometheus' configuration folder, or one it can read).
         config: also write ``prometheus.yml`` (False: the targets only, for a Prometheus whose
             own configuration names them).
+        scrape_interval: ``prometheus.yml``'s scrape and evaluation interval.
 
     Raises:
         ProvisionError: a file cannot be written, naming it and what to do.
     """
     done = []
-    for relative, text in render(inventory).items():
+    for relative, text in render(inventory, scrape_interval).items():
         if relative == "prometheus.yml" and not config:
             continue
         path = out / relative
