@@ -144,7 +144,8 @@ def test_the_drop_in_replaces_the_packages_command_line_with_ours(tmp_path: Path
     starts = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert starts[0] == "ExecStart="  # clears the package's own
     assert unit_words(starts[1].removeprefix("ExecStart=")) == [
-        "/usr/bin/prometheus-node-exporter", "--web.listen-address=:9111", "--collector.systemd"]
+        "/usr/bin/prometheus-node-exporter", "--web.listen-address=:9111", "--collector.systemd",
+        "--collector.systemd.enable-restarts-metrics"]
 
 
 def test_the_role_runs_its_tasks_only_when_asked() -> None:
