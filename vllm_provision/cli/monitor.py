@@ -1,9 +1,10 @@
 """``provision monitor``: write Prometheus scrape targets for the inventory's replicas.
 
 A thin caller of :mod:`vllm_provision.operations.monitor` (docs/monitoring.md): loads the
-inventory, writes the targets files (and ``prometheus.yml`` unless ``--targets-only``) under
-``--out``, prints one line per file (``changed`` or ``ok``) and the target counts. No host is
-contacted; a second run with the same inventory changes nothing.
+inventory, writes the targets files (and ``prometheus.yml``, the rule file and the Grafana
+dashboard unless ``--targets-only``) under ``--out``, prints a warning per replica whose vLLM
+release has no known metric names, then one line per file (``changed`` or ``ok``) and the
+target counts. No host is contacted; a second run with the same inventory changes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import click
 
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import CommonOptions, shared_options
+from vllm_provision.core.text import printable
 
 
 @click.command("monitor", epilog=examples(
@@ -23,20 +25,27 @@ from vllm_provision.cli.options import CommonOptions, shared_options
     'provision monitor -i inventory.yml --out targets/ --targets-only'))
 @shared_options(("inventory", "extra_vars", "verbose"))
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path, file_okay=False),
-              help="Folder to write prometheus.yml and targets/*.json into (created).")
+              help="Folder to write prometheus.yml, targets/*.json, rules/ and dashboards/ "
+                   "into (created).")
 @click.option("--targets-only", is_flag=True,
-              help="Write only targets/*.json, for a Prometheus with its own configuration.")
+              help="Write only targets/*.json, for a Prometheus with its own configuration (no "
+                   "prometheus.yml, rules or dashboard).")
 def command(out: Path, targets_only: bool, **kwargs: Any) -> None:
-    """Write Prometheus scrape targets for every replica (and a prometheus.yml); no host
-    contacted.
+    """Write Prometheus scrape targets for every replica (and a prometheus.yml, alert and
+    recording rules and a Grafana dashboard); no host contacted.
 
     Targets: rank 0's vLLM /metrics of every replica, and the Ray metrics agent of every node
-    of a Ray replica, labelled replica, backend, model, node_rank and role (docs/monitoring.md).
+    of a Ray replica, labelled replica, backend, model, node_rank and role. Rules and the
+    dashboard use the vLLM metric names of each replica's release (vllm_version, else its
+    stack lock); an unknown release is a warning (docs/monitoring.md).
     """
     from vllm_provision.operations import monitor
 
     opts = CommonOptions.from_kwargs(kwargs)
     inventory = opts.load_inventory(require_replica=True)
+    if not targets_only:
+        for line in monitor.warnings(inventory):
+            click.echo(f"warning: {printable(line)}", err=True)
     for written in monitor.write(inventory, out, config=not targets_only):
         click.echo(f"{'changed' if written.changed else 'ok':8} {written.path}")
     counts = monitor.summary(inventory)

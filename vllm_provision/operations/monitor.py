@@ -34,6 +34,7 @@ from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.files import replace_atomically
 from vllm_provision.core.models import Inventory, Node, Replica, host_port
+from vllm_provision.operations import monitor_dashboard, monitor_rules
 
 # The scrape jobs, in the order prometheus.yml lists them: job name -> its targets file under
 # ``targets/`` (relative paths in file_sd_configs are resolved against the configuration file's
@@ -92,9 +93,11 @@ def ray_targets(inventory: Inventory) -> list[dict[str, Any]]:
 
 def prometheus_config(scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
     """A complete ``prometheus.yml`` (as data) for a team without one: one scrape job per
-    :data:`JOBS` entry, each reading its targets file (``file_sd_configs``)."""
+    :data:`JOBS` entry, each reading its targets file (``file_sd_configs``), and the rule file
+    (``rule_files``, :mod:`~vllm_provision.operations.monitor_rules`)."""
     return {"global": {"scrape_interval": scrape_interval,
                        "evaluation_interval": scrape_interval},
+            "rule_files": [monitor_rules.RULES_FILE],
             "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
                                 "file_sd_configs": [{"files": [path]}]}
                                for job, path in JOBS.items()]}
@@ -104,6 +107,10 @@ def render(inventory: Inventory) -> dict[str, str]:
     """Every file ``monitor`` writes, by path relative to the output folder -> its text."""
     targets = {"vllm": vllm_targets(inventory), "ray": ray_targets(inventory)}
     files = {JOBS[job]: json.dumps(entries, indent=2) + "\n" for job, entries in targets.items()}
+    metrics = monitor_rules.replica_metrics(inventory)
+    files[monitor_rules.RULES_FILE] = monitor_rules.render_rules(inventory, metrics)
+    files[monitor_dashboard.DASHBOARD_FILE] = monitor_dashboard.render_dashboard(inventory,
+                                                                                metrics)
     files["prometheus.yml"] = ("# managed by vllm-provision (provision monitor): the scrape "
                                "jobs of the inventory's replicas\n"
                                + yaml.safe_dump(prometheus_config(), sort_keys=False))
@@ -117,15 +124,15 @@ def write(inventory: Inventory, out: Path, *, config: bool = True) -> list[Writt
     Args:
         inventory: the loaded inventory.
         out: the output folder (Prometheus' configuration folder, or one it can read).
-        config: also write ``prometheus.yml`` (False: the targets only, for a Prometheus whose
-            own configuration names them).
+        config: also write ``prometheus.yml``, the rule file and the dashboard (False: the
+            targets only, for a Prometheus whose own configuration names them).
 
     Raises:
         ProvisionError: a file cannot be written, naming it and what to do.
     """
     done = []
     for relative, text in render(inventory).items():
-        if relative == "prometheus.yml" and not config:
+        if not config and not relative.startswith("targets/"):
             continue
         path = out / relative
         try:
@@ -138,6 +145,13 @@ def write(inventory: Inventory, out: Path, *, config: bool = True) -> list[Writt
                                         fix="choose a folder you can write (--out)") from None
         done.append(Written(path, old != text))
     return done
+
+
+def warnings(inventory: Inventory) -> list[str]:
+    """One line per replica whose vLLM release is not in the metric table (or unknown): the
+    rules and dashboard use the nearest names (``vllm_metrics.names_for``)."""
+    return [f"replica {m.replica}: {m.warning}" for m in monitor_rules.replica_metrics(inventory)
+            if m.warning]
 
 
 def summary(inventory: Inventory) -> Mapping[str, int]:
