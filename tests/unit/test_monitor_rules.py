@@ -259,9 +259,10 @@ def test_promtool_accepts_the_config_and_the_rules(tmp_path, backend):
                                              monitor_rules.RULES_FILE, cwd=out)
 
 
-def _series(name: str, values: str, **labels: str) -> dict[str, str]:
+def _series(metric: str, values: str, **labels: str) -> dict[str, str]:
+    """One promtool input series; label values written with the escape under test."""
     matchers = ",".join(f"{k}={promql_string(v)}" for k, v in labels.items())
-    return {"series": f"{name}{{{matchers}}}", "values": values}
+    return {"series": f"{metric}{{{matchers}}}", "values": values}
 
 
 def _not_serving(replica: str, **more: str) -> dict:
@@ -320,3 +321,71 @@ def test_promtool_runs_the_not_serving_and_kv_cache_alerts(tmp_path):
     }
     (tmp_path / "test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
     assert "SUCCESS" in _run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
+
+
+def test_promtool_runs_the_ttft_queue_restart_and_node_alerts(tmp_path):
+    """The specification: the same slow TTFT (p99 9.91 s) fires for a replica whose threshold is
+    5 s and not for one whose threshold is 20 s; a queue that keeps growing fires, one that stays
+    put does not; a unit restart and a node exporter down fire, naming the host."""
+    promtool = _promtool()
+    names, _ = names_for("0.12.0")
+    metrics = [monitor_rules.ReplicaMetrics(r, "0.12.0", names, None)
+               for r in ("strict", "lenient")]
+    rules = monitor_rules.rule_groups(metrics, {"strict": 5.0, "lenient": 20.0})
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    series = []
+    for replica in ("strict", "lenient"):
+        for le, values in (("1", "0x20"), ("10", "0+10x20"), ("+Inf", "0+10x20")):
+            series.append(_series(f"{names.ttft}_bucket", values, job="vllm", replica=replica,
+                                  le=le))
+    series += [
+        _series(names.requests_waiting, "0+1x20", job="vllm", replica="strict"),
+        _series(names.requests_waiting, "5x20", job="vllm", replica="lenient"),
+        _series("node_systemd_service_restart_total", "0 0 0 1 1 1 1 1", job="node",
+                replica="strict", host="h1", name="vllm.service"),
+        _series("up", "1 1 0 0 0 0 0 0", job="node", replica="strict", host="h2",
+                instance="10.0.0.12:9100"),
+        _series("up", "1x8", job="node", replica="lenient", host="h3",
+                instance="10.0.0.13:9100"),
+    ]
+    ttft = {"exp_labels": {"severity": "warning", "replica": "strict"}, "exp_annotations": {
+        "summary": "Replica strict's time to first token p99 is high",
+        "description": "TTFT p99 over 5 minutes of replica strict is 9.91s, above its "
+                       "vllm_alert_ttft_p99_s, for 10 minutes."}}
+    restart = {"exp_labels": {"severity": "warning", "replica": "strict", "job": "node",
+                              "host": "h1", "name": "vllm.service"}, "exp_annotations": {
+        "summary": "A unit of replica strict restarted",
+        "description": "systemd restarted vllm.service on host h1 of replica strict in the "
+                       "last 15 minutes. See `journalctl -u vllm.service` on that host."}}
+    unreachable = {"exp_labels": {"severity": "critical", "replica": "strict", "job": "node",
+                                  "host": "h2", "instance": "10.0.0.12:9100"}, "exp_annotations": {
+        "summary": "A node of replica strict is unreachable",
+        "description": "The node exporter of host h2 (replica strict) has not answered for 2 "
+                       "minutes: the host is down or cut off."}}
+    queue = {"exp_labels": {"severity": "warning", "replica": "strict"}, "exp_annotations": {
+        "summary": "Replica strict's queue keeps growing",
+        "description": "12 requests wait on replica strict and the queue has grown for 10 "
+                       "minutes: the replica is over capacity."}}
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "VllmTtftP99High", "exp_alerts": []},
+            {"eval_time": "12m", "alertname": "VllmTtftP99High", "exp_alerts": [ttft]},
+            {"eval_time": "5m", "alertname": "VllmQueueGrowing", "exp_alerts": []},
+            {"eval_time": "12m", "alertname": "VllmQueueGrowing", "exp_alerts": [queue]},
+            {"eval_time": "2m", "alertname": "VllmUnitRestarting", "exp_alerts": []},
+            {"eval_time": "5m", "alertname": "VllmUnitRestarting", "exp_alerts": [restart]},
+            {"eval_time": "3m", "alertname": "VllmNodeUnreachable", "exp_alerts": []},
+            {"eval_time": "5m", "alertname": "VllmNodeUnreachable", "exp_alerts": [unreachable]},
+        ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert "SUCCESS" in _run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
+
+
+def test_a_row_title_never_holds_a_dollar_grafana_would_read_as_a_variable():
+    m = monitor_rules.ReplicaMetrics("a$datasource", "0.12.0", *names_for("0.12.0"))
+    inventory = type("Fake", (), {"replicas": [type("R", (), {"name": "a$datasource",
+                                                              "backend": "mp"})()]})()
+    [row] = [p for p in monitor_dashboard.dashboard(inventory, [m])["panels"]
+             if p["type"] == "row"]
+    assert "$" not in row["title"] and "datasource" in row["title"]
