@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,10 +234,15 @@ def test_the_command_warns_naming_the_replica_and_its_release_and_still_writes(t
 # --- promtool: the rules' real specification ------------------------------------------------
 
 def _promtool() -> str:
-    found = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    """promtool from $PROMTOOL, else beside the virtual environment's python (.venv/bin), else
+    on PATH; the test is skipped, saying how to get it, when there is none."""
+    beside = Path(sys.executable).parent / "promtool"
+    found = (os.environ.get("PROMTOOL") or (str(beside) if beside.is_file() else None)
+             or shutil.which("promtool"))
     if not found or not Path(found).is_file():
-        pytest.skip("promtool not found: install Debian's prometheus package (or set PROMTOOL "
-                    "to its promtool binary) to check and run the generated rules")
+        pytest.skip("promtool not found: put Debian's prometheus package's promtool in "
+                    ".venv/bin or on PATH, or set PROMTOOL to it, to check and run the "
+                    "generated rules")
     return found
 
 
