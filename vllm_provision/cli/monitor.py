@@ -31,8 +31,10 @@ from vllm_provision.core.text import printable
               help="Write only targets/*.json, for a Prometheus with its own configuration (no "
                    "prometheus.yml, rules or dashboard).")
 def command(out: Path, targets_only: bool, **kwargs: Any) -> None:
-    """Write Prometheus scrape targets for every replica (and a prometheus.yml, alert and
-    recording rules and a Grafana dashboard); no host contacted.
+    """Write Prometheus scrape targets for every replica (and a prometheus.yml); no host
+    contacted.
+
+    Also written, unless --targets-only: recording and alert rules and a Grafana dashboard.
 
     Targets: rank 0's vLLM /metrics of every replica, and the Ray metrics agent of every node
     of a Ray replica, labelled replica, backend, model, node_rank and role. Rules and the
