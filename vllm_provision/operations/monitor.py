@@ -14,6 +14,11 @@ Targets (docs/monitoring.md, "Targets"):
 - ``ray``: every node of a Ray replica, the Ray metrics agent on ``ray_metrics_export_port``
   (``ray start --metrics-export-port``; Ray docs, "Collecting and monitoring metrics").
 
+With the configuration come the rule file (:mod:`~vllm_provision.operations.monitor_rules`,
+named in ``rule_files``) and a Grafana dashboard
+(:mod:`~vllm_provision.operations.monitor_dashboard`), both in the vLLM metric names of each
+replica's release.
+
 Every target carries the labels ``replica``, ``backend``, ``model``, ``node_rank`` and ``role``
 (``api``, ``head``, ``worker``), so one dashboard or rule groups by replica across both jobs.
 Values are data: the files are written with ``json.dumps`` and ``yaml.safe_dump``, never from a
