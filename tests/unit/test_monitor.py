@@ -72,7 +72,8 @@ def test_the_files_are_written_once_and_a_second_run_changes_nothing(tmp_path):
     first = monitor.write(inventory, out)
     assert [(w.path.relative_to(out).as_posix(), w.changed) for w in first] == [
         ("targets/vllm.json", True), ("targets/ray.json", True), ("targets/node.json", True),
-        ("targets/gpu.json", True), ("prometheus.yml", True)]
+        ("targets/gpu.json", True), ("rules/vllm-provision.rules.yml", True),
+        ("dashboards/vllm-provision.json", True), ("prometheus.yml", True)]
     assert all(not w.changed for w in monitor.write(inventory, out))
     assert stat.S_IMODE((out / "prometheus.yml").stat().st_mode) == 0o644
     config = yaml.safe_load((out / "prometheus.yml").read_text())
@@ -115,7 +116,7 @@ def test_the_command_writes_and_says_what_changed(tmp_path):
     args = ["monitor", "-i", str(tmp_path / "inventory.yml"), "--out", str(tmp_path / "p")]
     first = CliRunner().invoke(cli, args)
     assert first.exit_code == 0, first.output
-    assert first.output.count("changed") == 5
+    assert first.output.count("changed ") == 7
     assert "vllm: 1 target, ray: 2 targets, node: 0 targets, gpu: 0 targets" in first.output
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "changed" not in again.output

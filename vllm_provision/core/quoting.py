@@ -164,3 +164,30 @@ def _refuse_control_chars(value: str) -> None:
     found = find_control_chars(value)
     if found is not None:
         raise ValueError(f"{value!r} contains {found}")
+
+
+def promql_string(value: str) -> str:
+    """``value`` as a double-quoted PromQL string literal, for a label matcher such as
+    ``{replica=<this>}`` in a generated rule or dashboard query.
+
+    PromQL strings follow Go's escaping rules (Prometheus docs, "Querying basics", "String
+    literals"): ``\\`` and ``"`` are escaped, and every character that is not a printable
+    ASCII one is written as ``\\uXXXX`` / ``\\UXXXXXXXX``. ``$`` is written ``\\x24`` too:
+    Grafana replaces ``$name`` and ``${name}`` in a panel's query with its template variables
+    before Prometheus sees it (Grafana docs, "Variable syntax"), so a name holding ``$`` must
+    not reach the query text as ``$``. The result is one string token whatever ``value`` holds.
+    """
+    out = ['"']
+    for char in value:
+        if char in '\\"':
+            out.append("\\" + char)
+        elif char == "$":
+            out.append("\\x24")
+        elif " " <= char <= "~":
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    out.append('"')
+    return "".join(out)

@@ -16,6 +16,11 @@ Targets (docs/monitoring.md, "Targets"):
 - ``node`` and ``gpu``: every node's node exporter and GPU exporter, where the replica has them
   (``vllm_monitoring``, ``vllm_gpu_exporter``: :mod:`vllm_provision.settings.monitoring`).
 
+With the configuration come the rule file (:mod:`~vllm_provision.operations.monitor_rules`,
+named in ``rule_files``) and a Grafana dashboard
+(:mod:`~vllm_provision.operations.monitor_dashboard`), both in the vLLM metric names of each
+replica's release.
+
 Every target carries the labels ``replica``, ``backend``, ``model``, ``node_rank``, ``role``
 (``api``, ``head``, ``worker``) and ``host`` (the inventory host name), so one dashboard or rule
 groups by replica across the jobs.
@@ -38,6 +43,7 @@ from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.files import replace_atomically
 from vllm_provision.core.models import Inventory, Node, Replica, host_port
+from vllm_provision.operations import monitor_dashboard, monitor_rules
 from vllm_provision.settings import monitoring
 
 # The scrape jobs, in the order prometheus.yml lists them: job name -> its targets file under
@@ -121,9 +127,11 @@ def exporter_targets(inventory: Inventory, job: str) -> list[dict[str, Any]]:
 
 def prometheus_config(scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
     """A complete ``prometheus.yml`` (as data) for a team without one: one scrape job per
-    :data:`JOBS` entry, each reading its targets file (``file_sd_configs``)."""
+    :data:`JOBS` entry, each reading its targets file (``file_sd_configs``), and the rule file
+    (``rule_files``, :mod:`~vllm_provision.operations.monitor_rules`)."""
     return {"global": {"scrape_interval": scrape_interval,
                        "evaluation_interval": scrape_interval},
+            "rule_files": [monitor_rules.RULES_FILE],
             "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
                                 "file_sd_configs": [{"files": [path]}]}
                                for job, path in JOBS.items()]}
@@ -148,6 +156,10 @@ def render(inventory: Inventory, scrape_interval: str = SCRAPE_INTERVAL) -> dict
     (``scrape_interval``: checked by :func:`check_interval`)."""
     targets = all_targets(inventory)
     files = {JOBS[job]: json.dumps(entries, indent=2) + "\n" for job, entries in targets.items()}
+    metrics = monitor_rules.replica_metrics(inventory)
+    files[monitor_rules.RULES_FILE] = monitor_rules.render_rules(inventory, metrics)
+    files[monitor_dashboard.DASHBOARD_FILE] = monitor_dashboard.render_dashboard(inventory,
+                                                                                metrics)
     files["prometheus.yml"] = ("# managed by vllm-provision (provision monitor): the scrape "
                                "jobs of the inventory's replicas\n"
                                + yaml.safe_dump(prometheus_config(check_interval(
@@ -163,8 +175,8 @@ def write(inventory: Inventory, out: Path, *, config: bool = True,
     Args:
         inventory: the loaded inventory.
         out: the output folder (Prometheus' configuration folder, or one it can read).
-        config: also write ``prometheus.yml`` (False: the targets only, for a Prometheus whose
-            own configuration names them).
+        config: also write ``prometheus.yml``, the rule file and the dashboard (False: the
+            targets only, for a Prometheus whose own configuration names them).
         scrape_interval: ``prometheus.yml``'s scrape and evaluation interval.
 
     Raises:
@@ -172,7 +184,7 @@ def write(inventory: Inventory, out: Path, *, config: bool = True,
     """
     done = []
     for relative, text in render(inventory, scrape_interval).items():
-        if relative == "prometheus.yml" and not config:
+        if not config and not relative.startswith("targets/"):
             continue
         path = out / relative
         try:
@@ -192,6 +204,13 @@ def all_targets(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
     return {"vllm": vllm_targets(inventory), "ray": ray_targets(inventory),
             "node": exporter_targets(inventory, "node"),
             "gpu": exporter_targets(inventory, "gpu")}
+
+
+def warnings(inventory: Inventory) -> list[str]:
+    """One line per replica whose vLLM release is not in the metric table (or unknown): the
+    rules and dashboard use the nearest names (``vllm_metrics.names_for``)."""
+    return [f"replica {m.replica}: {m.warning}" for m in monitor_rules.replica_metrics(inventory)
+            if m.warning]
 
 
 def summary(inventory: Inventory) -> Mapping[str, int]:

@@ -408,6 +408,8 @@ KINDS: dict[str, Kind] = {
     "ray_cgraph_submit_timeout_s": ("seconds", check_whole_seconds),
     "vllm_ray_auth": ("choice", _no_check),
     "ray_env": ("env", check_env_mapping),
+    # monitoring
+    "vllm_alert_ttft_p99_s": ("seconds", _no_check),  # checked by its table entry
     # versions
     "vllm_version": ("version", check_version),
     "torch_version": ("version", check_version),

@@ -106,6 +106,12 @@ def check_fraction(value: float) -> str | None:
     return None if 0 < value <= 1 else "a number greater than 0 and at most 1, such as 0.9"
 
 
+def check_alert_seconds(value: float) -> str | None:
+    """Return why ``value`` cannot be an alert threshold in seconds (a number > 0), or None: a
+    latency quantile of a vLLM histogram is never below 0, so 0 or less would fire always."""
+    return None if value > 0 else "a number of seconds greater than 0, such as 2.5"
+
+
 def check_secret(value: str) -> str | None:
     """Return why ``value`` cannot be a secret (shorter than MIN_SECRET_LENGTH), or None."""
     if len(value) < MIN_SECRET_LENGTH:
@@ -388,6 +394,11 @@ _TABLE: tuple[Variable, ...] = (
              "API port's `/metrics`, the exporters, Ray's metrics port) besides the replica's "
              "nodes; empty: the exporters from any source, the rest as without it.",
              "[10.0.5.10]", check=check_cidr_list),
+    # (docs/monitoring.md, "Rules")
+    Variable("vllm_alert_ttft_p99_s", float, 10.0, "`provision monitor`'s alert rules: the "
+             "replica's `VllmTtftP99High` alert fires when its time-to-first-token p99 over "
+             "5 minutes stays above this many seconds for 10 minutes.", "2.5",
+             check=check_alert_seconds),
     # Version pins, checked by preflight on every node.
     Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
     Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",
