@@ -356,3 +356,20 @@ def test_ctrl_c_in_the_live_view_exits_0(wired: Fleet, monkeypatch: pytest.Monke
 def test_an_invalid_pattern_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ProvisionError):
         top.chosen_replicas(two_replicas(tmp_path), "nosuch[")
+
+
+def test_the_lab_standin_serves_every_metric_top_reads_under_real_vllms_first_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_provision_lab.gpu.install import GUEST_PACKAGE
+
+    monkeypatch.syspath_prepend(str(GUEST_PACKAGE.parent))
+    from vllm_lab_standin.metrics import Metrics
+
+    metrics = Metrics("lab")
+    metrics.running = 5
+    metrics.finished("stop", 0.05, [0.1, 0.1], 0.3, prompt_tokens=3, generated=3)
+    scrape = top.parse_metrics(metrics.render(), at=0.0)
+    assert scrape.names == {key: names[0] for key, names in top.METRIC_NAMES.items()}
+    assert scrape.values == {"running": 5.0, "waiting": 0.0, "kv_cache": 0.1,
+                             "generation_tokens": 3.0}
+    assert top.latency(None, scrape, "itl")["count"] == 2.0
