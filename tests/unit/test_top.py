@@ -373,3 +373,120 @@ def test_the_lab_standin_serves_every_metric_top_reads_under_real_vllms_first_na
     assert scrape.values == {"running": 5.0, "waiting": 0.0, "kv_cache": 0.1,
                              "generation_tokens": 3.0}
     assert top.latency(None, scrape, "itl")["count"] == 2.0
+
+
+class FakeEndpoint:
+    """An endpoint whose client answers through httpx's MockTransport."""
+
+    base_url = "http://10.0.0.11:8000"
+    path = "direct"
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    def client(self) -> Any:
+        import httpx
+
+        return httpx.Client(transport=httpx.MockTransport(self.handler))
+
+
+def test_read_api_reads_health_and_metrics_and_turns_a_timeout_into_a_reason() -> None:
+    import httpx
+
+    body = metrics_text(ttft=[1, 1, 1, 1, 1])
+
+    def answers(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body if request.url.path == "/metrics" else "")
+
+    assert top.read_api(FakeEndpoint(answers)) == top.ApiReading(200, body)
+
+    def dead_engine(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503 if request.url.path == "/health" else 404)
+
+    assert top.read_api(FakeEndpoint(dead_engine)) == top.ApiReading(
+        503, None, "/metrics answered HTTP 404")
+
+    def silent(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    reading = top.read_api(FakeEndpoint(silent))
+    assert reading.health is None and reading.error == "no answer (direct): timed out"
+
+
+class FakeConnection:
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self.commands: list[str] = []
+
+    def run(self, command: str, **kwargs: Any) -> Any:
+        from vllm_provision.transport.base import CommandResult
+
+        self.commands.append(command)
+        return CommandResult(0, self.output, "")
+
+
+def test_open_top_routes_each_replica_and_an_unreachable_rank_0_over_ssh_is_not_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_provision.transport import connection, tunnel
+
+    inventory = two_replicas(tmp_path)
+    llama, qwen = inventory.replicas
+    over_ssh = {**llama.master.host.vars, "vllm_api_via": "ssh"}
+    master = replace(llama.nodes[0], host=replace(llama.master.host, vars=over_ssh))
+    llama = replace(llama, nodes=(master, *llama.nodes[1:]))
+    qwen_host = {**qwen.master.host.vars, "vllm_api_via": "direct"}
+    qwen = replace(qwen, nodes=(replace(qwen.nodes[0], host=replace(
+        qwen.master.host, vars=qwen_host)),))
+    h3 = FakeConnection(node_output())
+    refused = UnreachableError.single("h1", "cannot connect to 10.0.0.11:22: refused")
+    monkeypatch.setattr(connection, "open_connections",
+                        lambda hosts, options: ({"h2": FakeConnection(node_output()),
+                                                 "h3": h3}, {"h1": refused}))
+    monkeypatch.setattr(connection, "close_all", lambda connections: None)
+    read: list[str] = []
+    monkeypatch.setattr(top, "read_api", lambda endpoint: read.append(endpoint.path)
+                        or top.ApiReading(200, metrics_text(ttft=[1, 1, 1, 1, 1])))
+    tunnel.forget()
+    try:
+        viewer, close = top.open_top([llama, qwen], connection.ConnectionOptions())
+        view = viewer.refresh()
+    finally:
+        tunnel.forget()
+    close()
+    first, second = view["replicas"]
+    assert not first["serving"] and "no SSH connection to rank 0" in first["error"]
+    assert first["nodes"][0]["error"].startswith("h1: cannot connect")
+    assert first["nodes"][1]["units"][0]["active_state"] == "active"
+    assert second["serving"] and read == ["direct"]
+    assert len(h3.commands) == 1 and "nvidia-smi" in h3.commands[0]
+
+
+def test_ctrl_c_on_a_terminal_leaves_the_alternate_screen_and_shows_the_cursor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from vllm_provision.output import report
+
+    inventory = two_replicas(tmp_path)
+    fleet = Fleet()
+    fleet.api = {"llama": top.ApiReading(200, metrics_text(ttft=[1, 1, 1, 1, 1]))}
+    viewer = top.Top(inventory.replicas[:1], fleet.run_node, fleet.read_api)
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=160, color_system="standard")
+    monkeypatch.setattr(report, "shared_console", lambda stream: terminal)
+    sleeps: list[float] = []
+
+    def interrupted(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(top_cli.time, "sleep", interrupted)
+    top_cli._live(viewer, 1.0)  # returns: Ctrl-C is no error
+    drawn = screen.getvalue()
+    assert drawn.index("\x1b[?1049h") < drawn.index("serving 1/1")  # on the alternate screen
+    assert drawn.rstrip().endswith(("\x1b[?1049l", "\x1b[?25h"))  # left, cursor shown
+    assert "\x1b[?1049l" in drawn and "\x1b[?25h" in drawn
+    assert len(fleet.scripts) == 4  # two refreshes (h1, h2 each) until Ctrl-C

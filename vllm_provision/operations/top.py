@@ -298,6 +298,8 @@ class Top:
         unreachable: host name -> why its connection could not be opened (one line).
         clock: monotonic seconds.
         forks: the most reads at once.
+        history: replica name -> its scrapes of the window, oldest first (kept between
+            refreshes; at most 600, those older than the window plus 30 s dropped).
     """
 
     replicas: Sequence[Replica]
@@ -466,11 +468,12 @@ def open_top(replicas: Sequence[Replica], options: Any, *,
     """
     from vllm_provision.transport.api import Endpoint
     from vllm_provision.transport.connection import close_all, open_connections
-    from vllm_provision.transport.tunnel import route_for
+    from vllm_provision.transport.tunnel import choices_for, route_for
 
     hosts = {node.name: node.host for replica in replicas for node in replica.nodes}
     connections, errors = open_connections(list(hosts.values()), options)
     unreachable = {host: one_line(error) for host, error in errors.items()}
+    choices_for(list(replicas))  # `auto`'s probes side by side; route_for reuses the choices
     endpoints: dict[str, Any] = {}
     for replica in replicas:
         try:
