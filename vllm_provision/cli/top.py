@@ -34,7 +34,7 @@ def command(once: bool, interval: float, **kwargs: Any) -> None:
     Per refresh: one SSH command per node (units, restarts, nvidia-smi) and one connection to
     each replica's rank 0 (/health, /metrics), all in parallel. A replica that does not answer
     is shown not serving; the others are shown as usual. Latencies are p50/p99 over the last
-    minute (since start on the first refresh and with --once). ``--json`` implies ``--once``.
+    minute (since start on the first refresh and with --once). --json implies --once.
 
     Exit code: 0 on Ctrl-C; with --once or --json, 0 when every replica serves, 3 otherwise;
     1 on an invalid inventory or pattern.
