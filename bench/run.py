@@ -292,7 +292,8 @@ def cmd_play(args: argparse.Namespace) -> None:
 
 
 def cmd_product(args: argparse.Namespace) -> None:
-    """Time ``provision check`` and a no-change ``provision up`` on the lab-mp inventory."""
+    """Time ``provision check``, a no-change ``provision up`` and ``provision top --once`` on
+    the lab-mp inventory."""
     lab = Lab.from_env()
     inventory = lab.state_dir / "inventory" / "lab-mp.yml"
     log = OUT / "product.log"
@@ -302,7 +303,10 @@ def cmd_product(args: argparse.Namespace) -> None:
     # makes the dry run that decides whether to ask: docs/deploy.md, "Approval")
     up = Tool("provision up", (str(PROVISION), "up", "--yes", "-i", str(inventory)))
     first = {up.name: time_once(up, log)}  # deploys the replica when it is not yet there
-    tools = [Tool("provision check", (str(PROVISION), "check", "-i", str(inventory))), up]
+    # top --once: two refreshes --interval apart (the 0.2 s minimum), against the served replica
+    top = Tool("provision top --once", (str(PROVISION), "top", "--once", "--interval", "0.2",
+                                        "-i", str(inventory)))
+    tools = [Tool("provision check", (str(PROVISION), "check", "-i", str(inventory))), up, top]
     result = measure(tools, args.rounds, log, first)
     save("product-lab-mp", args, result)
 
@@ -451,7 +455,8 @@ def main() -> None:
     play.add_argument("--skip-first", action="store_true", help="do not time first runs")
     play.add_argument("--label", default="", help="suffix of the scenario's result file")
     play.set_defaults(func=cmd_play)
-    product = steps.add_parser("product", help="time provision check and no-change up (lab-mp)")
+    product = steps.add_parser(
+        "product", help="time provision check, no-change up and top --once (lab-mp)")
     product.add_argument("--rounds", type=int, default=5)
     product.set_defaults(func=cmd_product)
     profile = steps.add_parser("profile", help="cProfile + connection counters of one run")

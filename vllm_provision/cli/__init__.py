@@ -88,6 +88,8 @@ _TABLE: tuple[tuple[str, str, str], ...] = (
     ("monitor", "monitor",
      "Write Prometheus scrape targets for every replica (and a prometheus.yml); no host "
      "contacted."),
+    ("top", "top",
+     "Show every replica live: serving, units, requests, KV cache, TTFT/ITL, tokens/s, GPUs."),
 )
 
 # the command registry (vllm_provision.core.registry): a name twice is an error naming it;

@@ -12,6 +12,9 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 
+# the share of the KV cache one running request holds on the stand-in (it has no cache)
+KV_SHARE_PER_REQUEST = 0.02
+
 
 class Histogram:
     """A cumulative Prometheus histogram (seconds)."""
@@ -81,6 +84,13 @@ class Metrics:
                      "# HELP vllm:num_requests_waiting Number of requests waiting to be "
                      "processed.", "# TYPE vllm:num_requests_waiting gauge",
                      f"vllm:num_requests_waiting{{{lab}}} 0.0",
+                     # vLLM's gauge is the fraction (0-1) of KV-cache blocks in use
+                     # (vllm/v1/metrics/loggers.py); the stand-in has no cache: each running
+                     # request counts as KV_BLOCKS_PER_REQUEST of it
+                     "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent "
+                     "usage.", "# TYPE vllm:kv_cache_usage_perc gauge",
+                     f"vllm:kv_cache_usage_perc{{{lab}}} "
+                     f"{min(1.0, self.running * KV_SHARE_PER_REQUEST)}",
                      "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
                      "# TYPE vllm:prompt_tokens_total counter",
                      f"vllm:prompt_tokens_total{{{lab}}} {float(self.prompt_tokens)}",
