@@ -1,5 +1,5 @@
-"""A real Prometheus scrapes what ``provision monitor`` writes for the lab's replicas
-(docs/monitoring.md).
+"""A real Prometheus scrapes what ``provision monitor`` writes for the lab's replicas, and
+``provision top`` shows them (docs/monitoring.md).
 
 The broker hands out each lab replica serving (mp, then Ray; both lab inventories ask for
 ``vllm_monitoring: node_exporter``, so role vllm_monitoring has started Debian's node exporter
@@ -13,18 +13,29 @@ operator's Grafana would:
   two nodes, labelled (the lab's Ray has no metrics agent: it needs ``ray[default]``);
 - ``vllm:num_requests_running`` is scraped with the labels replica, backend, role ``api``,
   node_rank ``0`` and host ``h1``; the node exporter's ``node_systemd_unit_state`` says
-  ``vllm.service`` is active on rank 0, labelled with its replica and host.
+  ``vllm.service`` is active on rank 0, labelled with its replica and host;
+- the generated rules run: a replica ``ghost`` added to the inventory for ``monitor`` (one node
+  at an address nobody answers) gets its not-serving and node-unreachable alerts (pending: they
+  fire after their ``for:``, which promtool's rule tests in tests/unit/test_monitor_rules.py
+  cover), and the serving replica gets none.
+
+``provision top --once`` and ``--json`` (after one completion, so the histograms have an
+observation) show the replica serving with numbers: requests, KV cache, TTFT, tokens/s, each
+node's units active and GPU memory from the stand-in's nvidia-smi; the JSON validates against
+its schema.
 
 Read only: the replicas are left as they were handed out; Prometheus runs under the test's
-temporary folder and is stopped at the end.
+temporary folder and is stopped at the end. The tests run with mp first, then with Ray (a
+module-scoped parameter: one broker switch).
 
-Cost: about 10 s per replica the broker already holds serving (Prometheus' start and a few
-1 s scrapes); a replica it does not hold is deployed by the broker first (the Ray case after
-an mp holder costs that switch); docs/testing.md, "Per module".
+Cost: about 60 s on one lab instance alone (both kinds, the broker's cold deploy of mp and its
+switch to Ray included; 61 s measured for the Prometheus half); docs/testing.md, "Per
+module".
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -34,9 +45,11 @@ from typing import Any
 
 import httpx
 import pytest
-from lab_support import ReplicaBroker
-
+import yaml
+from lab_support import ReplicaBroker, complete
 from vllm_provision_lab import prometheus
+
+from vllm_provision.cli import json_schemas
 
 pytestmark = pytest.mark.lab
 
@@ -85,14 +98,15 @@ class Prometheus:
         """The active targets (Prometheus HTTP API, ``/api/v1/targets``)."""
         return list(self.client.get("/api/v1/targets").json()["data"]["activeTargets"])
 
-    def wait_all_up(self, jobs: set[str]) -> list[dict[str, Any]]:
-        """Wait until every active target of ``jobs`` has health ``up`` (and each job has at
-        least one), then return them."""
+    def wait_all_up(self, jobs: set[str], but: str) -> list[dict[str, Any]]:
+        """Wait until every active target of ``jobs`` but those of replica ``but`` has health
+        ``up`` (and each job has at least one), then return them."""
         found: list[dict[str, Any]] = []
 
         def all_up() -> bool:
             nonlocal found
-            found = [t for t in self.targets() if t["labels"].get("job") in jobs]
+            found = [t for t in self.targets() if t["labels"].get("job") in jobs
+                     and t["labels"].get("replica") != but]
             return {t["labels"]["job"] for t in found} == jobs and all(
                 t["health"] == "up" for t in found)
 
@@ -102,6 +116,29 @@ class Prometheus:
             raise AssertionError([(t["scrapeUrl"], t["health"], t.get("lastError"))
                                   for t in found]) from None
         return found
+
+    def alerts(self) -> list[tuple[str, str, str]]:
+        """``(alertname, replica, state)`` of every alert Prometheus holds (``/api/v1/alerts``:
+        pending or firing)."""
+        data = self.client.get("/api/v1/alerts").json()["data"]["alerts"]
+        return sorted((a["labels"]["alertname"], a["labels"].get("replica", ""), a["state"])
+                      for a in data)
+
+    def wait_alerts(self, want: set[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        """Wait until the alerts held include every ``(alertname, replica)`` of ``want``, then
+        return them all."""
+        held: list[tuple[str, str, str]] = []
+
+        def present() -> bool:
+            nonlocal held
+            held = self.alerts()
+            return want <= {(name, replica) for name, replica, _ in held}
+
+        try:
+            self._until(present, UP_WITHIN_S, "holding the alerts")
+        except AssertionError:
+            raise AssertionError(held) from None
+        return held
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's vector (``/api/v1/query``)."""
@@ -119,6 +156,24 @@ class Prometheus:
             self.proc.wait()
 
 
+GHOST = "ghost"
+
+
+def with_ghost(inventory: Path, path: Path) -> Path:
+    """The lab inventory plus replica ``ghost``: one node at an address of the lab's network
+    where no host answers (``.99``), monitored like the lab's replica, so its targets are down
+    and its alerts due, beside the serving replica's."""
+    data = yaml.safe_load(inventory.read_text())
+    replicas = data["all"]["children"]["vllm_replicas"]["children"]
+    [lab] = replicas.values()
+    address = next(iter(lab["hosts"].values()))["ansible_host"].rsplit(".", 1)[0] + ".99"
+    replicas[GHOST] = {"vars": {**lab["vars"], "vllm_backend": "mp",
+                                "vllm_pipeline_parallel_size": 1},
+                       "hosts": {"h99": {"ansible_host": address, "vllm_node_rank": 0}}}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 @pytest.fixture()
 def scraped(tmp_path: Path) -> Iterator[Any]:
     """``start(inventory, replica)``: run ``monitor`` for the inventory and a Prometheus on
@@ -127,7 +182,8 @@ def scraped(tmp_path: Path) -> Iterator[Any]:
 
     def start(replica: Any) -> Prometheus:
         out = tmp_path / "prom"
-        done = replica.provision("monitor", "-i", replica.inventory, "--out", str(out),
+        inventory = with_ghost(Path(replica.inventory), tmp_path / "fleet.yml")
+        done = replica.provision("monitor", "-i", str(inventory), "--out", str(out),
                                  "--scrape-interval", SCRAPE, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         server = Prometheus(out / "prometheus.yml", tmp_path / "data")
@@ -139,12 +195,18 @@ def scraped(tmp_path: Path) -> Iterator[Any]:
         server.stop()
 
 
-@pytest.mark.parametrize("kind", ["mp", "ray"])
+@pytest.fixture(scope="module", params=["mp", "ray"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """The lab replica of the tests: a module-scoped parameter, so pytest runs every test with
+    mp, then every test with Ray (one broker switch)."""
+    return str(request.param)
+
+
 def test_prometheus_scrapes_every_target_monitor_writes(replicas: ReplicaBroker, scraped: Any,
                                                         kind: str) -> None:
     replica = replicas.serving(kind)
     server = scraped(replica)
-    targets = server.wait_all_up({"vllm", "node"})
+    targets = server.wait_all_up({"vllm", "node"}, but=GHOST)
     assert sorted((t["labels"]["job"], t["labels"]["host"], t["labels"]["role"])
                   for t in targets) == [("node", "h1", "head"), ("node", "h2", "worker"),
                                         ("vllm", "h1", "api")]
@@ -168,3 +230,40 @@ def test_prometheus_scrapes_every_target_monitor_writes(replicas: ReplicaBroker,
         ("h1", "lab", "1")}, states
     restarts = server.query('node_systemd_service_restart_total{name="vllm.service"}')
     assert {s["metric"]["host"] for s in restarts} >= {"h1"}, restarts
+
+    # The ghost replica's targets are down: its not-serving and node-unreachable alerts are
+    # due (pending: they fire after their `for:`, 2 minutes, which promtool's rule tests run);
+    # the serving replica has none.
+    due = server.wait_alerts({("VllmReplicaNotServing", GHOST), ("VllmNodeUnreachable", GHOST)})
+    assert {(name, replica) for name, replica, _ in due} == {
+        ("VllmReplicaNotServing", GHOST), ("VllmNodeUnreachable", GHOST)}, due
+    assert all(state in ("pending", "firing") for _, _, state in due), due
+
+
+def test_top_shows_the_serving_replica_with_numbers(replicas: ReplicaBroker, kind: str) -> None:
+    replica = replicas.serving(kind)
+    assert complete(replica.base_url, replica.model), "the handed-out replica did not answer"
+
+    once = replica.provision("top", "-i", replica.inventory, "--once", timeout=120)
+    assert once.returncode == 0, once.stdout + once.stderr
+    assert "serving 1/1" in once.stdout and "not serving" not in once.stdout
+    assert "latency (since start) TTFT p50 " in once.stdout
+    assert "active (running)" in once.stdout and "GPU memory " in once.stdout
+    assert "\x1b" not in once.stdout  # plain: not a terminal, no colour
+
+    shown = replica.provision("top", "-i", replica.inventory, "--json", timeout=120)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    document = json.loads(shown.stdout)
+    json_schemas.validate("top", document)
+    [info] = document["replicas"]
+    assert info["serving"] and info["health"] == 200 and info["error"] is None
+    assert info["requests"]["running"] is not None and info["kv_cache_perc"] is not None
+    assert info["latency"]["ttft_s"]["count"] >= 1 and info["latency"]["ttft_s"]["p50"] > 0
+    assert info["tokens_per_s"] is not None
+    assert info["metric_names"]["kv_cache"] == "vllm:kv_cache_usage_perc"
+    assert [n["host"] for n in info["nodes"]] == ["h1", "h2"]
+    for node in info["nodes"]:
+        assert node["error"] is None and node["gpus"], node
+        assert all(g["memory_total_mib"] > 0 for g in node["gpus"])
+        assert all(u["active_state"] == "active" for u in node["units"]), node
+        assert all(u["restarts_1h"] is not None for u in node["units"]), node

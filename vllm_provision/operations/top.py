@@ -40,22 +40,21 @@ from vllm_provision.core.parallel import split_map
 from vllm_provision.core.quoting import shell_quote
 from vllm_provision.core.text import one_line, printable
 from vllm_provision.evidence.stats import Histogram
+from vllm_provision.settings import vllm_metrics
 from vllm_provision.transport.api import UnitState, parse_show, show_command
 
-# The metrics `top` reads: key -> the names vLLM served them under, newest first; the first
+# The metrics `top` reads: key -> the names vLLM served them under, newest first, from the one
+# table of names by release (settings/vllm_metrics.py); the first
 # name the endpoint serves wins (vllm/v1/metrics/loggers.py of the vLLM source; the older
 # names are those of the releases before the rename: `vllm:gpu_cache_usage_perc` became
 # `vllm:kv_cache_usage_perc`, `vllm:time_per_output_token_seconds` became
 # `vllm:inter_token_latency_seconds`). Counters are named without their `_total` suffix, as
 # prometheus_client's parser names the family.
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "running": ("vllm:num_requests_running",),
-    "waiting": ("vllm:num_requests_waiting",),
-    "kv_cache": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "ttft": ("vllm:time_to_first_token_seconds",),
-    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    "generation_tokens": ("vllm:generation_tokens",),
-}
+    key: tuple(name.removesuffix("_total") for name in vllm_metrics.candidates(logical))
+    for key, logical in (("running", "requests_running"), ("waiting", "requests_waiting"),
+                       ("kv_cache", "kv_cache_usage"), ("ttft", "ttft"), ("itl", "itl"),
+                       ("generation_tokens", "generation_tokens"))}
 HISTOGRAM_KEYS = ("ttft", "itl")
 QUANTILES = (50, 99)
 WINDOW_S = 60.0

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["NEWEST", "RELEASES", "MetricNames", "names_for", "parse_release",
+__all__ = ["NEWEST", "RELEASES", "MetricNames", "candidates", "names_for", "parse_release",
            "ray_exported_name"]
 
 
@@ -92,6 +92,10 @@ RELEASES: dict[str, MetricNames] = {
     "0.30.0": _V0_10_2,
 }
 NEWEST = next(reversed(RELEASES))
+# Names older than the table's releases that a reader of a live /metrics may still meet:
+# vllm:gpu_cache_usage_perc, the KV-cache gauge's name before vllm:kv_cache_usage_perc
+# (deprecated in 0.9.2, loggers.py), served by the 0.9 releases.
+OLDER_NAMES: dict[str, tuple[str, ...]] = {"kv_cache_usage": ("vllm:gpu_cache_usage_perc",)}
 
 # PEP 440 release segment at the start of a version (0.12.0, 0.11.1rc2, 0.12.0+cu129).
 _RELEASE_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -134,6 +138,20 @@ def names_for(release: str | None) -> tuple[MetricNames, str | None]:
     return RELEASES[chosen], (
         f"vLLM {release} is not in the metric table (releases {', '.join(known)}): using the "
         f"names of vLLM {chosen}; a renamed metric shows no data")
+
+
+def candidates(field: str) -> tuple[str, ...]:
+    """Every name the logical metric ``field`` (a :class:`MetricNames` field) has had, newest
+    release first, then :data:`OLDER_NAMES`: for a reader that takes the first one a live
+    ``/metrics`` serves (``provision top``), whatever the release.
+
+    Raises:
+        KeyError: ``field`` is not a field of :class:`MetricNames`.
+    """
+    if field not in MetricNames.__dataclass_fields__:
+        raise KeyError(field)
+    names = [getattr(RELEASES[r], field) for r in reversed(RELEASES)]
+    return tuple(dict.fromkeys([*names, *OLDER_NAMES.get(field, ())]))
 
 
 def ray_exported_name(name: str) -> str:
