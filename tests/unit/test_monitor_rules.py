@@ -400,3 +400,13 @@ def test_a_row_title_never_holds_a_dollar_grafana_would_read_as_a_variable():
     [row] = [p for p in monitor_dashboard.dashboard(inventory, [m])["panels"]
              if p["type"] == "row"]
     assert "$" not in row["title"] and "datasource" in row["title"]
+
+
+def test_every_name_a_metric_has_had_is_a_candidate_newest_first() -> None:
+    assert vllm_metrics.candidates("itl") == ("vllm:inter_token_latency_seconds",
+                                              "vllm:time_per_output_token_seconds")
+    assert vllm_metrics.candidates("kv_cache_usage") == ("vllm:kv_cache_usage_perc",
+                                                         "vllm:gpu_cache_usage_perc")
+    assert vllm_metrics.candidates("requests_running") == ("vllm:num_requests_running",)
+    with pytest.raises(KeyError):
+        vllm_metrics.candidates("not_a_metric")
