@@ -337,10 +337,12 @@ def test_promtool_runs_the_not_serving_and_kv_cache_alerts(tmp_path):
 def test_promtool_runs_the_ttft_queue_restart_and_node_alerts(tmp_path):
     """The specification: the same slow TTFT (p99 9.91 s) fires for a replica whose threshold is
     5 s and not for one whose threshold is 20 s; a queue that keeps growing fires, one that stays
-    put does not; a unit restart and a node exporter down fire, naming the host."""
+    put does not; a unit restart and a node exporter down fire, naming the host; a restart of
+    another service of the host is not the replica's."""
     promtool = _promtool()
     names, _ = names_for("0.12.0")
-    metrics = [monitor_rules.ReplicaMetrics(r, "0.12.0", names, None)
+    metrics = [monitor_rules.ReplicaMetrics(r, "0.12.0", names, None,
+                                            ("vllm-watchdog.service", "vllm.service"))
                for r in ("strict", "lenient")]
     rules = monitor_rules.rule_groups(metrics, {"strict": 5.0, "lenient": 20.0})
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
@@ -354,6 +356,10 @@ def test_promtool_runs_the_ttft_queue_restart_and_node_alerts(tmp_path):
         _series(names.requests_waiting, "5x20", job="vllm", replica="lenient"),
         _series("node_systemd_service_restart_total", "0 0 0 1 1 1 1 1", job="node",
                 replica="strict", host="h1", name="vllm.service"),
+        _series("node_systemd_service_restart_total", "0 0 0 1 2 3 4 5", job="node",
+                replica="strict", host="h1", name="ssh.service"),
+        _series("node_systemd_service_restart_total", "0 0 0 1 1 1 1 1", job="node",
+                replica="strict", host="h1", name="vllmXservice"),
         _series("up", "1 1 0 0 0 0 0 0", job="node", replica="strict", host="h2",
                 instance="10.0.0.12:9100"),
         _series("up", "1x8", job="node", replica="lenient", host="h3",
@@ -410,3 +416,13 @@ def test_every_name_a_metric_has_had_is_a_candidate_newest_first() -> None:
     assert vllm_metrics.candidates("requests_running") == ("vllm:num_requests_running",)
     with pytest.raises(KeyError):
         vllm_metrics.candidates("not_a_metric")
+
+
+def test_the_restart_alert_names_the_replica_s_own_units(tmp_path):
+    inventory = load_llama(tmp_path, "ray", vllm_unit_name="llm.service")
+    [m] = monitor_rules.replica_metrics(inventory)
+    assert m.units == ("llm.service", "ray-head.service", "ray-worker.service",
+                       "vllm-watchdog.service")
+    [restart] = [a for a in monitor_rules.alert_rules(m, 10.0)
+                 if a["alert"] == "VllmUnitRestarting"]
+    assert 'name=~"llm\\\\.service|ray\\\\-head\\\\.service|' in restart["expr"]

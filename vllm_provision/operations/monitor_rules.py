@@ -9,13 +9,14 @@ no inventory value is ever read as PromQL or as a template. The vLLM metric name
 the replica's release (:func:`replica_release`, :mod:`vllm_provision.settings.vllm_metrics`).
 
 Jobs read (the labels of docs/monitoring.md, "Targets"): ``vllm`` (rank 0's ``/metrics``),
-``node`` (the node exporter of every node, its systemd collector limited to our units, so
-``node_systemd_service_restart_total`` counts our units' restarts: node_exporter's
-collector/systemd_linux.go).
+``node`` (the node exporter of every node, its systemd collector on: the restart alert matches
+the replica's own units by name in ``node_systemd_service_restart_total``, node_exporter's
+collector/systemd_linux.go, so a restart of another service of the host is not the replica's).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,12 +49,32 @@ class ReplicaMetrics:
         release: its vLLM release (``vllm_version``, else the lock's ``vllm`` pin), or None.
         names: the names :func:`~vllm_provision.settings.vllm_metrics.names_for` gave.
         warning: None when the release is in the table, else the sentence to print.
+        units: the replica's units on all its nodes (:func:`replica_units`), sorted.
     """
 
     replica: str
     release: str | None
     names: MetricNames
     warning: str | None
+    units: tuple[str, ...] = ()
+
+
+def replica_units(inventory: Inventory, replica: Replica) -> tuple[str, ...]:
+    """Every unit of ours on ``replica``'s nodes, sorted: the backend's ``journal_units`` of
+    each node (vLLM's, Ray's and the watchdog's), under the node's own unit names."""
+    units: set[str] = set()
+    for node in replica.nodes:
+        values = settings.node_settings(replica, node, inventory.extra_vars)
+        for names in replica.backend_type.journal_units(replica, node, values).values():
+            units.update(names)
+    return tuple(sorted(units))
+
+
+def name_regex(names: tuple[str, ...]) -> str:
+    """A RE2 alternation matching exactly ``names`` (PromQL's ``=~`` anchors it; Prometheus
+    docs, "Querying basics"): each name's punctuation escaped with a backslash, which RE2
+    reads as the character itself."""
+    return "|".join(re.escape(name) for name in names)
 
 
 def replica_release(inventory: Inventory, replica: Replica) -> str | None:
@@ -84,7 +105,8 @@ def replica_metrics(inventory: Inventory) -> list[ReplicaMetrics]:
             continue
         release = replica_release(inventory, replica)
         names, warning = names_for(release)
-        out.append(ReplicaMetrics(replica.name, release, names, warning))
+        out.append(ReplicaMetrics(replica.name, release, names, warning,
+                                  replica_units(inventory, replica)))
     return out
 
 
@@ -155,6 +177,8 @@ def alert_rules(m: ReplicaMetrics, ttft_p99_s: float) -> list[dict[str, Any]]:
     """
     n = m.names
     vllm, node = selector("vllm", m.replica), selector("node", m.replica)
+    ours = selector("node", m.replica, "name=~" + promql_string(name_regex(m.units))) \
+        if m.units else node
     waiting = f"sum by (replica) ({n.requests_waiting}{vllm})"
     return [
         _alert(m.replica, "VllmReplicaNotServing",
@@ -180,7 +204,7 @@ def alert_rules(m: ReplicaMetrics, ttft_p99_s: float) -> list[dict[str, Any]]:
                "{{ $value | humanizeDuration }}, above its vllm_alert_ttft_p99_s, for 10 "
                "minutes."),
         _alert(m.replica, "VllmUnitRestarting",
-               f"increase(node_systemd_service_restart_total{node}[15m]) > 0", "1m", "warning",
+               f"increase(node_systemd_service_restart_total{ours}[15m]) > 0", "1m", "warning",
                "A unit of replica {{ $labels.replica }} restarted",
                "systemd restarted {{ $labels.name }} on host {{ $labels.host }} of replica "
                "{{ $labels.replica }} in the last 15 minutes. See `journalctl -u "
