@@ -211,3 +211,20 @@ def test_a_record_naming_paths_outside_our_folders_or_odd_units_removes_none_of_
     assert kept.files == (f"{U}vllm.service", "/etc/vllm-provision/vllm.env")
     assert set(refused) == {"x;rm -rf /.service", "/etc/passwd", f"{U}../../etc/shadow",
                             "relative.service"}
+
+
+def test_the_node_exporter_drop_in_is_in_our_folders_even_when_no_plan_lists_it(tmp_path):
+    """`down --purge` plans nothing and monitoring may have been turned off since: the drop-in
+    role vllm_monitoring installed is still ours to remove; a file beside it is not."""
+    from inventory_support import load_llama
+
+    from vllm_provision.modules.vllm_prune import our_folders
+
+    [replica] = load_llama(tmp_path, "mp").replicas
+    drop_in = "/etc/systemd/system/prometheus-node-exporter.service.d/vllm-provision.conf"
+    folders = our_folders(replica.master)
+    assert "/etc/systemd/system/prometheus-node-exporter.service.d" in folders
+    hostile = prune.Installed("h1", 0, "mp", ("vllm.service",),
+                              (drop_in, "/etc/systemd/system/ssh.service.d/x.conf"))
+    kept, refused = prune.trusted(hostile, folders)
+    assert kept.files == (drop_in,) and refused == ("/etc/systemd/system/ssh.service.d/x.conf",)

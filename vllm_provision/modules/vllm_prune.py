@@ -26,6 +26,7 @@ Example task::
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -115,14 +116,22 @@ def planned(ctx: ModuleContext, replicas: list[Replica]) -> dict[str, prune.Inst
 
 def our_folders(node: Node, planned_files: Sequence[str] = ()) -> list[str]:
     """The folders a recorded file of ours may lie in on ``node``: the unit, config (env files),
-    watchdog and service state (the Ray token file) folders as the node's variables set them and
-    as the roles' defaults do (a record written before the operator moved them), and the
-    folders of ``planned_files`` (what this plan installs there)."""
-    import posixpath
-
+    watchdog and service state (the Ray token file) folders and the node exporter's drop-in
+    folder (``<vllm_unit_dir>/<vllm_node_exporter_service>.d``, role vllm_monitoring) as the
+    node's variables set them and as the roles' defaults do (a record written before the
+    operator moved them, or while monitoring was on), and the folders of ``planned_files``
+    (what this plan installs there)."""
     names = ("vllm_unit_dir", "vllm_config_dir", "vllm_watchdog_dir", "vllm_state_dir")
     defaults = variables.role_defaults()
+
+    def drop_in(unit_dir: str, service: str) -> str:
+        return posixpath.join(unit_dir, f"{service}.d") if unit_dir and service else ""
+
     return [*(role_value(node, n) for n in names), *(str(defaults.get(n, "")) for n in names),
+            drop_in(role_value(node, "vllm_unit_dir"),
+                    role_value(node, "vllm_node_exporter_service")),
+            drop_in(str(defaults.get("vllm_unit_dir", "")),
+                    str(defaults.get("vllm_node_exporter_service", ""))),
             *(posixpath.dirname(p) for p in planned_files)]
 
 
@@ -134,12 +143,17 @@ def _folders(node: Node, new: Mapping[str, prune.Installed]) -> list[str]:
 def _folders_script(node: Node, with_record: bool) -> str:
     folders = [role_value(node, "vllm_config_dir"), role_value(node, "vllm_watchdog_dir")]
     words = " ".join(quote(f) for f in folders if f.startswith("/") and f.rstrip("/"))
+    # the node exporter's drop-in folder holds the operator's drop-ins too: removed only empty
+    drop_in = posixpath.join(role_value(node, "vllm_unit_dir"),
+                             role_value(node, "vllm_node_exporter_service") + ".d")
+    if_empty = f"rmdir --ignore-fail-on-non-empty -- {quote(drop_in)} 2>/dev/null; " \
+        if drop_in.startswith("/") else ""
     if not words:
-        return "true"
+        return if_empty + "true"
     if with_record:  # only what the record listed went; the folders go when left empty
-        return f"for d in {words}; do [ -d \"$d\" ] && rmdir --ignore-fail-on-non-empty -- " \
-               "\"$d\"; done; true"
-    return f"rm -rf -- {words}"
+        return if_empty + f"for d in {words}; do [ -d \"$d\" ] && rmdir " \
+               "--ignore-fail-on-non-empty -- \"$d\"; done; true"
+    return if_empty + f"rm -rf -- {words}"
 
 
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
