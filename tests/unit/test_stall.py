@@ -298,3 +298,14 @@ def test_the_module_reads_the_first_failure_masked_and_printable(tmp_path: Path)
     assert text.startswith("(its first failure since it was started)")
     assert "*** \\x1b[2J: 4 GPUs asked" in text and "Address already in use" not in text
     assert commands == [("h1", "journalctl -u vllm.service -b -n 2000 --no-pager -o short-iso")]
+
+
+def test_the_docs_hold_the_remedy_table() -> None:
+    from vllm_provision.output import stall
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    begin, end = "<!-- stall-remedies:begin -->\n", "<!-- stall-remedies:end -->"
+    held = text[text.index(begin) + len(begin):text.index(end)]
+    assert held == stall.render_markdown_table(), (
+        "paste vllm_provision.output.stall.render_markdown_table() between the markers of "
+        "docs/deploy.md")

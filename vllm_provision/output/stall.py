@@ -216,3 +216,13 @@ class StallWatch:
             seconds[name] = round(seconds.get(name, 0.0) + now - node.phase_started, 3)
             result[host] = seconds
         return result
+
+
+def render_markdown_table() -> str:
+    """The remedy table as Markdown, for docs/deploy.md ("A start that stalls"; a unit test
+    keeps the doc equal to it): one row per phase of :data:`REMEDIES`."""
+    rows = ["| phase | what it does there | what to do | sources |", "|---|---|---|---|"]
+    for remedy in REMEDIES:
+        cells = (remedy.phase, remedy.cause, remedy.fix, "; ".join(remedy.sources))
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
