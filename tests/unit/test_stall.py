@@ -309,3 +309,27 @@ def test_the_docs_hold_the_remedy_table() -> None:
     assert held == stall.render_markdown_table(), (
         "paste vllm_provision.output.stall.render_markdown_table() between the markers of "
         "docs/deploy.md")
+
+
+def test_phase_seconds_reach_the_replica_result_and_fit_the_schema(tmp_path: Path) -> None:
+    import jsonschema
+
+    from vllm_provision.cli.json_schemas import validate
+    from vllm_provision.core.results import Status, TaskResult
+    from vllm_provision.operations.deploy import replica_results
+
+    inventory = load_llama(tmp_path, "mp")
+    phases = {"h1": {BEFORE_FIRST_PHASE: 2.0, "loading weights": 7.5},
+              "h2": {BEFORE_FIRST_PHASE: 2.5, "loading weights": 7.0}}
+    results = [TaskResult("h1", "Wait until rank 0 serves the model", Status.OK,
+                          data={"start_to_serving_s": 9.5, "served_model": "m",
+                                "phase_s": phases}, register="vllm_ready")]
+    [entry] = replica_results(inventory, results, ["h1", "h2"])
+    assert entry["phase_s"] == phases
+    document = {"ok": 1, "changed": 0, "failed": 0, "skipped": 0, "unreachable": 0,
+                "hosts": {}, "tasks": [], "check_mode": False, "duration_s": 1.0,
+                "phase_s": phases, "replicas": [entry]}
+    validate("up", document)
+    entry["phase_s"] = {"h1": {"loading weights": -1}}
+    with pytest.raises(jsonschema.ValidationError, match="-1"):
+        validate("up", {**document, "replicas": [entry]})
