@@ -22,6 +22,7 @@ after it (10 s); stand-in tier; docs/testing.md, "Per module".
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -65,7 +66,8 @@ def test_a_stalled_start_ends_at_the_stall_timeout_naming_the_node_and_phase(
         assert elapsed < BOUND_S, (elapsed, output[-3000:])
         assert "the start stalled" in output, output[-3000:]
         assert "h2:vllm.service" in output
-        assert f"progressed for {STALL_S}" in output
+        silent = re.search(r"progressed for ([0-9.]+) s \(vllm_stall_timeout_s 10\)", output)
+        assert silent is not None and STALL_S <= float(silent.group(1)) < STALL_S + 60, output
         assert "phase 'loading weights'" in output
         assert "slow mount" in output  # the remedy of that phase
         assert "Starting to load model" in output  # h2's last journal lines
