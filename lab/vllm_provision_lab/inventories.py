@@ -124,7 +124,10 @@ def real_inventory_text(config: LabConfig) -> str:
     ``vllm_timeout_stop_sec: 30`` (the role's 15 s is too short for a healthy headless node on
     the lab's loaded shared cores: vLLM's executor gives its worker 5 s, then 4 s after SIGTERM,
     before its own clean-up; under the full suite's load a clean stop took past 15 s and systemd
-    SIGKILLed it, docs/real-vllm.md, "Failure behaviours").
+    SIGKILLed it, docs/real-vllm.md, "Failure behaviours"); ``vllm_stall_timeout_s: 600``,
+    its readiness timeout (the longest silence between two of real vLLM's phase lines on those
+    cores was not measured, and a whole start took 378 s at load average 23: the stall rule
+    must not end a slow start there before the readiness timeout would).
     """
     hosts = "".join(
         f"            {name}:\n"
@@ -150,6 +153,7 @@ def real_inventory_text(config: LabConfig) -> str:
         "            vllm_extra_args: [--enforce-eager, --dtype, float32]\n"
         "            vllm_cluster_interface: eth0\n"
         "            vllm_ready_timeout_s: 600\n"
+        "            vllm_stall_timeout_s: 600\n"
         "            vllm_timeout_stop_sec: 30\n"
         "            vllm_env:\n"
         "              TORCHDYNAMO_DISABLE: '1'\n"

@@ -118,3 +118,49 @@ def test_ray_override_is_undone_by_the_default(tmp_path: Path) -> None:
     patch_ray_version(tmp_path, None)
     assert "Version: 2.51.2" in (meta / "METADATA").read_text()
     assert 'version = "2.51.2"' in (tmp_path / "ray" / "_version.py").read_text()
+
+
+def test_stall_takes_only_the_phases_the_stand_in_knows(tmp_path: Path) -> None:
+    assert effective_spec(tmp_path, "h2")["stall"] == "none"  # default: no stall
+    write_overrides(tmp_path, {"h2": {"stall": "load"}})
+    assert effective_spec(tmp_path, "h2")["stall"] == "load"
+    assert effective_spec(tmp_path, "h1")["stall"] == "none"
+    write_overrides(tmp_path, {"h2": {"stall": "loading"}})
+    with pytest.raises(LabError) as error:
+        effective_spec(tmp_path, "h2")
+    text = str(error.value)
+    assert "h2.stall" in text and "one of none, init, load, kv_cache, graphs" in text
+    assert "stall=default" in text
+
+
+class _Stuck(Exception):
+    """The stand-in reached its endless sleep."""
+
+
+@pytest.mark.parametrize("first_rank", [True, False])
+@pytest.mark.parametrize("stall, last_phase", [
+    ("init", None), ("load", "loading weights"), ("kv_cache", "sizing the KV cache"),
+    ("graphs", "sizing the KV cache"), ("none", "capturing CUDA graphs"),
+])
+def test_the_stand_in_stalls_where_the_product_reads_the_phase(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stall: str,
+        last_phase: str | None, first_rank: bool) -> None:
+    """The lines up to the stall are vLLM's (the product's parser reads them); a stall in the
+    graph capture shows the KV-cache phase, as a real capture whose tqdm bar has not ended."""
+    from vllm_provision_lab.gpu.guest.vllm_lab_standin import common
+
+    from vllm_provision.output.phases import label_of, phase_of
+
+    def sleep(seconds: float) -> None:
+        if seconds >= 3600:
+            raise _Stuck
+
+    monkeypatch.setattr(common.time, "sleep", sleep)
+    spec = {"load_s": 1.0, "stall": stall}
+    if stall == "none":
+        common.startup_phases(spec, "/nonexistent", 4096, first_rank=first_rank)
+    else:
+        with pytest.raises(_Stuck):
+            common.startup_phases(spec, "/nonexistent", 4096, first_rank=first_rank)
+    phases = [p for p in map(phase_of, capsys.readouterr().err.splitlines()) if p]
+    assert (label_of(phases[-1]) if phases else None) == last_phase

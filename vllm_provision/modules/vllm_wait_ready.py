@@ -4,9 +4,15 @@ Run once on the master (``run_once``). While it waits, a line per node shows the
 waited, the unit states and the vLLM phase read from the node's journal
 (:mod:`vllm_provision.output.progress`, :mod:`vllm_provision.output.phases`). A unit that failed or
 is
-restarting ends the wait at once with its last journal lines; for Ray, a placement group that
+restarting ends the wait at once with the journal lines of its first failure since it was
+started (:func:`vllm_provision.output.phases.first_failure`); for Ray, a placement group that
 stays pending is explained with Ray's reason (INFEASIBLE / NO_RESOURCES, or a VLLM_HOST_IP
-that is no Ray node). See :mod:`vllm_provision.transport.api`.
+that is no Ray node). A start where no node progresses for ``vllm_stall_timeout_s`` (the stall
+rule, :mod:`vllm_provision.output.stall`) ends the wait at once, naming the node furthest
+behind, its phase, its last journal lines and the remedy for that phase, after stopping the
+replica's units in reverse start order (``provision down``'s order) so nothing is left
+half-started. The result's ``phase_s`` gives each node's seconds per phase.
+See :mod:`vllm_provision.transport.api`.
 
 Example task::
 
@@ -16,20 +22,30 @@ Example task::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from vllm_provision import settings
+from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
+from vllm_provision.core.quoting import shell_join
 from vllm_provision.core.results import Status
+from vllm_provision.core.text import printable
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 from vllm_provision.output import progress
-from vllm_provision.output.phases import JournalTail, split_output
+from vllm_provision.output.phases import JournalTail, first_failure, split_output
+from vllm_provision.output.stall import StallWatch, remedy_for
+from vllm_provision.settings.variables import READY_POLL_S
+from vllm_provision.state import prune
 from vllm_provision.transport.api import (
+    JOURNAL_LINES,
     Endpoint,
     Observation,
+    Stalled,
     UnitState,
     journal_command,
     mask,
@@ -42,7 +58,7 @@ from vllm_provision.transport.tunnel import ApiRoute, route_for
 ARGUMENT_SPEC = ArgumentSpec("vllm_wait_ready", (
     Argument("timeout_s", "float", "seconds to wait in all",
              default_text="the vllm_ready_timeout_s variable (1800)", minimum=0),
-    Argument("poll_s", "float", "seconds between polls", default=1.0, minimum=0.05),
+    Argument("poll_s", "float", "seconds between polls", default=READY_POLL_S, minimum=0.05),
 ))
 
 
@@ -92,11 +108,68 @@ def observe_units(ctx: ModuleContext, replica: Replica, tail: JournalTail | None
     return Observation(states, master_now)
 
 
+# Lines read back to find a unit's first failure since it was started (one read, on failure only).
+FAILURE_WINDOW_LINES = 2000
+
+
 def read_journal(ctx: ModuleContext, replica: Replica, state: UnitState) -> str:
-    """The last journal lines of one unit, secrets masked."""
-    result = ctx.connections[state.host].run(journal_command(state.unit), timeout_s=30)
+    """The journal lines of one unit's FIRST failure since it was last started by hand (the
+    start of this run, :func:`vllm_provision.output.phases.first_failure`), or its last lines
+    when none is found; secrets masked, every character printable."""
+    result = ctx.connections[state.host].run(
+        journal_command(state.unit, FAILURE_WINDOW_LINES), timeout_s=30)
+    lines, found = first_failure(result.stdout or result.stderr, JOURNAL_LINES)
+    if found:
+        lines = "(its first failure since it was started)\n" + lines
     secrets = [replica.engine.api_key, ctx.vars.get("vllm_hf_token")]
-    return mask(result.stdout or result.stderr, secrets)
+    return printable(mask(lines, secrets), newlines=True)
+
+
+def last_lines(ctx: ModuleContext, replica: Replica, host: str, unit: str) -> str:
+    """The last journal lines of ``unit`` on ``host``, secrets masked, printable."""
+    result = ctx.connections[host].run(journal_command(unit), timeout_s=30)
+    secrets = [replica.engine.api_key, ctx.vars.get("vllm_hf_token")]
+    return printable(mask(result.stdout or result.stderr, secrets), newlines=True)
+
+
+def stop_in_order(ctx: ModuleContext, replica: Replica) -> list[str]:
+    """Stop every unit of ``replica`` in reverse start order, ``provision down``'s order
+    (:func:`vllm_provision.state.prune.stop_waves`: mp the master, then the followers; Ray vLLM,
+    the workers, the head); return ``host unit`` of each stop, ``(failed)`` appended where
+    ``systemctl stop`` failed. Units stay enabled: the next ``up`` starts them again."""
+    units = replica_units(replica, ctx.vars)
+    installed = [prune.Installed(node.name, node.rank, replica.backend,
+                                 tuple(units.get(node.name, ()))) for node in replica.nodes]
+    done: list[str] = []
+    for wave in prune.stop_waves(installed, units):
+        for host, unit in wave:
+            result = ctx.connections[host].run(shell_join(["systemctl", "stop", "--", unit]),
+                                               timeout_s=180)
+            done.append(f"{host} {unit}" + ("" if result.exit_code == 0 else " (failed)"))
+    return done
+
+
+def stall_problem(ctx: ModuleContext, replica: Replica, watch: StallWatch,
+                  now: float) -> Problem | None:
+    """The problem of a stalled start at ``now`` (:meth:`StallWatch.stalled`), or None: names
+    the node, its phase, how long nothing moved, its last journal lines and the remedy of the
+    phase (:data:`vllm_provision.output.stall.REMEDIES`)."""
+    stall = watch.stalled(now)
+    if stall is None:
+        return None
+    units = phase_units(replica, ctx.vars).get(stall.host) or ["vllm.service"]
+    remedy = remedy_for(stall.phase)
+    lines = last_lines(ctx, replica, stall.host, units[-1])
+    return Problem(
+        f"{stall.host}:{units[-1]}",
+        f"the start stalled: no node of replica {replica.name} progressed for "
+        f"{stall.silent_s:g} s (vllm_stall_timeout_s {watch.timeout_s:g}); {stall.host} is "
+        f"furthest behind, in phase {printable(stall.phase_name)!r} for {stall.in_phase_s:g} s",
+        expected=f"a new phase or progress line within {watch.timeout_s:g} s",
+        actual=f"{stall.host} in {printable(stall.phase_name)}: {remedy.cause}",
+        fix=f"{remedy.fix} (sources: {'; '.join(remedy.sources)})\n"
+            f"last journal lines (journalctl -u {units[-1]} on {stall.host}):\n"
+            + "\n".join("    " + line for line in lines.rstrip().splitlines()))
 
 
 def api_route(ctx: ModuleContext, replica: Replica) -> ApiRoute:
@@ -135,7 +208,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     Returns:
         ok with ``data``: ``start_to_serving_s`` (None when not measured),
         ``start_to_serving_reason`` (why not; None when measured), ``waited_s``,
-        ``already_serving``, ``served_model``. Raises ProvisionError (the runner reports it as
+        ``already_serving``, ``served_model``, ``phase_s`` (per node with vLLM's journal, the
+        seconds spent in each phase, in order). Raises ProvisionError (the runner reports it as
         failed) otherwise.
     """
     values = ARGUMENT_SPEC.validate(args)
@@ -144,19 +218,43 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         return replica
     own = settings.layered(ctx.vars)
     timeout_s = float(values["timeout_s"] or own["vllm_ready_timeout_s"])
+    stall_s = float(own["vllm_stall_timeout_s"])
+    if stall_s < values["poll_s"]:
+        raise ProvisionError.single(
+            "vllm_stall_timeout_s", "shorter than the readiness wait's poll interval",
+            expected=f"at least poll_s ({values['poll_s']:g} s)", actual=f"{stall_s:g}",
+            fix="raise vllm_stall_timeout_s or lower the task's poll_s")
     model = served_model(replica)
 
     tail = JournalTail()
+    journal_hosts = [host for host, units in phase_units(replica, ctx.vars).items() if units]
+    watch = StallWatch(journal_hosts, stall_s, time.monotonic())
+
+    def stall_check(now: float) -> Problem | None:
+        for host in journal_hosts:
+            watch.observe(host, tail.phase(host), now)
+        return stall_problem(ctx, replica, watch, now)
+
     with progress.wait(f"replica {replica.name}: waiting until rank 0 serves",
                        [node.name for node in replica.nodes]) as view:
-        ready = wait_ready(
-            observe=lambda: observe_units(ctx, replica, tail, view),
-            journal=lambda state: read_journal(ctx, replica, state),
-            endpoint=Endpoint.for_replica(replica, route=api_route(ctx, replica)), model=model,
-            timeout_s=timeout_s,
-            vllm_units=(str(own["vllm_unit_name"]),),
-            poll_s=values["poll_s"],
-            extra_check=replica.backend_type.ready_check(ctx, replica))
+        try:
+            ready = wait_ready(
+                observe=lambda: observe_units(ctx, replica, tail, view),
+                journal=lambda state: read_journal(ctx, replica, state),
+                endpoint=Endpoint.for_replica(replica, route=api_route(ctx, replica)),
+                model=model, timeout_s=timeout_s,
+                vllm_units=(str(own["vllm_unit_name"]),),
+                poll_s=values["poll_s"],
+                extra_check=replica.backend_type.ready_check(ctx, replica),
+                stall_check=stall_check)
+        except Stalled as exc:
+            view.finish("stalled")
+            stopped = stop_in_order(ctx, replica)
+            first = exc.problems[0]
+            note = ("\nstopped the replica in reverse start order: " + ", ".join(stopped)
+                    if stopped else "")
+            raise ProvisionError([replace(first, fix=first.fix + note),
+                                  *exc.problems[1:]]) from None
         view.finish("already serving" if ready.already_serving else "serving")
     if ready.already_serving:
         message = "already serving"
@@ -167,4 +265,5 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     return ModuleResult(Status.OK, message, data={
         "served_model": model, "start_to_serving_s": ready.start_to_serving_s,
         "start_to_serving_reason": ready.start_to_serving_reason,
-        "waited_s": ready.waited_s, "already_serving": ready.already_serving})
+        "waited_s": ready.waited_s, "already_serving": ready.already_serving,
+        "phase_s": watch.phase_seconds(time.monotonic())})

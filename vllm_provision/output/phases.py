@@ -6,6 +6,9 @@ from the installed package; older texts kept where they differ, marked so):
 =============================  ==================================================================
 phase                          vLLM's line (file)
 =============================  ==================================================================
+waiting for a Ray placement    ``Waiting for creating a placement group of specs for %d seconds``
+group                          (ray_utils.py, ``_wait_until_pg_ready``: repeated with
+                               a doubling interval while Ray cannot place the bundles)
 loading weights                ``Starting to load model %s...`` (v1/worker/gpu_model_runner.py,
                                cpu_model_runner.py); ``Loading safetensors checkpoint shards:
                                50% Completed | 1/2 [...]`` (model_executor/model_loader/
@@ -50,9 +53,12 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# (phase label, pattern); the first that matches a line wins; later phases win over earlier
-# ones by order of appearance in the journal, not by this table.
+# (phase label, pattern), in the order of a start; the first that matches a line wins; later
+# phases win over earlier ones by order of appearance in the journal, not by this table (the
+# order of PHASES says which of two nodes is further behind: output/stall.py).
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("waiting for a Ray placement group", re.compile(
+        r"Waiting for creating a placement group of specs")),
     ("loading weights", re.compile(
         r"Loading safetensors checkpoint shards(?: \(eager\))?:\s*(?P<pct>\d+)% Completed"
         r" \| (?P<n>\d+)/(?P<total>\d+)")),
@@ -169,3 +175,67 @@ def split_output(text: str) -> tuple[str, str]:
     """``(what came before the journal part, the journal part)`` of a poll's output."""
     head, mark, rest = text.partition(_MARK)
     return head, (mark + rest if mark else "")
+
+
+# systemd's own lines about a unit (src/core/service.c, unit.c), as journalctl -u shows them:
+# "<unit>: Main process exited, code=exited, status=1/FAILURE", "<unit>: Failed with result
+# 'exit-code'.", "<unit>: Scheduled restart job, restart counter is at 1.", "Starting <unit or
+# description>...", "Started <unit or description>." (the description on systemd before 249).
+_SYSTEMD = re.compile(r"\ssystemd\[1\]: (?P<message>.*)$")
+_FAILED = re.compile(r": (Main process exited, |Failed with result |Scheduled restart job)")
+_FAILURE_TAIL = re.compile(r": (Main process exited, |Failed with result |Scheduled restart job|"
+                           r"Consumed |Deactivated successfully)")
+
+
+def first_failure(text: str, lines: int) -> tuple[str, bool]:
+    """The journal lines of a unit's FIRST failure since it was last started by hand.
+
+    systemd restarts a failed unit (``Restart=``, systemd.service(5)); by the time a wait reads
+    the journal the unit may have failed several times, and the last failure's lines (often a
+    shorter, secondary error: a port still in use, a peer gone) hide the first one's cause. The
+    last start by hand is the last ``Starting``/``Started`` line of systemd that no ``Scheduled
+    restart job`` line announced (an automatic restart); the first failure after it ends at
+    systemd's first ``Main process exited``/``Failed with result``/``Scheduled restart job`` line
+    and the lines of that failure right after it (``Consumed``, ``Deactivated successfully``).
+
+    Args:
+        text: ``journalctl -u UNIT -o short-iso`` output (oldest first), every process's lines.
+        lines: how many lines to return at most (the last ones up to the failure's end).
+
+    Returns:
+        ``(the lines, True)`` when a failure was found after the last start by hand, else
+        ``(the last lines of text, False)``.
+    """
+    rows = text.rstrip("\n").splitlines()
+    start = 0
+    auto_restart = False
+    previous = ""
+    for index, row in enumerate(rows):
+        found = _SYSTEMD.search(row)
+        if found is None:
+            continue
+        message = found.group("message")
+        if "Scheduled restart job" in message:
+            auto_restart = True
+        elif message.startswith("Starting ") and not auto_restart:
+            start = index
+        elif message.startswith("Started "):
+            if not auto_restart and not previous.startswith("Starting "):
+                start = index
+            auto_restart = False
+        previous = message
+    end = None
+    for index in range(start, len(rows)):
+        found = _SYSTEMD.search(rows[index])
+        if found is not None and _FAILED.search(found.group("message")):
+            end = index
+            break
+    if end is None:
+        return "\n".join(rows[-lines:]), False
+    while end + 1 < len(rows):
+        found = _SYSTEMD.search(rows[end + 1])
+        if found is None or not _FAILURE_TAIL.search(found.group("message")):
+            break
+        end += 1
+    return "\n".join(rows[max(start, end + 1 - lines):end + 1]), True
+

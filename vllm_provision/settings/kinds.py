@@ -346,6 +346,7 @@ KINDS: dict[str, Kind] = {
     "vllm_service_group": ("name", _no_check),
     "vllm_unit_name": ("unit", check_unit),
     "vllm_ready_timeout_s": ("seconds", _no_check),
+    "vllm_stall_timeout_s": ("seconds", _no_check),  # checked by its table entry
     "vllm_command_output_limit_mib": ("count", _no_check),
     "vllm_gpu_pool": ("choice", _no_check),
     "vllm_gpu_wait_timeout_s": ("seconds", _no_check),

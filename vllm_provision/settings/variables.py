@@ -112,6 +112,23 @@ def check_alert_seconds(value: float) -> str | None:
     return None if value > 0 else "a number of seconds greater than 0, such as 2.5"
 
 
+READY_POLL_S = 1.0
+"""Seconds between two polls of the readiness wait (module ``vllm_wait_ready``'s ``poll_s``
+default): the stall rule cannot judge progress in less (docs/deploy.md, "A start that
+stalls")."""
+
+
+def check_stall_timeout(value: float) -> str | None:
+    """Return why ``value`` cannot be ``vllm_stall_timeout_s``, or None: seconds > 0 and at
+    least the readiness wait's poll interval (:data:`READY_POLL_S`); 0 or less would end every
+    start at its first poll, and less than one poll cannot see a progress line arrive."""
+    if value <= 0 or value < READY_POLL_S:
+        return (f"a number of seconds of at least {READY_POLL_S:g} (the readiness wait polls "
+                f"every {READY_POLL_S:g} s), such as 300; a large model on slow storage needs "
+                "more")
+    return None
+
+
 def check_secret(value: str) -> str | None:
     """Return why ``value`` cannot be a secret (shorter than MIN_SECRET_LENGTH), or None."""
     if len(value) < MIN_SECRET_LENGTH:
@@ -309,6 +326,13 @@ _TABLE: tuple[Variable, ...] = (
              "vllm.service", check=check_unit_name),
     Variable("vllm_ready_timeout_s", int, 1800, "Seconds to wait for the replica to serve.",
              "1800", minimum=1),
+    Variable("vllm_stall_timeout_s", float, 300, "Seconds the readiness wait lets a start go "
+             "without progress: no node of the replica announced a new phase or new progress "
+             "in vLLM's log (loading weights, KV cache, CUDA graphs...). Then the wait ends at "
+             "once, naming the node furthest behind, its phase, its last journal lines and the "
+             "remedy for that phase, and stops the replica in order (docs/deploy.md, \"A start "
+             "that stalls\"). At least the wait's poll interval (1 s).", "600",
+             check=check_stall_timeout),
     Variable("vllm_gpu_pool", str, "dedicated", "Whether other jobs share the nodes' GPUs. "
              "`dedicated`: a process outside this replica's units on a used GPU is a preflight "
              "error. `shared`: it is a warning, and `up` waits (up to `vllm_gpu_wait_timeout_s`) "

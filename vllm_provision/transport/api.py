@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -395,6 +396,12 @@ class Readiness:
     start_to_serving_reason: str | None = None
 
 
+class Stalled(ProvisionError):
+    """The replica's start stopped moving (the stall rule, ``vllm_stall_timeout_s``): raised by
+    :func:`wait_ready` with the problem its ``stall_check`` returned, so the caller can stop the
+    half-started replica before it reports the error (modules/vllm_wait_ready.py)."""
+
+
 @dataclass(frozen=True)
 class Observation:
     """One poll of the units: their states and the master's clock (seconds since the epoch)."""
@@ -408,6 +415,7 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
                vllm_units: Iterable[str] = ("vllm.service",), poll_s: float = 1.0,
                extra_check: Callable[[], Problem | None] | None = None,
                extra_check_every_s: float = 5.0,
+               stall_check: Callable[[float], Problem | None] | None = None,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> Readiness:
     """Poll until the replica serves ``model``; fail at once when a unit fails or restarts.
@@ -422,6 +430,9 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
         poll_s: seconds between polls.
         extra_check: an additional diagnosis run every ``extra_check_every_s`` seconds while not
             ready (Ray: a pending placement group); a returned Problem ends the wait.
+        stall_check: called after every poll whose units are healthy, with ``clock()``; a
+            returned Problem (no progress for ``vllm_stall_timeout_s``,
+            :mod:`vllm_provision.output.stall`) ends the wait at once as :class:`Stalled`.
         clock, sleep: injectable time.
 
     Returns:
@@ -430,6 +441,7 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
     Raises:
         ProvisionError: a unit failed/restarted (with its journal), ``/health`` answered 503
             (engine dead), the extra check found a problem, or ``timeout_s`` passed.
+        Stalled: the stall check found the start stuck (a ProvisionError too).
     """
     started = clock()
     deadline = started + timeout_s
@@ -449,6 +461,10 @@ def wait_ready(*, observe: Callable[[], Observation], journal: Callable[[UnitSta
                     actual=state.describe,
                     fix=f"read the journal lines below (journalctl -u {state.unit} on "
                         f"{state.host})\n" + _indent(journal(state)))])
+        if stall_check is not None:
+            stalled = stall_check(clock())
+            if stalled is not None:
+                raise Stalled([stalled])
         status = endpoint.health()
         if status == 503:
             master_state = next((s for s in observation.states if s.unit in vllm_names), None)
@@ -520,8 +536,10 @@ def _indent(text: str) -> str:
 
 
 def journal_command(unit: str, lines: int = JOURNAL_LINES) -> str:
-    """The shell command printing the last ``lines`` lines of ``unit``'s journal, this boot."""
-    return f"journalctl -u {unit} -b -n {lines} --no-pager -o short-iso"
+    """The shell command printing the last ``lines`` lines of ``unit``'s journal, this boot
+    (``-o short-iso``: systemd's own lines show as ``systemd[1]:``, which
+    :func:`vllm_provision.output.phases.first_failure` reads). ``unit`` is one quoted word."""
+    return f"journalctl -u {shlex.quote(unit)} -b -n {int(lines)} --no-pager -o short-iso"
 
 
 def mask(text: str, secrets: Iterable[str | None]) -> str:

@@ -48,7 +48,8 @@ def set(host: str, assignments: tuple[str, ...]) -> None:  # noqa: A001 - the co
     """Change HOST's simulated GPU stack: KEY=VALUE (or KEY=default) ...
 
     Keys: gpus, gpu_name, gpu_memory_mib, driver, cuda, nccl, torch, torch_cuda, vllm,
-    transformers, ray, python, load_s, ttft_s, token_s, init_timeout_s, pg_timeout_s.
+    transformers, ray, python, load_s, ttft_s, token_s, init_timeout_s, pg_timeout_s, stall
+    (none, init, load, kv_cache, graphs).
     Example: provision lab set h2 vllm=0.33.1 nccl=2.27.3
     """
     lab = _lab()

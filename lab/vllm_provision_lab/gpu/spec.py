@@ -41,13 +41,18 @@ class Key:
         default: the value when neither the spec nor ``lab set`` gives one; ``None`` means
             "derived" (``torch_cuda`` from ``cuda``) or "the guest's own" (``python``).
         doc: what it means, one line.
+        choices: the values a ``str`` key takes (empty: any text).
     """
 
     name: str
     kind: type
     default: str | int | float | None
     doc: str
+    choices: tuple[str, ...] = ()
 
+
+# The phases the stand-in can stall in (key ``stall``; common.startup_phases), in start order.
+STALL_PHASES = ("none", "init", "load", "kv_cache", "graphs")
 
 # Defaults: the reference scenario of docs/measured.md (2 x 4 H200, CUDA 13 wheels).
 KEYS: dict[str, Key] = {k.name: k for k in [
@@ -82,6 +87,10 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("stage_s", float, 0.0,
         "stand-in vLLM (ray): seconds one step takes on each Ray worker (a pipeline stage's "
         "forward); longer than RAY_CGRAPH_get_timeout fails as Ray's compiled graph does"),
+    Key("stall", str, "none", "stand-in vLLM: the start-up phase it stops in and sits in for "
+        "ever, after printing vLLM's lines up to there: init (before loading: joining the "
+        "group), load (loading weights), kv_cache (the KV cache sized), graphs (capturing CUDA "
+        "graphs), or none", choices=STALL_PHASES),
 ]}
 
 
@@ -173,6 +182,13 @@ def validate_values(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         except ValueError:
             problems.append(Problem(f"{where}.{name}", f"{key.doc}: wrong type",
                                     expected=f"a {key.kind.__name__}", actual=repr(value)))
+            continue
+        if key.choices and result[key.name] not in key.choices:
+            problems.append(Problem(f"{where}.{name}", f"unknown value of {key.name}",
+                                    expected="one of " + ", ".join(key.choices),
+                                    actual=repr(value),
+                                    fix=f"e.g. provision lab set h2 {key.name}={key.choices[-1]}"
+                                        f" (back: {key.name}=default)"))
     if problems:
         raise LabError(problems)
     return result

@@ -99,13 +99,32 @@ def versions(spec: dict[str, Any]) -> dict[str, str]:
             "nccl": str(spec["nccl"])}
 
 
+def stall_if(spec: dict[str, Any], phase: str) -> None:
+    """Sit here for ever, printing nothing more, when the host's spec says ``stall: <phase>``
+    (``lab set h2 stall=load``): a start stuck in that phase, as a vLLM waiting on a slow
+    mount, a collective that never completes or a hung graph capture prints no further line.
+    SIGTERM is left as the caller set it (a headless worker ignores it: systemd's stop ends
+    with SIGKILL after TimeoutStopSec, as for a real stuck worker)."""
+    if str(spec.get("stall") or "none") != phase:
+        return
+    while True:
+        time.sleep(3600)
+
+
 def startup_phases(spec: dict[str, Any], model: str, max_model_len: int, *,
                    first_rank: bool) -> None:
     """Go through vLLM's start-up phases in ``spec["load_s"]`` seconds, printing at each the
     line vLLM 0.32.0 prints there (sources: vllm_provision/output/phases.py): weights (half the
     time; rank 0 draws the safetensors bar, one line per shard), profiling and KV-cache sizing
     (a fifth), CUDA graph capture (the rest; rank 0 prints the bar, every rank the summary).
+
+    ``spec["stall"]`` stops it for ever in one phase (:func:`stall_if`): ``init`` before the
+    first line, ``load`` after ``Starting to load model`` (and rank 0's bar at 0%), ``kv_cache``
+    after ``Available KV cache memory``, ``graphs`` inside the capture: tqdm's bar there steps with
+    carriage returns, which journald keeps only at the bar's closing line break, so the journal
+    of a capture that hangs ends with the KV-cache lines, as a real vLLM's does.
     """
+    stall_if(spec, "init")
     load_s = float(spec["load_s"])
     try:
         shards = max(1, sum(1 for n in os.listdir(model) if n.endswith(".safetensors")))
@@ -120,6 +139,8 @@ def startup_phases(spec: dict[str, Any], model: str, max_model_len: int, *,
                              f"Completed | {done}/{shards} [00:{int(done * per):02d}<"
                              f"00:{int((shards - done) * per):02d}, {per:.2f}s/it]\n")
             sys.stderr.flush()
+        if done == 0:
+            stall_if(spec, "load")
         if done < shards:
             time.sleep(weights_s / shards)
     log("INFO", "default_loader.py:1", f"Loading weights took {weights_s:.2f} seconds")
@@ -127,12 +148,14 @@ def startup_phases(spec: dict[str, Any], model: str, max_model_len: int, *,
         f"Model loading took 0.0003 GiB memory and {weights_s:.6f} seconds")
     time.sleep(load_s * 0.2)
     log("INFO", "gpu_worker.py:1", "Available KV cache memory: 100.25 GiB")
+    stall_if(spec, "kv_cache")
     if first_rank:
         log("INFO", "kv_cache_utils.py:1", f"GPU KV cache size: 3,284,992 tokens, Maximum "
             f"concurrency for {max_model_len:,} tokens per request: "
             f"{3284992 / max(1, max_model_len):.2f}x")
     graphs_s = load_s - weights_s - load_s * 0.2
     time.sleep(graphs_s)
+    stall_if(spec, "graphs")
     if first_rank:  # tqdm's own bar (carriage returns): journald keeps only the last state
         sys.stderr.write("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|"
                          f"##########| 67/67 [00:{int(graphs_s):02d}<00:00, 30.00it/s]\n")
