@@ -130,8 +130,7 @@ def our_folders(node: Node, planned_files: Sequence[str] = ()) -> list[str]:
     return [*(role_value(node, n) for n in names), *(str(defaults.get(n, "")) for n in names),
             drop_in(role_value(node, "vllm_unit_dir"),
                     role_value(node, "vllm_node_exporter_service")),
-            drop_in(str(defaults.get("vllm_unit_dir", "")),
-                    str(defaults.get("vllm_node_exporter_service", ""))),
+            drop_in(str(defaults["vllm_unit_dir"]), str(defaults["vllm_node_exporter_service"])),
             *(posixpath.dirname(p) for p in planned_files)]
 
 
