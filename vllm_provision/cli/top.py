@@ -55,11 +55,13 @@ def command(once: bool, interval: float, **kwargs: Any) -> None:
 
 
 def _once(viewer: Any, interval_s: float, as_json: bool) -> int:
-    """Two refreshes ``interval_s`` apart; print the second (plain text or JSON)."""
+    """Two refreshes ``interval_s`` apart, start to start (as the live view's, so the first
+    one's reads count in the interval); print the second (plain text or JSON)."""
     from vllm_provision.operations.top_view import plain
 
+    started = time.monotonic()
     viewer.refresh()
-    time.sleep(interval_s)
+    time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
     view = viewer.refresh(cumulative=True)
     echo(json.dumps(view) if as_json else plain(view))
     return 0 if all(r["serving"] for r in view["replicas"]) else 3
