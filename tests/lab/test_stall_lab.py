@@ -14,7 +14,8 @@ Through the broker's exclusive lease on the mp replica, handed over stopped; the
 cleared (``stall=default``) and the replica taken down (watchdogs too) before the lease is left
 ``down``.
 
-Cost: about 110 s on one lab instance alone, estimated (not yet run): the broker's down (10 s),
+Cost: about 110 s on one lab instance alone as first estimated (measured alone on 2026-12-04: 60 s):
+the broker's down (10 s),
 this up (preflight and install about 30 s, the stall found about 15 s after the start, the stop
 about 30 s: both vLLM units ignore SIGTERM while loading and end at TimeoutStopSec), the down
 after it (10 s); stand-in tier; docs/testing.md, "Per module".
