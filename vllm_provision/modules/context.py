@@ -97,6 +97,14 @@ def absolute_path_argument(args: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and posixpath.isabs(value) else None
 
 
+def with_notify(ctx: ModuleContext, script: str) -> tuple[str, bool]:
+    """``script`` with the host's persisted notifications appended
+    (:meth:`ModuleContext.on_change_script`), so they are recorded in the change's own round
+    trip, and whether any were: the module's ``ModuleResult.persisted_notify``."""
+    notify = ctx.on_change_script()
+    return (f"{script} && {{ {notify}; }}" if notify else script), bool(notify)
+
+
 def path_read_command(key: str, command: Callable[[str], str]
                       ) -> Callable[[ModuleContext, Mapping[str, Any]], str | None]:
     """A module's ``read_command`` (the module read protocol, docs/runner-contract.md; the

@@ -20,7 +20,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, parse_mode, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext, path_read_command
+from vllm_provision.modules.context import ModuleContext, path_read_command, with_notify
 
 STATES = ("file", "directory", "touch", "absent")
 ARGUMENT_SPEC = ArgumentSpec("file", (
@@ -91,15 +91,13 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         return ModuleResult(Status.CHANGED, "would change: " + ", ".join(changes), diff,
                             {"path": path, "state": state})
     script = " && ".join(commands)
-    notify = ctx.on_change_script()
-    if notify:
-        script = f"{script} && {{ {notify}; }}"
+    script, notified = with_notify(ctx, script)
     result = ctx.conn.run(script)
     if not result.ok:
         return ModuleResult(Status.FAILED, f"changing {path} failed: "
                                            f"{(result.stderr or result.stdout).strip()[-1000:]}")
     return ModuleResult(Status.CHANGED, ", ".join(changes), diff,
-                        {"path": path, "state": state}, persisted_notify=bool(notify))
+                        {"path": path, "state": state}, persisted_notify=notified)
 
 
 def _stat_command(path: str) -> str:

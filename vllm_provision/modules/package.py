@@ -23,7 +23,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.context import ModuleContext, with_notify
 from vllm_provision.settings.kinds import check_package
 
 ARGUMENT_SPEC = ArgumentSpec("package", (
@@ -93,9 +93,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     if ctx.check_mode:
         return ModuleResult(Status.CHANGED, f"would install {name}", diff, {"name": name})
     script = INSTALL[rest.strip()].format(quote(name))
-    notify = ctx.on_change_script()
-    if notify:
-        script = f"{script} && {{ {notify}; }}"
+    script, notified = with_notify(ctx, script)
     result = ctx.conn.run(script)
     if not result.ok:
         return ModuleResult(Status.FAILED, f"installing {name} failed (a host without its "
@@ -103,4 +101,4 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                                            "first): "
                                            f"{(result.stderr or result.stdout).strip()[-1000:]}")
     return ModuleResult(Status.CHANGED, f"installed {name}", diff, {"name": name},
-                        persisted_notify=bool(notify))
+                        persisted_notify=notified)

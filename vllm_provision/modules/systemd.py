@@ -36,7 +36,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.results import Status
 from vllm_provision.modules import DAEMON_RELOAD_MARKER, ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext
+from vllm_provision.modules.context import ModuleContext, with_notify
 
 STATES = ("started", "stopped", "restarted")
 ARGUMENT_SPEC = ArgumentSpec("systemd", (
@@ -133,9 +133,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         return ModuleResult(Status.FAILED, f"unit {name} not found on the host",
                             data=data)
     script = " && ".join(commands)
-    notify = ctx.on_change_script()
-    if notify:
-        script = f"{script} && {{ {notify}; }}"
+    script, notified = with_notify(ctx, script)
     done = ctx.conn.run(script, timeout_s=max(ctx_timeout(ctx), 120.0))
     if "daemon-reload" in actions:
         ctx.host_state["daemon_reload_needed"] = False
@@ -148,7 +146,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                 journal.stdout.strip()[-3000:]
         return ModuleResult(Status.FAILED, f"{', '.join(actions)} failed: {detail}", data=data)
     return ModuleResult(Status.CHANGED, ", ".join(actions), data=data,
-                        persisted_notify=bool(notify))
+                        persisted_notify=notified)
 
 
 def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:

@@ -35,7 +35,7 @@ from vllm_provision.modules import (
     unified_diff,
 )
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
-from vllm_provision.modules.context import ModuleContext, path_read_command
+from vllm_provision.modules.context import ModuleContext, path_read_command, with_notify
 
 ARGUMENT_SPEC = ArgumentSpec("template", (
     Argument("src", "str", "template file: relative to the role's templates/ (then the "
@@ -126,9 +126,7 @@ def install(ctx: ModuleContext, values: Mapping[str, Any], content: str,
         return ModuleResult(Status.CHANGED, f"would change: {message}", diff, data)
     script = _write_script(dest, owner, group, mode, backup, validate,
                            validate_unit, content_changed, unit_file)
-    notify = "" if unaffected else ctx.on_change_script()
-    if notify:
-        script += f" && {{ {notify}; }}"
+    script, notified = (script, False) if unaffected else with_notify(ctx, script)
     result = ctx.conn.run(script, stdin=content if content_changed else None)
     if result.exit_code == _VALIDATE_FAILED:
         detail = (result.stderr.strip() or result.stdout.strip())[-3000:]
@@ -139,7 +137,7 @@ def install(ctx: ModuleContext, values: Mapping[str, Any], content: str,
         return ModuleResult(Status.FAILED, f"writing {dest} failed (exit {result.exit_code}): "
                                            f"{detail}", diff, data)
     return ModuleResult(Status.CHANGED, message, diff, data,
-                        persisted_notify=bool(notify) or unaffected)
+                        persisted_notify=notified or unaffected)
 
 
 RESTORED = UNAFFECTED_NOTE

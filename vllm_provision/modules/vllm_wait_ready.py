@@ -121,15 +121,20 @@ def read_journal(ctx: ModuleContext, replica: Replica, state: UnitState) -> str:
     lines, found = first_failure(result.stdout or result.stderr, JOURNAL_LINES)
     if found:
         lines = "(its first failure since it was started)\n" + lines
-    secrets = [replica.engine.api_key, ctx.vars.get("vllm_hf_token")]
-    return printable(mask(lines, secrets), newlines=True)
+    return _shown(ctx, replica, lines)
 
 
 def last_lines(ctx: ModuleContext, replica: Replica, host: str, unit: str) -> str:
     """The last journal lines of ``unit`` on ``host``, secrets masked, printable."""
     result = ctx.connections[host].run(journal_command(unit), timeout_s=30)
+    return _shown(ctx, replica, result.stdout or result.stderr)
+
+
+def _shown(ctx: ModuleContext, replica: Replica, text: str) -> str:
+    """Journal text as the operator may see it: the replica's secrets masked, every
+    character printable."""
     secrets = [replica.engine.api_key, ctx.vars.get("vllm_hf_token")]
-    return printable(mask(result.stdout or result.stderr, secrets), newlines=True)
+    return printable(mask(text, secrets), newlines=True)
 
 
 def stop_in_order(ctx: ModuleContext, replica: Replica) -> list[str]:

@@ -201,13 +201,18 @@ def node_script(units: Sequence[str]) -> str:
     the GPUs' memory (``nvidia-smi --query-gpu=index,memory.used,memory.total
     --format=csv,noheader,nounits``, MiB), and per unit the automatic restarts systemd
     scheduled in the last hour (journal entries with MESSAGE_ID
-    :data:`RESTART_SCHEDULED_ID`; ``--output-fields`` needs systemd 236). Unit names are
+    :data:`RESTART_SCHEDULED_ID`, matched by journalctl itself; ``--output-fields`` needs
+    systemd 236). Unit names are
     shell-quoted (:func:`~vllm_provision.core.quoting.shell_quote`).
     """
+    # the MESSAGE_ID match reads only the restart entries (the journal indexes the field), not
+    # every line the unit logged in the hour, once a second (journalctl(1), "MATCHES"); the
+    # grep still counts only them
     restarts = "; ".join(
-        f"printf '%s ' {shell_quote(unit)}; journalctl -u {shell_quote(unit)} --since=-1h "
-        f"--no-pager -o json --output-fields=MESSAGE_ID 2>/dev/null "
-        f"| grep -c {RESTART_SCHEDULED_ID}" for unit in units)
+        f"printf '%s ' {shell_quote(unit)}; journalctl -u {shell_quote(unit)} "
+        f"MESSAGE_ID={RESTART_SCHEDULED_ID} --since=-1h --no-pager -o json "
+        f"--output-fields=MESSAGE_ID 2>/dev/null | grep -c {RESTART_SCHEDULED_ID}"
+        for unit in units)
     return (f"{show_command(units)}; echo '{_GPU_MARK}'; "
             "nvidia-smi --query-gpu=index,memory.used,memory.total "
             "--format=csv,noheader,nounits 2>&1 | head -n 64; "
