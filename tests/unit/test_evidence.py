@@ -47,6 +47,11 @@ def test_journal_lines_become_timed_events_and_start_limits() -> None:
     assert [(e["t_s"], e["source"]) for e in events] == [(0.5, "systemd"), (1.0, "systemd"),
                                                          (3.0, "watchdog")]
     assert limited == ["h2:vllm.service"]
+    # not recovered: the units' own last lines come too, the newest ones, printable text only
+    text += "".join(f"{1004 + i}.0 h2 vllm[9]: waiting {i}\n" for i in range(3))
+    events, _ = fault.parse_journal("h2", text, 1000.0, unit_lines=2)
+    assert [(e["source"], e["message"]) for e in events if e["source"] == "unit"] == [
+        ("unit", "waiting 1"), ("unit", "waiting 2")]
 
 
 def test_kill_command_quotes_the_unit() -> None:

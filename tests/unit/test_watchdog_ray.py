@@ -19,18 +19,21 @@ from vllm_provision.settings import kinds
 WORKER = "ray-worker.service"
 
 
-def _info(node_id: bytes, ip: str, state: int, gpus: float = 4, reason: str = "") -> Any:
+def _info(node_id: bytes, ip: str, state: int, gpus: float = 4, reason: str = "",
+          start_ms: int = 0) -> Any:
     return SimpleNamespace(node_id=node_id, node_manager_address=ip, state=state,
                            resources_total={"GPU": gpus, "CPU": 2.0},
-                           death_info=SimpleNamespace(reason_message=reason))
+                           death_info=SimpleNamespace(reason_message=reason),
+                           start_time_ms=start_ms)
 
 
 def test_node_table_reads_ray_gcs_node_info() -> None:
-    rows = rules.node_table({"a": _info(b"\x01\x02", "10.0.0.1", 0),
+    rows = rules.node_table({"a": _info(b"\x01\x02", "10.0.0.1", 0, start_ms=1500),
                           "b": _info(b"\xff", "10.0.0.2", 1, 0, "health check failed")})
-    assert rows == [{"id": "0102", "ip": "10.0.0.1", "alive": True, "gpus": 4.0, "reason": ""},
+    assert rows == [{"id": "0102", "ip": "10.0.0.1", "alive": True, "gpus": 4.0, "reason": "",
+                     "started_s": 1.5},
                     {"id": "ff", "ip": "10.0.0.2", "alive": False, "gpus": 0.0,
-                     "reason": "health check failed"}]
+                     "reason": "health check failed", "started_s": 0.0}]
 
 
 def test_cluster_gaps_need_every_node_alive_and_the_world_size_in_gpus() -> None:
@@ -42,6 +45,33 @@ def test_cluster_gaps_need_every_node_alive_and_the_world_size_in_gpus() -> None
         "node 10.0.0.2 is not alive in Ray", "4 GPUs alive in Ray, vLLM needs 8"]
     assert rules.cluster_gaps(alive + [{"ip": "10.0.0.9", "alive": True, "gpus": 8}],
                            ["10.0.0.1", "10.0.0.2"], 12) == ["8 GPUs alive in Ray, vLLM needs 12"]
+
+
+def test_the_gate_waits_out_a_restarted_workers_old_raylet_then_lets_the_new_one_settle() -> None:
+    """The sequence a SIGKILL of a worker's raylet gives (Ray 2.60 on the lab, docs/recovery.md):
+    the old node alone, still alive; old and new both alive; the new one alone."""
+    ips = ["10.0.0.1", "10.0.0.2"]
+    head = {"ip": "10.0.0.1", "alive": True, "gpus": 4, "started_s": 100.0}
+    old = {"ip": "10.0.0.2", "alive": True, "gpus": 4, "started_s": 110.0}
+    new = {"ip": "10.0.0.2", "alive": True, "gpus": 4, "started_s": 207.0}
+    starts = {"10.0.0.2": 205.0}  # the worker unit's ExecStartPre, before its new raylet
+    # the old raylet alone: its unit restarted after it registered, so it is the old one
+    assert rules.cluster_gaps([head, old], ips, 8, starts=starts, now_s=206.0) == [
+        "node 10.0.0.2's Ray worker is restarting: the alive node is its old raylet, which Ray "
+        "has not yet declared dead"]
+    # without the mark (a head that did not answer the worker) the table alone cannot tell
+    assert rules.cluster_gaps([head, old], ips, 8, now_s=206.0) == []
+    both = rules.cluster_gaps([head, old, new], ips, 8, starts=starts, now_s=208.0)
+    assert both == ["node 10.0.0.2 has 2 alive Ray nodes: its raylet restarted and Ray has not "
+                    "yet declared the old one dead"]
+    dead_old = {**old, "alive": False}
+    assert rules.cluster_gaps([head, dead_old, new], ips, 8, starts=starts, now_s=208.5) == [
+        "node 10.0.0.2 joined Ray 1.5 s ago; letting it settle 3 s"]
+    assert rules.cluster_gaps([head, dead_old, new], ips, 8, starts=starts, now_s=210.0) == []
+    # a worker clock ahead of the head's never blocks the gate; no start time (older Ray) either
+    assert rules.cluster_gaps([head, new], ips, 8, now_s=150.0) == []
+    assert rules.cluster_gaps([head, {**new, "started_s": 0.0}], ips, 8, starts=starts,
+                              now_s=207.0) == []
 
 
 def test_raylet_node_ids_come_from_the_raylet_argv_only() -> None:

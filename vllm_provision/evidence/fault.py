@@ -14,7 +14,8 @@ partition_s), ``conditions`` (as ``bench``'s, without placement), ``streams`` (:
 each), ``recovery`` (``first_failure_s``, ``recovered_s``: fault to the end of the first new
 successful completion, ``polls``, ``failures`` by kind, ``bound_s``, ``served_throughout``),
 ``start_limit_hit`` (units that hit their start limit), ``events`` (systemd and watchdog journal
-lines with seconds since the fault). docs/evidence.md.
+lines with seconds since the fault; when the replica did not serve again, also the last
+:data:`UNIT_TAIL_LINES` lines each node's units wrote, source ``unit``). docs/evidence.md.
 
 The fault changes the replica's nodes: ``provision fault`` holds the run lock on every node of
 the replica for the whole experiment, and checks that this run still holds the target node's
@@ -35,6 +36,8 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.quoting import quote
 
 SIGNALS = ("KILL", "TERM", "STOP")
+# the last lines of each node's units kept when the replica did not serve again
+UNIT_TAIL_LINES = 8
 WATCHDOG_UNIT = "vllm-watchdog.service"
 # systemd's messages worth recording (systemd/src/core/unit.c, service.c wording)
 SYSTEMD_WORDS = ("Main process exited", "Failed with result", "Scheduled restart job",
@@ -102,13 +105,19 @@ def journal_command(units: Sequence[str], since_epoch: float) -> str:
             f"$(systemctl show -p Result --value -- \"$u\")\"; done; true")
 
 
-def parse_journal(host: str, stdout: str, fault_epoch: float
+def parse_journal(host: str, stdout: str, fault_epoch: float, *, unit_lines: int = 0
                   ) -> tuple[list[dict[str, Any]], list[str]]:
     """:func:`journal_command` output -> (events ``{"host", "t_s", "source", "message"}``:
     systemd lines of :data:`SYSTEMD_WORDS` and every watchdog line, ``t_s`` seconds after the
     fault; units whose ``Result`` is ``start-limit-hit`` or whose journal says the start
-    request was repeated too quickly)."""
+    request was repeated too quickly).
+
+    ``unit_lines``: also keep the last that many lines the units themselves wrote (vLLM's and
+    Ray's own words, source ``unit``); :func:`run` asks for them when the replica did not serve
+    again within the bound, so the operator sees where each node's start stopped (waiting for
+    a placement group, a worker's error) beside what systemd did."""
     events, limited = [], []
+    own: list[dict[str, Any]] = []
     for line in stdout.splitlines():
         if line.startswith("@@result "):
             parts = line.split()
@@ -134,9 +143,14 @@ def parse_journal(host: str, stdout: str, fault_epoch: float
         elif "watchdog" in ident:
             source = "watchdog"
         else:
+            if unit_lines > 0 and message.strip():
+                own.append({"host": host, "t_s": round(when - fault_epoch, 3),
+                            "source": "unit", "message": message.strip()[:240]})
             continue
         events.append({"host": host, "t_s": round(when - fault_epoch, 3), "source": source,
                        "message": message.strip()[:240]})
+    if unit_lines > 0:
+        events += own[-unit_lines:]
     return events, limited
 
 
@@ -315,7 +329,9 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
             events.append({"host": other.name, "t_s": None, "source": "provision",
                            "message": f"journal not read: {exc.problems[0].message}"})
             continue
-        found, hit = parse_journal(other.name, out.stdout, fault_epoch)
+        found, hit = parse_journal(other.name, out.stdout, fault_epoch,
+                                   unit_lines=0 if recovery["recovered_s"] is not None
+                                   else UNIT_TAIL_LINES)
         events += found
         limited += hit
     events.sort(key=lambda e: (e["t_s"] is None, e["t_s"] or 0.0))

@@ -80,6 +80,7 @@ if _HERE not in sys.path:
 _WRITE_BYTECODE = sys.dont_write_bytecode
 sys.dont_write_bytecode = True
 from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
+    RAY_KV_NAMESPACE,
     SHOW_PROPERTIES,
     Binding,
     Decision,
@@ -95,6 +96,7 @@ from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
     log,
     node_table,
     parse_show,
+    ray_start_key,
     raylet_node_ids,
 )
 
@@ -207,6 +209,47 @@ def read_ray_nodes(address: str, timeout_s: float) -> list[dict[str, Any]]:
     return node_table(GcsClient(address=address).get_all_node_info(timeout=timeout_s))
 
 
+def read_ray_starts(address: str, ips: list[str], timeout_s: float) -> dict[str, float]:
+    """IP -> epoch seconds at which that node's Ray worker unit last started, from the GCS's
+    key-value store (:func:`mark_ray_start_main` writes them); an unreadable store or a bad
+    value reads as no mark (the gate then waits on the node table alone).
+
+    Raises:
+        ImportError: no ray in this interpreter.
+    """
+    from ray._raylet import GcsClient  # noqa: PLC0415 (only on Ray nodes)
+
+    try:
+        found = GcsClient(address=address).internal_kv_multi_get(
+            [ray_start_key(ip) for ip in ips], RAY_KV_NAMESPACE, timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - the marks only sharpen the gate
+        return {}
+    starts = {}
+    for ip in ips:
+        try:
+            starts[ip] = float((found or {}).get(ray_start_key(ip), b"").decode())
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return starts
+
+
+def mark_ray_start_main(address: str, ip: str) -> int:
+    """``--mark-ray-start ADDRESS IP`` (a Ray worker unit's ``ExecStartPre``): record in the
+    head's GCS key-value store that this node's raylet is starting now (epoch seconds), so
+    vLLM's gate on the head does not take the old raylet, still listed alive, for this one.
+    Exit 0 always: a head that does not answer yet must not keep the worker from starting (the
+    gate then falls back to the node table)."""
+    try:
+        from ray._raylet import GcsClient  # noqa: PLC0415 (only on Ray nodes)
+
+        GcsClient(address=address).internal_kv_put(
+            ray_start_key(ip), f"{time.time():.3f}".encode(), True, RAY_KV_NAMESPACE, timeout=5)
+    except Exception as exc:  # noqa: BLE001 - best effort, said in the journal
+        log(f"ray: could not record this raylet's start at {address}: "
+            f"{type(exc).__name__}: {str(exc)[:200]}")
+    return 0
+
+
 def unit_raylet_node_ids(cgroup: str, proc: str = "/proc") -> set[str]:
     """:func:`raylet_node_ids` of the processes of ``cgroup`` (read from ``/proc/PID/cmdline``,
     which a stopped process still shows)."""
@@ -311,13 +354,17 @@ def ray_nodes_main(address: str, poll_s: float) -> int:
 def wait_ray_cluster_main(address: str, timeout_s: float, gpus_needed: float,
                           expected_ips: list[str]) -> int:
     """``--wait-ray-cluster ADDRESS TIMEOUT_S GPUS IP...`` (vLLM's ``ExecStartPre`` on the
-    head): poll the GCS every second until :func:`cluster_gaps` is empty (exit 0) or
+    head): poll the GCS (node table and the workers' start marks) every second until
+    :func:`cluster_gaps` is empty (exit 0) or
     ``TIMEOUT_S`` passed (exit 1; systemd's Restart= tries again). Logs what it waits for."""
     started = time.monotonic()
     last_said = ""
     while True:
         try:
-            gaps = cluster_gaps(read_ray_nodes(address, 5.0), expected_ips, gpus_needed)
+            nodes = read_ray_nodes(address, 5.0)
+            gaps = cluster_gaps(nodes, expected_ips, gpus_needed,
+                                starts=read_ray_starts(address, expected_ips, 5.0),
+                                now_s=time.time())
         except ImportError as exc:
             log(f"ray: no ray in {sys.executable}: {exc}")
             return 1
@@ -644,11 +691,14 @@ def serve(watchdog: Watchdog) -> ThreadingHTTPServer:
 
 def main(argv: list[str]) -> int:
     """``vllm_watchdog.py CONFIG.json``: run until killed; exit 2 on a bad config. Ray helpers
-    (the venv's interpreter): ``--ray-nodes ADDRESS POLL_S`` (:func:`ray_nodes_main`) and
-    ``--wait-ray-cluster ADDRESS TIMEOUT_S GPUS IP...`` (:func:`wait_ray_cluster_main`)."""
+    (the venv's interpreter): ``--ray-nodes ADDRESS POLL_S`` (:func:`ray_nodes_main`),
+    ``--wait-ray-cluster ADDRESS TIMEOUT_S GPUS IP...`` (:func:`wait_ray_cluster_main`) and
+    ``--mark-ray-start ADDRESS IP`` (:func:`mark_ray_start_main`)."""
     try:
         if len(argv) == 4 and argv[1] == "--ray-nodes":
             return ray_nodes_main(argv[2], float(argv[3]))
+        if len(argv) == 4 and argv[1] == "--mark-ray-start":
+            return mark_ray_start_main(argv[2], argv[3])
         if len(argv) >= 6 and argv[1] == "--wait-ray-cluster":
             return wait_ray_cluster_main(argv[2], float(argv[3]), float(argv[4]), argv[5:])
     except ValueError as exc:

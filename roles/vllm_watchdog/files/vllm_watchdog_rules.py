@@ -213,6 +213,26 @@ def _int(value: str | None) -> int:
 # longer than the bound the GCS itself needs to declare it dead. vLLM's unit waits in
 # ``ExecStartPre`` (``--wait-ray-cluster``) until every node of the replica is alive with enough
 # GPUs, so vLLM (re)starts only after the workers rejoined, whoever restarted it.
+#
+# A raylet killed on a worker stays ALIVE in the table until the GCS has missed its health checks
+# (about 15 s with Ray's defaults) while the worker's unit has already started a new raylet, which
+# registers under a new id from the same IP. A placement group created in that window can stay
+# PENDING with every GPU free (seen with Ray 2.60 under load: its bundles were offered to the new
+# raylet the moment it registered, the lease failed, and the GCS never offered them again; vLLM
+# then waits its 1800 s). So the gate also waits while a worker's raylet is restarting: each Ray
+# worker unit records when it starts (``--mark-ray-start``, ExecStartPre, in the GCS's key-value
+# store, namespace :data:`RAY_KV_NAMESPACE`), and an IP whose only alive node started before
+# that mark is the old raylet; while an IP has two alive nodes the old one is not yet declared
+# dead; and a node that registered less than :data:`RAY_SETTLE_S` ago is let settle first.
+
+RAY_KV_NAMESPACE = b"vllm_provision"
+RAY_SETTLE_S = 3.0  # seconds a newly registered raylet is given before vLLM places its group
+
+
+def ray_start_key(ip: str) -> bytes:
+    """The GCS key-value key under which a Ray worker unit records its start (``ip``: its
+    ``--node-ip-address``)."""
+    return f"raylet-start/{ip}".encode()
 
 RAY_ALIVE = 0  # GcsNodeInfo.GcsNodeState (src/ray/protobuf/gcs.proto): ALIVE 0, DEAD 1
 
@@ -227,24 +247,55 @@ def node_table(infos: Any) -> list[dict[str, Any]]:
         rows.append({"id": bytes(info.node_id).hex(), "ip": str(info.node_manager_address),
                      "alive": int(info.state) == RAY_ALIVE,
                      "gpus": float(dict(info.resources_total).get("GPU", 0)),
-                     "reason": str(getattr(death, "reason_message", "") or "")})
+                     "reason": str(getattr(death, "reason_message", "") or ""),
+                     "started_s": int(getattr(info, "start_time_ms", 0) or 0) / 1000.0})
     return rows
 
 
 def cluster_gaps(nodes: list[dict[str, Any]], expected_ips: list[str],
-                 gpus_needed: float) -> list[str]:
+                 gpus_needed: float, *, starts: dict[str, float] | None = None,
+                 now_s: float | None = None, settle_s: float = RAY_SETTLE_S) -> list[str]:
     """What keeps vLLM from placing its workers, in words; empty when every expected node is
-    alive and the alive expected nodes hold at least ``gpus_needed`` GPUs (pure).
+    alive once (no old raylet of a restarted worker still listed alive), the alive expected
+    nodes hold at least ``gpus_needed`` GPUs, and none registered less than ``settle_s`` ago
+    (pure).
 
     Args:
         nodes: :func:`node_table` rows. expected_ips: every node of the replica (its
             ``--node-ip-address``). gpus_needed: tensor x pipeline parallel size.
+        starts: IP -> epoch seconds at which that node's Ray worker unit last started
+            (``--mark-ray-start``); an alive node that registered before it is the old raylet.
+            Both times come from the worker's own clock.
+        now_s: this host's epoch seconds, for the settle time (``None``: no settle). A worker
+            clock ahead of this one by more than ``settle_s`` skips the settle, never blocks.
     """
-    alive = {n["ip"]: n for n in nodes if n["alive"]}
-    gaps = [f"node {ip} is not alive in Ray" for ip in expected_ips if ip not in alive]
-    gpus = sum(float(alive[ip]["gpus"]) for ip in expected_ips if ip in alive)
+    gaps: list[str] = []
+    by_ip: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        if node["alive"]:
+            by_ip.setdefault(str(node["ip"]), []).append(node)
+    alive = {}
+    for ip in expected_ips:
+        found = by_ip.get(ip, [])
+        if not found:
+            gaps.append(f"node {ip} is not alive in Ray")
+        elif len(found) > 1:
+            gaps.append(f"node {ip} has {len(found)} alive Ray nodes: its raylet restarted and "
+                        "Ray has not yet declared the old one dead")
+        else:
+            alive[ip] = found[0]
+    gpus = sum(max(float(n["gpus"]) for n in by_ip[ip]) for ip in expected_ips if by_ip.get(ip))
     if gpus < gpus_needed:
         gaps.append(f"{gpus:g} GPUs alive in Ray, vLLM needs {gpus_needed:g}")
+    for ip, node in alive.items():
+        started = float(node.get("started_s") or 0.0)
+        mark = (starts or {}).get(ip)
+        if mark is not None and started and started < mark:
+            gaps.append(f"node {ip}'s Ray worker is restarting: the alive node is its old "
+                        "raylet, which Ray has not yet declared dead")
+        elif now_s is not None and started and 0 <= now_s - started < settle_s:
+            gaps.append(f"node {ip} joined Ray {now_s - started:.1f} s ago; letting it settle "
+                        f"{settle_s:g} s")
     return gaps
 
 
