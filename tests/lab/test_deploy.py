@@ -320,7 +320,12 @@ class TestMp:
             again = deployed.up()
         assert_serving_output(again)
         assert "(already serving)" not in again.stdout
-        assert deployed.status().json()["replicas"][0]["verdict"] == "serving"
+        # the last recorded start had the inventory's arguments too: the compile cache is there
+        assert "(warm start)" in again.stdout, again.stdout
+        replica = deployed.status().json()["replicas"][0]
+        assert replica["verdict"] == "serving"
+        assert set(replica["starts"]) == {"cold", "warm"}, replica["starts"]
+        assert set(replica["starts"]["warm"]["phase_s"]) == {"h1", "h2"}, replica["starts"]
 
     def test_unit_crashing_at_start_ends_wait_within_seconds_with_journal(
             self, deployed: Deployment) -> None:

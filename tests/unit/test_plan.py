@@ -141,14 +141,50 @@ def test_systemd_if_running_needs_state_restarted(tmp_path: Path, playbook: Path
 def test_serving_record_keeps_the_last_measured_start() -> None:
     begun = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     fresh = state.serving_record(None, "llm", 7.1234, begun)
-    assert fresh == {"start_to_serving_s": 7.123, "deployed_at": "2026-01-02T03:04:05Z"}
+    assert fresh == {"start_to_serving_s": 7.123, "deployed_at": "2026-01-02T03:04:05Z",
+                     "start_key": None, "last_start": "cold",
+                     "starts": {"cold": {"start_to_serving_s": 7.123,
+                                         "at": "2026-01-02T03:04:05Z", "phase_s": {}}}}
     previous = {"replicas": {"llm": fresh}}
     later = datetime(2026, 1, 3, tzinfo=UTC)
     assert state.serving_record(previous, "llm", None, later) == fresh  # already serving
     assert state.serving_record(previous, "other", None, later) == {
-        "start_to_serving_s": None, "deployed_at": None}
+        "start_to_serving_s": None, "deployed_at": None, "start_key": None,
+        "last_start": None, "starts": {}}
     assert state.last_start_s(previous) == {"llm": 7.123}
     assert state.last_start_s(None) == {}
+
+
+def test_a_start_with_the_last_starts_key_is_warm_and_both_kinds_are_kept() -> None:
+    key = {"nodes": ["h1", "h2"], "model": "/m", "vllm": "0.11.0", "torch": "2.8.0",
+           "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "dtype": "auto",
+           "max_model_len": None}
+    day = [datetime(2026, 1, d, tzinfo=UTC) for d in (1, 2, 3, 4)]
+    phases = {"h1": {"loading weights": 30.0}}
+    first = state.serving_record(None, "llm", 95.2, day[0], key=key, phase_s=phases)
+    assert first["last_start"] == "cold" and first["starts"]["cold"]["phase_s"] == phases
+    record = {"replicas": {"llm": first}}
+    second = state.serving_record(record, "llm", 40.1, day[1], key=dict(key))
+    assert second["last_start"] == "warm"
+    assert second["starts"] == {"cold": first["starts"]["cold"],
+                                "warm": {"start_to_serving_s": 40.1,
+                                         "at": "2026-01-02T00:00:00Z", "phase_s": {}}}
+    # an upgrade of vLLM changes the key: cold again, the last warm start is kept
+    upgraded = state.serving_record({"replicas": {"llm": second}}, "llm", 99.0, day[2],
+                                    key={**key, "vllm": "0.12.0"})
+    assert upgraded["last_start"] == "cold"
+    assert upgraded["starts"]["cold"]["start_to_serving_s"] == 99.0
+    assert upgraded["starts"]["warm"] == second["starts"]["warm"]
+    # another owner's entry is not this replica's history
+    other = state.serving_record({"replicas": {"llm": {**second, "replica_id": "x"}}}, "llm",
+                                 41.0, day[3], key=key, replica_id="y")
+    assert other["last_start"] == "cold" and set(other["starts"]) == {"cold"}
+    described = state.describe_starts(state.recorded_starts(
+        {"replicas": {"llm": second}})["llm"])
+    assert described == ("cold 95.2 s (2026-01-01T00:00:00Z), warm 40.1 s "
+                         "(2026-01-02T00:00:00Z)")
+    assert state.describe_starts({}) == "none recorded"
+    assert state.recorded_starts({"replicas": {"llm": {"starts": "junk"}}}) == {}
 
 
 def test_plan_summary_without_a_measured_start() -> None:

@@ -339,7 +339,8 @@ def test_serving_time_is_not_carried_from_another_replica_id() -> None:
     kept = state.serving_record(previous, "llm", None, begun, replica_id="llm@aaaa")
     assert kept["start_to_serving_s"] == 7.0
     other = state.serving_record(previous, "llm", None, begun, replica_id="llm@bbbb")
-    assert other == {"start_to_serving_s": None, "deployed_at": None}
+    assert other == {"start_to_serving_s": None, "deployed_at": None, "start_key": None,
+                     "last_start": None, "starts": {}}
     old = {"replicas": {"llm": {"start_to_serving_s": 7.0, "deployed_at": None}}}
     assert state.serving_record(old, "llm", None, begun, replica_id="llm@bbbb")[
         "start_to_serving_s"] == 7.0

@@ -152,13 +152,15 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
         placement = replica.backend_type.placement(replica, connections, vars_)
         # through SSH (vllm_api_via) the load rides rank 0's connection: held until the end
         route = route_for(replica, connections.get(replica.master.name))
-        start_s = state.last_start_s(state.read_controller_record(inv.path)).get(replica.name)
+        record = state.read_controller_record(inv.path)
+        start_s = state.last_start_s(record).get(replica.name)
+        starts = state.recorded_starts(record).get(replica.name, {})
         with Progress(transient=True, disable=opts.json) as progress:
             task = progress.add_task(f"bench {replica.name}", total=requests)
             result = bench.run(replica, vars_, requests=requests, concurrency=concurrency,
                                rate=rate, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                                seed=seed, placement=placement, start_to_serving_s=start_s,
-                               read_timeout_s=read_timeout,
+                               starts=starts, read_timeout_s=read_timeout,
                                progress=lambda n: progress.update(task, completed=n),
                                route=route)
     finally:

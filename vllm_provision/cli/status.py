@@ -171,9 +171,11 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     if watch:
         sys.exit(_watch(inv, interval, duration, opts.json, opts))
     try:
-        deployed = deployment_times(state.read_controller_record(inv.path))
+        record = state.read_controller_record(inv.path)
     except ProvisionError:
-        deployed = {}  # an unreadable record: every failure of this boot is current
+        record = None  # an unreadable record: every failure of this boot is current
+    deployed = deployment_times(record)
+    starts = state.recorded_starts(record)
     as_json = opts.json
     hosts = {node.name: node.host for replica in inv.replicas for node in replica.nodes}
     connections, errors = open_connections(hosts.values(), opts.connection_options())
@@ -184,6 +186,8 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
                     for replica in inv.replicas]
     finally:
         close_all(connections)
+    for info in replicas:  # the state record's last cold and warm start (docs/deploy.md)
+        info["starts"] = starts.get(info["replica"], {})
     if as_json:
         echo(json.dumps({"replicas": replicas}))
     else:
@@ -206,6 +210,7 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
                 echo(f"  {host:<12} {'unreachable':<20} {reason}")
             echo(f"  rank 0 /health: {info['health'] or 'no answer'}  "
                        f"(API path: {info['api_path']})")
+            echo(f"  starts (state record): {state.describe_starts(info['starts'])}")
             if "ray" in info:
                 ray = dict(info["ray"])
                 pending = ray.pop("pending", None)

@@ -110,7 +110,8 @@ def serving_line(extra: dict[str, Any]) -> str:
 
     Args:
         extra: the summary keys of the readiness and completion tasks (``start_to_serving_s``,
-            ``already_serving``, ``ttft_s``).
+            ``already_serving``, ``ttft_s``) and ``start_kind`` (``cold`` or ``warm``: the
+            state record's verdict, docs/deploy.md "Cold and warm starts").
     """
     def seconds(value: Any) -> str:
         return "not measured" if value is None else f"{value} s"
@@ -121,7 +122,9 @@ def serving_line(extra: dict[str, Any]) -> str:
         ago = f", its vLLM units started {started} s ago" if started is not None else ""
         first = f"start to serving: not measured (already serving{ago})"
     else:
-        first = f"start to serving: {seconds(started)}"
+        kind = extra.get("start_kind")  # cold or warm, once the state record is written
+        first = f"start to serving: {seconds(started)}" + (
+            f" ({kind} start)" if kind in ("cold", "warm") and started is not None else "")
     return f"{first}; time to first token: {seconds(extra.get('ttft_s'))}"
 
 

@@ -44,14 +44,17 @@ def served_model(replica: Any) -> str:
 
 def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
                placement: dict[str, Any], inputs: dict[str, Any],
-               start_to_serving_s: float | None, api_path: str = "direct") -> dict[str, Any]:
+               start_to_serving_s: float | None, api_path: str = "direct",
+               starts: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a result was measured under: ``replica``, ``backend``, ``model``, ``served_model``,
     ``dtype``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``vllm_version`` (rank
     0's ``/version``), ``gpu_pool`` (``vllm_gpu_pool``), ``hosts`` (name, address, rank),
     ``inputs`` (seed, counts, digest), ``placement`` (the backend's
     :meth:`~vllm_provision.backends.Backend.placement`), ``start_to_serving_s`` (of the last
-    ``up``, from the state record; None when not measured), ``api_path`` (``direct`` or ``ssh
-    via <rank 0>``: the client's latencies include the path, docs/deploy.md)."""
+    ``up``, from the state record; None when not measured), ``starts`` (the state record's
+    last cold and warm start, :func:`vllm_provision.state.recorded_starts`; a kind never
+    measured is absent), ``api_path`` (``direct`` or ``ssh via <rank 0>``: the client's
+    latencies include the path, docs/deploy.md)."""
     engine = replica.engine
     return {"replica": replica.name, "backend": replica.backend, "model": engine.model,
             "served_model": served_model(replica), "dtype": dtype_of(engine.extra_args),
@@ -61,7 +64,8 @@ def conditions(replica: Any, vars_: Mapping[str, Any], version: str,
             "hosts": [{"host": n.name, "address": n.host_ip, "rank": n.rank}
                       for n in replica.nodes],
             "inputs": inputs, "placement": placement,
-            "start_to_serving_s": start_to_serving_s, "api_path": api_path}
+            "start_to_serving_s": start_to_serving_s, "starts": dict(starts or {}),
+            "api_path": api_path}
 
 
 def scrape(base_url: str, model: str, timeout_s: float = 10.0, route: Any = None,
@@ -118,7 +122,7 @@ def agreement(client: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
 def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: int,
         rate: float | None, prompt_tokens: int, max_tokens: int, seed: int,
         placement: dict[str, Any], start_to_serving_s: float | None,
-        read_timeout_s: float = 60.0,
+        starts: Mapping[str, Any] | None = None, read_timeout_s: float = 60.0,
         progress: Callable[[int], None] | None = None, route: Any = None) -> dict[str, Any]:
     """Run the benchmark against ``replica``'s rank 0 and return the result (module doc).
 
@@ -126,7 +130,7 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
         replica: the replica. vars_: rank 0's variables.
         requests, concurrency, rate (requests/s, None: as fast as the concurrency allows),
         prompt_tokens (words), max_tokens, seed: the load (:mod:`~vllm_provision.evidence.load`).
-        placement, start_to_serving_s: read before, recorded in the conditions.
+        placement, start_to_serving_s, starts: read before, recorded in the conditions.
         progress: called with the number of finished requests after each one.
         route: how the controller reaches rank 0 (``vllm_api_via``,
             :func:`~vllm_provision.transport.tunnel.route_for`); None: direct.
@@ -166,7 +170,8 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
     return {"kind": "bench", "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "conditions": conditions(replica, vars_, version, placement, inputs,
                                      start_to_serving_s,
-                                     route.describe if route is not None else "direct"),
+                                     route.describe if route is not None else "direct",
+                                     starts),
             "client": client, "server": server, "agreement": agreement(client, server),
             "requests": [r.as_dict() for r in results]}
 

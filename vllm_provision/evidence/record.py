@@ -60,6 +60,14 @@ def _s(value: Any) -> str:
     return MISSING if value is None else f"{float(value):.1f} s"
 
 
+def _start(starts: Mapping[str, Any], kind: str) -> str:
+    """A recorded start of ``kind`` (cold or warm) in seconds, or ``none yet``: a kind that has
+    not happened is not a measurement that is missing."""
+    item = starts.get(kind)
+    value = item.get("start_to_serving_s") if isinstance(item, Mapping) else None
+    return "none yet" if value is None else f"{float(value):.1f} s"
+
+
 def placement_key(bench: Mapping[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     """The physical placement as sorted ``(host, GPU indexes)`` per node, the same shape for
     ranks and bundles, so two backends' placements compare."""
@@ -216,6 +224,8 @@ def render(facts: Mapping[str, Any], other: Mapping[str, Any] | None = None) -> 
                                       for h in b["conditions"]["hosts"])),
         ("inputs", lambda b: describe_inputs(b["conditions"]["inputs"])),
         ("start to serving (last `up`)", lambda b: _s(b["conditions"]["start_to_serving_s"])),
+        ("cold / warm start to serving", lambda b: " / ".join(
+            _start(b["conditions"].get("starts") or {}, kind) for kind in ("cold", "warm"))),
         ("completion rate", lambda b: f"{b['client']['completion_rate']:.2%} "
                                       f"({b['client']['completed']}/{b['client']['requests']})"),
         ("TTFT p50 / p90 / p99", lambda b: " / ".join(_ms(b["client"]["ttft_s"][f"p{q}"])

@@ -118,6 +118,13 @@ def measured_starts(replicas: Sequence[Mapping[str, Any]]) -> dict[str, float | 
             if "start_to_serving_s" in entry and not entry.get("already_serving")}
 
 
+def measured_phases(replicas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Replica name -> node -> phase -> seconds of the start this run measured (the readiness
+    wait's ``phase_s``), for the same replicas as :func:`measured_starts`."""
+    return {entry["name"]: entry.get("phase_s") or {} for entry in replicas
+            if "start_to_serving_s" in entry and not entry.get("already_serving")}
+
+
 def run_vars(skip_checks: Sequence[str], take_over: bool) -> dict[str, Any]:
     """The extra variables a deploy adds to the inventory's before it loads: ``--skip-check``
     (:func:`skip_check_vars`), and with ``--take-over`` the ``ownership`` check skipped too (it
@@ -257,7 +264,14 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
                 and not any(r.failed for r in outcome.results)):
             extra.update(record_good_up(inventory, runner.facts, install(), deploy.connection,
                                         runner.masker, factory=factory, measured=measured,
+                                        phases=measured_phases(replicas),
                                         started_at=started_at, warn=warn))
+            kinds = extra.pop("start_kinds", {})
+            for entry in replicas:
+                if entry["name"] in kinds:
+                    entry["start_kind"] = kinds[entry["name"]]
+            if first is not None and first["name"] in kinds:
+                extra["start_kind"] = kinds[first["name"]]
         if deploy.check:
             extra["plan"] = run_plan(inventory, outcome, starts_again=name == "restart")
     extra["stats"] = report.connection_stats()
@@ -419,8 +433,9 @@ def guard_ownership(command: str, inventory: Inventory, hosts: Sequence[Any],
 def record_good_up(inventory: Inventory, facts: Mapping[str, Any], up_plays: Sequence[Any],
                    connection: ConnectionOptions, masker: Masker, *, factory: Any = None,
                    measured: Mapping[str, float | None] | None = None,
+                   phases: Mapping[str, Mapping[str, Any]] | None = None,
                    started_at: datetime | None = None,
-                   warn: Callable[[str], None]) -> dict[str, str]:
+                   warn: Callable[[str], None]) -> dict[str, Any]:
     """Write the state record of a verified ``up`` (or of an upgrade that verified every
     replica) for ``provision drift`` (:mod:`vllm_provision.state`).
 
@@ -428,17 +443,22 @@ def record_good_up(inventory: Inventory, facts: Mapping[str, Any], up_plays: Seq
         inventory: the run's inventory. facts: host name -> the facts preflight gathered.
         up_plays: ``up.yml``'s plays. connection: the run's connection options.
         masker: masks secrets in the warning. factory: the run lock's connection factory.
-        measured, started_at: see :func:`vllm_provision.operations.record.record_after_up`.
+        measured, phases, started_at: see
+            :func:`vllm_provision.operations.record.record_after_up`.
         warn: prints the warning line when the record could not be written.
 
     Returns:
-        ``{"state_record": controller path}``, or ``{"state_record_error": text}`` (also given
-        to ``warn``: the run itself succeeded).
+        ``{"state_record": controller path, "start_kinds": {replica: "cold" | "warm"}}`` (the
+        replicas this ``up`` started), or ``{"state_record_error": text}`` (also given to
+        ``warn``: the run itself succeeded).
     """
     try:
-        return {"state_record": str(record_after_up(
-            inventory, facts, up_plays, connection, factory, measured=measured,
-            started_at=started_at))}
+        path, serving = record_after_up(inventory, facts, up_plays, connection, factory,
+                                        measured=measured, phases=phases,
+                                        started_at=started_at)
+        kinds = {name: item["last_start"] for name, item in serving.items()
+                 if (measured or {}).get(name) is not None and item.get("last_start")}
+        return {"state_record": str(path), **({"start_kinds": kinds} if kinds else {})}
     except ProvisionError as exc:
         text = masker.text(exc.render())
         warn(f"the state record for `provision drift` was not written: {text}")

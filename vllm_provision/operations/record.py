@@ -22,6 +22,7 @@ from vllm_provision.state import (
     read_controller_record,
     save_record,
     serving_record,
+    start_key,
     started_from,
     unit_names,
 )
@@ -32,9 +33,11 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
                     plays: Sequence[Any], connection_options: Any,
                     factory: Callable[[Any], Any] | None = None, *,
                     measured: Mapping[str, float | None] | None = None,
-                    started_at: datetime | None = None) -> Path:
+                    phases: Mapping[str, Mapping[str, Any]] | None = None,
+                    started_at: datetime | None = None) -> tuple[Path, dict[str, Any]]:
     """After a verified ``provision up``: hash the installed files on every node (one round trip
-    each), then write the record on every node and on the controller; return the controller path.
+    each), then write the record on every node and on the controller; return the controller path
+    and, by replica name, what the record says of its starts (:func:`serving_record`).
 
     Args:
         inventory: the inventory ``up`` ran with.
@@ -44,6 +47,8 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         factory: builds each host's connection (the run's own, lent by the run lock).
         measured: replica name -> the start to serving this ``up`` measured (seconds, None when
             it did not start the replica); see :func:`serving_record`.
+        phases: replica name -> node -> phase -> seconds of the start this ``up`` measured
+            (kept with the start, cold or warm, in the record).
         started_at: when this ``up`` began (default: now).
 
     Raises:
@@ -75,7 +80,9 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         # a secret reached a recorded value (a fact, an argument).
         begun = started_at or datetime.now(UTC)
         serving = {r.name: serving_record(previous or None, r.name, (measured or {}).get(r.name),
-                                          begun, replica_id=r.replica_id)
+                                          begun, replica_id=r.replica_id,
+                                          key=start_key(r, facts),
+                                          phase_s=(phases or {}).get(r.name))
                    for r in inventory.replicas}
         record = Masker.from_inventory(inventory).data(
             build_record(inventory, facts, hashes, serving=serving, started=started))
@@ -88,4 +95,4 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         close_all(connections)
     if problems:
         raise ProvisionError(problems)
-    return path
+    return path, serving

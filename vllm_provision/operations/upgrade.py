@@ -346,7 +346,7 @@ def _roll_back(upgrade: _Upgrade, entry: fleet.ReplicaOutcome, replica: Any, rea
 
 
 def _record_upgrade(upgrade: _Upgrade, started_at: datetime,
-                    warn: Callable[[str], None]) -> dict[str, str]:
+                    warn: Callable[[str], None]) -> dict[str, Any]:
     """After every replica upgraded and verified, write the state record as a verified ``up``
     does, so ``provision drift`` compares with what the upgrade left (see ``record_good_up``)."""
     return record_good_up(upgrade.inventory, upgrade.facts, upgrade.up_plays,

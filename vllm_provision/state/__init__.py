@@ -206,10 +206,38 @@ def build_record(inventory: Inventory, facts: Mapping[str, HostFacts],
     return record
 
 
+START_KINDS = ("cold", "warm")
+
+
+def start_key(replica: Any, facts: Mapping[str, HostFacts]) -> dict[str, Any]:
+    """What decides whether a start can reuse vLLM's compile cache (pure): the nodes, the
+    backend, the model, the vLLM and torch versions of rank 0 and the layout (tensor and
+    pipeline parallel size, dtype, max model length). vLLM keys its torch.compile cache under ``VLLM_CACHE_ROOT`` by a
+    hash of the model and compilation configs, the parallel layout and the versions ("torch.compile
+    integration", docs.vllm.ai/en/latest/design/torch_compile.html); a start with the same key on
+    the same nodes finds the cache (warm), another one builds it (cold).
+
+    Args:
+        replica: a ``Replica`` (its ``nodes``, ``master`` and ``engine``).
+        facts: host name -> gathered facts (versions None when not gathered).
+    """
+    master = facts.get(replica.master.name)
+    packages = dict(master.packages) if master is not None else {}
+    engine = replica.engine
+    return {"nodes": [node.name for node in replica.nodes], "backend": replica.backend,
+            "model": engine.model,
+            "vllm": packages.get("vllm"), "torch": packages.get("torch"),
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "pipeline_parallel_size": engine.pipeline_parallel_size,
+            "dtype": engine.dtype, "max_model_len": engine.max_model_len}
+
+
 def serving_record(previous: Mapping[str, Any] | None, replica: str,
                    measured_s: float | None, started_at: datetime, *,
-                   replica_id: str | None = None) -> dict[str, Any]:
-    """The ``start_to_serving_s`` and ``deployed_at`` of ``replica`` for the new record (pure).
+                   replica_id: str | None = None, key: Mapping[str, Any] | None = None,
+                   phase_s: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``start_to_serving_s``, ``deployed_at`` and start history of ``replica`` for the
+    new record (pure).
 
     Args:
         previous: the last record (None when there is none).
@@ -219,18 +247,53 @@ def serving_record(previous: Mapping[str, Any] | None, replica: str,
         started_at: when this ``up`` began.
         replica_id: the replica's owner id; a previous entry that holds another one (another
             inventory now at the same path) is not carried over. None: not compared.
+        key: :func:`start_key` of this start (None: every start is counted cold).
+        phase_s: node -> phase -> seconds of this start (the readiness wait's ``phase_s``).
 
-    A measured value means this ``up`` (re)started the replica: both keys are new. Otherwise
-    both are carried over from ``previous`` (None when it has no such replica).
+    A measured value means this ``up`` (re)started the replica: ``start_to_serving_s`` and
+    ``deployed_at`` are new, and so is ``starts[kind]``: ``kind`` is ``warm`` when the last
+    recorded start had the same ``start_key`` (vLLM's compile cache is there), else ``cold``;
+    the other kind's last measurement is kept, so the record holds one of each once both
+    happened (docs/deploy.md, "Cold and warm starts"). Otherwise everything is carried over
+    from ``previous`` (None when it has no such replica).
     """
-    if measured_s is not None:
-        return {"start_to_serving_s": round(float(measured_s), 3),
-                "deployed_at": started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     old = ((previous or {}).get("replicas") or {}).get(replica) or {}
     if replica_id is not None and old.get("replica_id") not in (None, replica_id):
         old = {}
-    return {"start_to_serving_s": old.get("start_to_serving_s"),
-            "deployed_at": old.get("deployed_at")}
+    starts = {kind: old["starts"][kind] for kind in START_KINDS
+              if isinstance(old.get("starts"), Mapping) and old["starts"].get(kind)}
+    if measured_s is None:
+        return {"start_to_serving_s": old.get("start_to_serving_s"),
+                "deployed_at": old.get("deployed_at"), "start_key": old.get("start_key"),
+                "last_start": old.get("last_start"), "starts": starts}
+    at = started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kind = "warm" if key is not None and old.get("start_key") == dict(key) else "cold"
+    starts[kind] = {"start_to_serving_s": round(float(measured_s), 3), "at": at,
+                    "phase_s": dict(phase_s or {})}
+    return {"start_to_serving_s": round(float(measured_s), 3), "deployed_at": at,
+            "start_key": dict(key) if key is not None else None, "last_start": kind,
+            "starts": starts}
+
+
+def recorded_starts(record: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Replica name -> ``{"cold": {...}, "warm": {...}}``: the last start of each kind the
+    record holds (:func:`serving_record`; ``start_to_serving_s``, ``at``, ``phase_s``), kinds
+    never measured left out; a malformed entry reads as none."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, item in ((record or {}).get("replicas") or {}).items():
+        starts = item.get("starts") if isinstance(item, Mapping) else None
+        if isinstance(starts, Mapping):
+            found[str(name)] = {kind: dict(starts[kind]) for kind in START_KINDS
+                                if isinstance(starts.get(kind), Mapping)}
+    return found
+
+
+def describe_starts(starts: Mapping[str, Any]) -> str:
+    """One line for :func:`recorded_starts` of a replica: ``cold 95.2 s (2026-12-04T11:39:11Z),
+    warm 40.1 s (...)``, or ``none recorded``."""
+    parts = [f"{kind} {starts[kind].get('start_to_serving_s')} s ({starts[kind].get('at')})"
+             for kind in START_KINDS if kind in starts]
+    return ", ".join(parts) or "none recorded"
 
 
 def last_start_s(record: Mapping[str, Any] | None) -> dict[str, float | None]:
