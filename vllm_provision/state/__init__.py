@@ -212,10 +212,11 @@ START_KINDS = ("cold", "warm")
 def start_key(replica: Any, facts: Mapping[str, HostFacts]) -> dict[str, Any]:
     """What decides whether a start can reuse vLLM's compile cache (pure): the nodes, the
     backend, the model, the vLLM and torch versions of rank 0 and the layout (tensor and
-    pipeline parallel size, dtype, max model length). vLLM keys its torch.compile cache under ``VLLM_CACHE_ROOT`` by a
-    hash of the model and compilation configs, the parallel layout and the versions ("torch.compile
-    integration", docs.vllm.ai/en/latest/design/torch_compile.html); a start with the same key on
-    the same nodes finds the cache (warm), another one builds it (cold).
+    pipeline parallel size, dtype, max model length). vLLM keys its torch.compile cache under
+    ``VLLM_CACHE_ROOT`` by a hash of the model and compilation configs, the parallel layout
+    and the versions ("torch.compile integration",
+    docs.vllm.ai/en/latest/design/torch_compile.html); a start with the same key on the same
+    nodes finds the cache (warm), another one builds it (cold).
 
     Args:
         replica: a ``Replica`` (its ``nodes``, ``master`` and ``engine``).
