@@ -456,6 +456,17 @@ class Lab:
         network.delay(self.config, host, delay_ms, hosts.host_run_dir(self.config, host),
                       peer_address)
 
+    def rate(self, host: str, limit: str) -> None:
+        """Shape what ``host`` receives to ``limit`` (``100mbit``, ``1gbit``; ``off`` removes
+        it). See :func:`vllm_provision_lab.network.rate`.
+
+        Raises:
+            LabError: not root, the host is not up, or ``limit`` is not a rate.
+        """
+        require_root("lab rate")
+        self._require_up(host)
+        network.rate(self.config, host, limit)
+
     def cut(self, host: str) -> None:
         """Drop all traffic of ``host`` until :meth:`heal` (SSH to it then times out).
 

@@ -158,6 +158,20 @@ def delay(peer: str | None, host: str, milliseconds: float) -> None:
                else f"{host}: delay removed")
 
 
+@command.command("rate", epilog=examples(
+    'provision lab rate h2 1gbit && provision fabric -i inventory/lab-mp.yml',
+    'provision lab rate h2 off'))
+@click.argument("host")
+@click.argument("limit", metavar="RATE")
+def rate(host: str, limit: str) -> None:
+    """Shape what HOST receives to RATE (tc: 100mbit, 1gbit; off removes it)."""
+    lab = Lab.from_env()
+    name = lab.config.host_named(host)
+    lab.rate(name, limit)
+    click.echo(f"{name}: receives at most {limit}" if limit != "off"
+               else f"{name}: rate limit removed")
+
+
 def _traffic(host: str, *, cut: bool) -> None:
     """Cut (``cut``) or restore the traffic of the lab host ``host`` (its name or address, as
     :meth:`LabConfig.host_named` reads it) and say so under its name."""

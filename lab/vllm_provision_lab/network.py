@@ -159,6 +159,32 @@ def delay(config: LabConfig, host: str, delay_ms: float, run_dir: Path,
               "-j", "NFQUEUE", "--queue-num", queue, "--queue-bypass")
 
 
+RATE_PATTERN = re.compile(r"^[1-9][0-9]{0,6}(kbit|mbit|gbit)$")
+
+
+def rate(config: LabConfig, host: str, limit: str) -> None:
+    """Shape what ``host`` receives to ``limit`` (tc's units: ``100mbit``, ``1gbit``) with a
+    token bucket (``tbf``, in this kernel: ``CONFIG_NET_SCH_TBF=y``) on the host-side end of its
+    veth, whose egress is the host's ingress; ``off`` removes it. The guest's ``eth0`` keeps
+    reporting the veth's 10000 Mb/s, as a real NIC reports its rated speed whatever the path.
+
+    Raises:
+        LabError: the host has no netns, or ``limit`` is not ``off`` or ``<n>kbit|mbit|gbit``.
+    """
+    _require_netns(config, host)
+    link = config.netns(host)
+    if limit == "off":
+        run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
+        return
+    if not RATE_PATTERN.match(limit):
+        raise LabError.single("lab rate", f"{limit!r} is not a rate",
+                              expected="off, or a number with kbit, mbit or gbit (100mbit)")
+    # burst: a few milliseconds at the rate, at least 64 KiB (a TSO segment), so the bucket
+    # does not cut large segments and the rate holds within a percent or two
+    run(["tc", "qdisc", "replace", "dev", link, "root", "tbf", "rate", limit,
+         "burst", "256kb", "latency", "100ms"])
+
+
 def stop_delayer(run_dir: Path) -> None:
     """Stop the host's delayer process, if one runs (its pid is in ``<run_dir>/delay.pid``)."""
     pid_file = run_dir / "delay.pid"

@@ -80,6 +80,8 @@ _TABLE: tuple[tuple[str, str, str], ...] = (
     ("bench", "bench",
      "Benchmark the replica with streamed completions and record the conditions."),
     ("fault", "fault", "Hit one node of a serving replica and measure how traffic returns."),
+    ("fabric", "fabric",
+     "Measure the link between every pair of a replica's nodes: TCP throughput and RTT."),
     ("record", "record",
      "Write the decision record: GPU pool, who reserves GPUs and starts workers, what Ray "
      "adds and does not, how traffic returned after faults, the evidence, refusals where "

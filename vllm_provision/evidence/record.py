@@ -21,13 +21,14 @@ from typing import Any
 from vllm_provision import backends, settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.text import markdown_inline as md
+from vllm_provision.evidence.fabric import describe as describe_link
 
 MISSING = "not measured"
 
 
 def facts_of(inventory: Any, evidence: Mapping[str, Any], replica: Any) -> dict[str, Any]:
     """What the record says about one deployment: backend, pool, reservation and worker start
-    (from the backend's facts), the stored bench and faults.
+    (from the backend's facts), the stored bench, faults and fabric result.
 
     Raises:
         ProvisionError: no bench result is stored for this inventory.
@@ -49,7 +50,19 @@ def facts_of(inventory: Any, evidence: Mapping[str, Any], replica: Any) -> dict[
                        if ray else "our units start every node (--node-rank from the "
                        "inventory's vllm_node_rank, rank 0 with the API, the others "
                        "--headless)"),
-            "bench": bench, "faults": evidence.get("faults") or {}}
+            "bench": bench, "faults": evidence.get("faults") or {},
+            "fabric": evidence.get("fabric")}
+
+
+def fabric_rows(facts: Mapping[str, Any]) -> list[str]:
+    """One markdown line per measured pair of the stored ``provision fabric`` result, or one
+    line saying there is none (a link never measured is not a figure that is missing)."""
+    result = facts.get("fabric")
+    if not isinstance(result, Mapping) or not result.get("pairs"):
+        return ["- No `provision fabric` result is stored: the link between the nodes was "
+                "not tested."]
+    return [f"- {md(describe_link(pair))} ({md(result.get('time'))})"
+            for pair in result["pairs"]]
 
 
 def _ms(value: Any) -> str:
@@ -212,6 +225,9 @@ def render(facts: Mapping[str, Any], other: Mapping[str, Any] | None = None) -> 
         rows = fault_rows(r)
         lines += [f"{md(r['backend'])}:", ""] + (rows or [f"- {MISSING}: no `provision fault` "
                                                       "result stored."]) + [""]
+    lines += ["## The link between the nodes", ""]
+    for r in runs:
+        lines += [f"{md(r['backend'])}:", ""] + fabric_rows(r) + [""]
     lines += ["## The evidence", "",
               "| | " + " | ".join(md(r["backend"]) for r in runs) + " |",
               "|---|" + "---|" * len(runs)]

@@ -3,7 +3,8 @@
 ``$XDG_STATE_HOME/vllm-provision/<inventory stem>-<12 hex>.evidence.json`` (the same name as
 the state record of :func:`vllm_provision.state.controller_state_path`, another suffix), 0600,
 written atomically (temp file, fsync, rename). Shape: ``{"schema": 1, "bench": <last bench
-result>, "faults": {"<host>:<unit>": <last fault result on that target>}}``.
+result>, "faults": {"<host>:<unit>": <last fault result on that target>}, "fabric": <last
+provision fabric result>}``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def evidence_path(inventory_path: Path) -> Path:
 
 
 def read(inventory_path: Path) -> dict[str, Any]:
-    """The stored evidence (``{"schema", "bench", "faults"}``; empty ones when none).
+    """The stored evidence (``{"schema", "bench", "faults", "fabric"}``; empty ones when
+    none).
 
     Raises:
         ProvisionError: the file exists but is unreadable or not this schema.
@@ -34,7 +36,7 @@ def read(inventory_path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return {"schema": SCHEMA, "bench": None, "faults": {}}
+        return {"schema": SCHEMA, "bench": None, "faults": {}, "fabric": None}
     except (OSError, ValueError) as exc:
         raise ProvisionError.single(str(path), f"cannot read the stored evidence: {exc}",
                                     fix="remove the file and run `provision bench` again") \
@@ -45,13 +47,15 @@ def read(inventory_path: Path) -> dict[str, Any]:
                                     fix="remove the file and run the experiments again")
     data.setdefault("bench", None)
     data.setdefault("faults", {})
+    data.setdefault("fabric", None)
     return data
 
 
 def update(inventory_path: Path, *, bench: dict[str, Any] | None = None,
-           fault: tuple[str, dict[str, Any]] | None = None) -> Path:
-    """Store a new bench result and/or one fault result (``(target, result)``), keeping the
-    rest; return the file's path.
+           fault: tuple[str, dict[str, Any]] | None = None,
+           fabric: dict[str, Any] | None = None) -> Path:
+    """Store a new bench result, one fault result (``(target, result)``) and/or a fabric
+    result, keeping the rest; return the file's path.
 
     Raises:
         ProvisionError: the folder or file cannot be written, or the old file is unreadable.
@@ -61,6 +65,8 @@ def update(inventory_path: Path, *, bench: dict[str, Any] | None = None,
         data["bench"] = bench
     if fault is not None:
         data["faults"][fault[0]] = fault[1]
+    if fabric is not None:
+        data["fabric"] = fabric
     from vllm_provision.core.files import write_private_json
 
     return write_private_json(evidence_path(inventory_path), data, what="the evidence",
