@@ -377,3 +377,33 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
     record = replica.provision("record")
     assert record.returncode == 0, record.stderr
     print(record.stdout)
+
+
+def test_fabric_runs_the_collective_with_the_nodes_real_torch(replica: Replica) -> None:
+    """``provision fabric`` (docs/evidence.md) on the real tier: the TCP test between the two
+    nodes, then all-reduce and all-gather across them with the venv's real torch over gloo (no
+    GPU), bus bandwidth for each size; nothing is left running."""
+    if replica.kind != "real":
+        pytest.skip("the stand-in lab has no torch; its fabric runs in test_fabric_lab.py")
+    proc = replica.provision("fabric", "--seconds", "1", "--min-ratio", "0.01", "--json",
+                             timeout_s=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    [pair] = result["pairs"]
+    assert pair["gbps"] > 0 and pair["verdict"] == "ok", pair
+    collective = result["collective"]
+    assert collective["run"] is True, collective
+    assert (collective["backend"], collective["world_size"]) == ("gloo", 2)
+    assert [row["bytes"] for row in collective["sizes"]] == [1 << 20, 16 << 20, 64 << 20]
+    for row in collective["sizes"]:
+        for name in ("all_reduce", "all_gather"):
+            figures = row[name]
+            assert figures["time_ms"] > 0 and figures["busbw_gbytes"] > 0, row
+            # nccl-tests' factors for two ranks: all-reduce 2(n-1)/n = 1, all-gather 1/2
+            factor = 1.0 if name == "all_reduce" else 0.5
+            assert figures["busbw_gbytes"] == pytest.approx(figures["algbw_gbytes"] * factor,
+                                                            abs=0.002)
+    _record(replica, "fabric", gbps=pair["gbps"], rtt_ms=pair["rtt_ms"],
+            allreduce_64mib_busbw=collective["sizes"][-1]["all_reduce"]["busbw_gbytes"])
+    left = replica.lab.ssh("h1", "ps -eo args | grep '[e]xec(base64.b64decode' || true")
+    assert left.stdout.strip() == ""

@@ -140,3 +140,52 @@ def test_the_record_shows_the_stored_fabric_result_or_says_there_is_none() -> No
     [row] = record.fabric_rows({"fabric": {"time": "2026-12-04T12:00:00Z", "pairs": [pair]}})
     assert row.startswith("- h1 to h2: 9.4 Gb/s of 10 Gb/s rated (94%), RTT min 0.1 ms")
     assert ": ok (2026" in row
+
+
+def _replica(*nodes: Any) -> Any:
+    return SimpleNamespace(name="r", backend="mp", nodes=list(nodes), engine=SimpleNamespace(
+        tensor_parallel_size=4, pipeline_parallel_size=2))
+
+
+def test_the_collective_is_skipped_with_the_reason_on_a_node_without_torch() -> None:
+    conns = {"h1": LocalConnection(), "h2": LocalConnection()}
+    result = fabric.collective(_replica(_node("h1", 0), _node("h2", 1)), conns, {},
+                               {"h1": sys.executable, "h2": sys.executable}, port=_free_port(),
+                               bound_s=30)
+    if result["run"]:  # this interpreter has torch: the gloo collective ran over loopback
+        assert result["backend"] == "gloo" and result["world_size"] == 2
+        return
+    assert result["reason"].startswith("h1: no torch in ") and "h2: no torch" in result["reason"]
+    assert "not run: h1: no torch" in fabric.describe_collective(result)
+
+
+class CannedConnection:
+    """Answers the collective's command with one canned JSON line (what a node printed)."""
+
+    def __init__(self, line: dict[str, Any]) -> None:
+        self.line = line
+
+    def run(self, command: str, timeout_s: float = 60) -> Any:
+        import json
+
+        assert command.startswith("timeout 120 /opt/vllm/bin/python3 -c ")
+        return SimpleNamespace(stdout=json.dumps(self.line) + "\n", stderr="", exit_status=0)
+
+
+def test_the_collective_reports_rank_0s_figures_or_each_nodes_failure() -> None:
+    sizes = [{"bytes": 1 << 20, "all_reduce": {"time_ms": 1.0, "algbw_gbytes": 1.049,
+                                               "busbw_gbytes": 1.049},
+              "all_gather": {"time_ms": 0.5, "algbw_gbytes": 2.097, "busbw_gbytes": 1.049}}]
+    good = {"rank": 0, "backend": "gloo", "torch": "2.9.0", "sizes": sizes}
+    pythons = {"h1": "/opt/vllm/bin/python3", "h2": "/opt/vllm/bin/python3"}
+    replica = _replica(_node("h1", 0), _node("h2", 1))
+    ran = fabric.collective(replica, {"h1": CannedConnection(good),
+                                      "h2": CannedConnection({**good, "rank": 1})},
+                            {}, pythons, port=29499)
+    assert ran == {"run": True, "reason": None, "backend": "gloo", "torch": "2.9.0",
+                   "world_size": 2, "sizes": sizes}
+    assert "1 MiB: all-reduce 1.049 (1.0 ms), all-gather 1.049 (0.5 ms)" in \
+        fabric.describe_collective(ran)
+    failed = fabric.collective(replica, {"h1": CannedConnection(good), "h2": CannedConnection(
+        {"rank": 1, "error": "DistNetworkError: timed out"})}, {}, pythons, port=29499)
+    assert failed == {"run": False, "reason": "h2: DistNetworkError: timed out"}

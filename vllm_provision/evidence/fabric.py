@@ -18,14 +18,17 @@ For each pair (lower rank ``a``, higher rank ``b``), over the cluster network (e
 One TCP stream from Python does not fill a 100 Gb/s link (about 10 to 40 Gb/s on one core,
 depending on the CPU): the verdict is a floor that catches a link running at a fraction of its
 rate (a wrong MTU, a 1 Gb/s port, a shaped or congested path), not a replacement for
-nccl-tests. A collective with the replica's own torch (``torch.distributed`` all-reduce, NCCL or
-gloo) is not run yet: the result says so (``collective``).
+nccl-tests. That is the collective's part (:func:`collective`): after the pairs, every node at
+once runs ``torch.distributed`` all-reduce and all-gather with the replica's own interpreter (NCCL
+on a node with a CUDA GPU, gloo without), and reports bus bandwidth as nccl-tests does; a node
+without torch skips it with the reason.
 
 The result (JSON-ready): ``kind`` (``fabric``), ``time``, ``conditions`` (replica, backend, hosts,
 port, seconds, min_ratio), ``pairs`` (one per pair: ``a``, ``b``, ``rtt_ms`` {min, median},
 ``gbps``, ``bytes``, ``seconds``, ``links`` {host: {interface, speed_mbps, mtu}},
 ``rated_gbps``, ``ratio``, ``verdict`` (``ok``, ``slow``, ``unrated`` or ``failed``),
-``problem`` (why it failed), ``causes``), ``collective``. docs/evidence.md, "provision fabric".
+``problem`` (why it failed), ``causes``), ``collective`` (:func:`collective`). docs/evidence.md,
+"provision fabric".
 """
 
 from __future__ import annotations
@@ -156,10 +159,8 @@ def probe_command(role: str, address: str, port: int, seconds: float, interface:
     values are data)."""
     args = [role, address, str(port), f"{seconds:g}", interface or "", peer, str(RTT_ROUNDS),
             f"{CONNECT_WAIT_S:g}"]
-    # one line, as modules/http.py sends its script: base64 holds no quote or newline
-    loader = ("import base64; exec(base64.b64decode('"
-              + base64.b64encode(SCRIPT.encode()).decode() + "'))")
-    return (f"timeout {int(bound_s)} python3 -c {quote(loader)} "
+    # one line, as modules/http.py sends its script
+    return (f"timeout {int(bound_s)} python3 -c {quote(_loader(SCRIPT))} "
             + " ".join(quote(a) for a in args))
 
 
@@ -274,9 +275,135 @@ def measure_pair(conns: Mapping[str, Any], a: Any, b: Any, *, port: int, seconds
     return pair
 
 
+# The collective every node runs at once (``python -c SCRIPT RANK WORLD MASTER PORT IP IFACE
+# SIZES ITERS TIMEOUT_S``) with the replica's own interpreter: torch.distributed over NCCL when
+# the node has a CUDA GPU (GPU 0: one process per node measures the link between nodes), gloo
+# otherwise; all-reduce and all-gather of float32 tensors of each size; one JSON line.
+COLLECTIVE_SCRIPT = r'''
+import datetime, json, os, subprocess, sys, time
+rank, world, master, port, ip, iface, sizes, iters, timeout_s = sys.argv[1:10]
+rank, world, port, iters, timeout_s = int(rank), int(world), int(port), int(iters), float(timeout_s)
+out = {"rank": rank}
+try:
+    import torch
+    import torch.distributed as dist
+except Exception as exc:
+    out["skipped"] = f"no torch in {sys.executable}: {type(exc).__name__}: {exc}"[:300]
+    print(json.dumps(out))
+    sys.exit(0)
+try:
+    if not iface:
+        found = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True,
+                               timeout=5).stdout
+        for entry in json.loads(found or "[]"):
+            if any(a.get("local") == ip for a in entry.get("addr_info", [])):
+                iface = entry.get("ifname")
+    if iface:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    backend = "nccl" if cuda else "gloo"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    out.update(backend=backend, torch=torch.__version__, sizes=[])
+    for size in [int(x) for x in sizes.split(",")]:
+        row = {"bytes": size}
+        for name in ("all_reduce", "all_gather"):
+            count = max(1, size // 4 // (world if name == "all_gather" else 1))
+            data = torch.ones(count, dtype=torch.float32, device=device)
+            gathered = [torch.empty_like(data) for _ in range(world)]
+            def once():
+                if name == "all_reduce":
+                    dist.all_reduce(data)
+                else:
+                    dist.all_gather(gathered, data)
+            once()
+            if cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
+            started = time.perf_counter()
+            for _ in range(iters):
+                once()
+            if cuda:
+                torch.cuda.synchronize()
+            took = (time.perf_counter() - started) / iters
+            moved = count * 4 * (world if name == "all_gather" else 1)
+            algbw = moved / took / 1e9
+            factor = 2 * (world - 1) / world if name == "all_reduce" else (world - 1) / world
+            row[name] = {"time_ms": round(took * 1000, 3), "algbw_gbytes": round(algbw, 3),
+                         "busbw_gbytes": round(algbw * factor, 3)}
+        out["sizes"].append(row)
+    dist.destroy_process_group()
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+print(json.dumps(out))
+'''
+COLLECTIVE_SIZES = (1 << 20, 16 << 20, 64 << 20)  # bytes per rank's tensor (all-reduce)
+COLLECTIVE_ITERS = 5
+
+
+def _loader(script: str) -> str:
+    """``script`` as one line for ``python -c`` (base64 holds no quote or newline)."""
+    return ("import base64; exec(base64.b64decode('"
+            + base64.b64encode(script.encode()).decode() + "'))")
+
+
+def collective(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | None],
+               pythons: Mapping[str, str], *, port: int, bound_s: float = 120.0
+               ) -> dict[str, Any]:
+    """All-reduce and all-gather across every node of ``replica`` at once, one process per
+    node with the replica's own interpreter (``pythons``: node name -> its path), rank 0's
+    node the rendezvous (``tcp://<its address>:port``); bus bandwidth as nccl-tests reports it
+    (all-reduce: algbw x 2(n-1)/n; all-gather: algbw x (n-1)/n; nccl-tests
+    doc/PERFORMANCE.md). A node without torch skips it with the reason (the TCP test still
+    ran); every process is under ``timeout`` and torch's own init timeout.
+
+    Returns:
+        ``{"run": bool, "reason", "backend", "torch", "world_size", "sizes": [{"bytes",
+        "all_reduce": {"time_ms", "algbw_gbytes", "busbw_gbytes"}, "all_gather": {...}}]}``.
+    """
+    nodes = sorted(replica.nodes, key=lambda n: n.rank)
+    master = nodes[0].host_ip
+    answers: dict[str, dict[str, Any]] = {}
+    init_s = max(10.0, bound_s - 30)
+
+    def one(index: int, node: Any) -> None:
+        args = [str(index), str(len(nodes)), master, str(port), node.host_ip,
+                interfaces.get(node.name) or "", ",".join(str(s) for s in COLLECTIVE_SIZES),
+                str(COLLECTIVE_ITERS), f"{init_s:g}"]
+        command = (f"timeout {int(bound_s)} {quote(pythons[node.name])} -c "
+                   f"{quote(_loader(COLLECTIVE_SCRIPT))} " + " ".join(quote(a) for a in args))
+        try:
+            answers[node.name] = parse_line(conns[node.name].run(
+                command, timeout_s=bound_s + 15).stdout)
+        except Exception as exc:  # noqa: BLE001 - the node's problem, in words
+            answers[node.name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    threads = [threading.Thread(target=one, args=(i, n), daemon=True)
+               for i, n in enumerate(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=bound_s + 30)
+    skipped = {n: a["skipped"] for n, a in answers.items() if a.get("skipped")}
+    if skipped:
+        return {"run": False, "reason": "; ".join(f"{n}: {why}" for n, why in skipped.items())}
+    failed = {n: a.get("error") for n, a in answers.items() if a.get("error") or "sizes" not in a}
+    if failed:
+        return {"run": False, "reason": "; ".join(f"{n}: {why or 'no result'}"
+                                                  for n, why in failed.items())}
+    first = answers[nodes[0].name]
+    return {"run": True, "reason": None, "backend": first.get("backend"),
+            "torch": first.get("torch"), "world_size": len(nodes), "sizes": first["sizes"]}
+
+
 def run(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | None], *,
         port: int = DEFAULT_PORT, seconds: float = DEFAULT_SECONDS,
-        min_ratio: float = DEFAULT_MIN_RATIO) -> dict[str, Any]:
+        min_ratio: float = DEFAULT_MIN_RATIO,
+        pythons: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Measure every pair of ``replica``'s nodes, one pair at a time (two pairs at once would
     share the links they measure); return the result (module doc).
 
@@ -285,6 +412,8 @@ def run(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | N
         interfaces: node name -> ``vllm_cluster_interface`` (None: the one holding its
             address). port: the receiver's TCP port. seconds: of streaming per pair.
         min_ratio: of the rated speed, below which a pair is ``slow``.
+        pythons: node name -> the replica's interpreter, for :func:`collective` (after the
+            pairs, on the same port); None: the collective is not run.
     """
     nodes: Sequence[Any] = sorted(replica.nodes, key=lambda n: n.rank)
     pairs = []
@@ -299,8 +428,8 @@ def run(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | N
                                      for n in nodes],
                            "port": port, "seconds": seconds, "min_ratio": min_ratio},
             "pairs": pairs,
-            "collective": {"run": False, "reason": "not measured by this version: only the "
-                           "TCP test runs (docs/evidence.md, \"provision fabric\")"}}
+            "collective": collective(replica, conns, interfaces, pythons, port=port)
+            if pythons else {"run": False, "reason": "not asked for"}}
 
 
 def describe(pair: Mapping[str, Any]) -> str:
@@ -313,3 +442,17 @@ def describe(pair: Mapping[str, Any]) -> str:
             if pair["rated_gbps"] else " (link rate unknown)")
     return (head + f"{pair['gbps']:g} Gb/s{rate}, RTT min {rtt.get('min')} ms median "
             f"{rtt.get('median')} ms: {pair['verdict']}")
+
+
+def describe_collective(item: Mapping[str, Any]) -> str:
+    """One human line (or a few) for :func:`collective`'s result."""
+    if not item.get("run"):
+        return f"collective: not run: {item.get('reason')}"
+    lines = [f"collective: torch {item.get('torch')} {item.get('backend')} across "
+             f"{item.get('world_size')} nodes (bus bandwidth, GB/s, as nccl-tests)"]
+    for row in item.get("sizes") or []:
+        reduce, gather = row.get("all_reduce") or {}, row.get("all_gather") or {}
+        lines.append(f"  {row['bytes'] / (1 << 20):g} MiB: all-reduce "
+                     f"{reduce.get('busbw_gbytes')} ({reduce.get('time_ms')} ms), all-gather "
+                     f"{gather.get('busbw_gbytes')} ({gather.get('time_ms')} ms)")
+    return "\n".join(lines)
