@@ -333,3 +333,50 @@ def test_phase_seconds_reach_the_replica_result_and_fit_the_schema(tmp_path: Pat
     entry["phase_s"] = {"h1": {"loading weights": -1}}
     with pytest.raises(jsonschema.ValidationError, match="-1"):
         validate("up", {**document, "replicas": [entry]})
+
+
+# --- phase budgets -------------------------------------------------------------------------------
+
+def test_the_budgets_come_from_the_model_size_the_load_rate_and_the_overrides() -> None:
+    from vllm_provision.output.stall import MIN_LOAD_BUDGET_S, phase_budgets
+
+    fourteen_gib = 14 << 30
+    budgets = phase_budgets(fourteen_gib, 200.0)
+    load = budgets["loading weights"]
+    assert load.seconds == round(2 * fourteen_gib / (200 * (1 << 20)), 1) == 143.4
+    assert "14.0 GiB" in load.why and "vllm_load_rate_mib_s" in load.why
+    assert budgets["capturing CUDA graphs"].seconds == 134.0  # 67 sizes x 2 s
+    assert phase_budgets(1 << 20, 200.0)["loading weights"].seconds == MIN_LOAD_BUDGET_S
+    assert phase_budgets(None, 200.0)["loading weights"].why.startswith("the minimum")
+    eager = phase_budgets(None, 200.0, eager=True)
+    assert eager["capturing CUDA graphs"].why == "the default"
+    chosen = phase_budgets(fourteen_gib, 200.0, {"compiling": "1200"})
+    assert (chosen["compiling"].seconds, chosen["compiling"].why) == (1200.0,
+                                                                       "vllm_phase_budgets_s")
+
+
+def test_a_node_over_its_phase_budget_is_reported_once_and_the_start_goes_on() -> None:
+    from vllm_provision.output.stall import Budget
+
+    watch = StallWatch(["h1", "h2"], 300, 0.0, {"loading weights": Budget(60.0, "test")})
+    watch.observe("h1", "loading weights 10% (1/10 shards)", 1.0)
+    watch.observe("h2", "loading weights 10% (1/10 shards)", 1.0)
+    watch.observe("h2", "weights loaded", 30.0)
+    assert watch.over_budget(50.0) == []
+    watch.observe("h1", "loading weights 90% (9/10 shards)", 59.0)  # progress, same phase
+    [over] = watch.over_budget(62.0)
+    assert (over.host, over.phase, over.seconds) == ("h1", "loading weights", 61.0)
+    assert "over its budget of 60 s (test)" in over.describe()
+    assert watch.over_budget(90.0) == []  # once per node and phase
+    assert watch.stalled(90.0) is None  # a phase over budget is no stall
+    assert [o.host for o in watch.over] == ["h1"]
+
+
+def test_the_budgeted_phases_are_phases_the_parser_knows() -> None:
+    from vllm_provision.settings.variables import BUDGET_PHASES, check_phase_budgets
+
+    assert set(BUDGET_PHASES) <= set(PHASES)
+    assert check_phase_budgets({"compiling": "900", "loading weights": 60}) is None
+    assert "not 'loading'" in (check_phase_budgets({"loading": 60}) or "")
+    assert "seconds > 0" in (check_phase_budgets({"compiling": "-1"}) or "")
+    assert "seconds > 0" in (check_phase_budgets({"compiling": "soon"}) or "")

@@ -22,6 +22,7 @@ Example task::
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -38,7 +39,7 @@ from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 from vllm_provision.output import progress
 from vllm_provision.output.phases import JournalTail, first_failure, split_output
-from vllm_provision.output.stall import StallWatch, remedy_for
+from vllm_provision.output.stall import Budget, StallWatch, phase_budgets, remedy_for
 from vllm_provision.settings.variables import READY_POLL_S
 from vllm_provision.state import prune
 from vllm_provision.transport.api import (
@@ -154,6 +155,19 @@ def stop_in_order(ctx: ModuleContext, replica: Replica) -> list[str]:
     return done
 
 
+def budgets_for(ctx: ModuleContext, replica: Replica, own: Mapping[str, Any]
+                ) -> dict[str, Budget]:
+    """The phase budgets of this start (:func:`vllm_provision.output.stall.phase_budgets`):
+    the model's size from rank 0's gathered manifest, ``vllm_load_rate_mib_s``,
+    ``vllm_phase_budgets_s``, and no graph capture with ``--enforce-eager``."""
+    facts = ctx.facts.get(replica.master.name)
+    files = getattr(facts, "model_files", None)
+    size = sum(f.size for f in files) if files else None
+    return phase_budgets(size, float(own["vllm_load_rate_mib_s"]),
+                         own.get("vllm_phase_budgets_s") or {},
+                         eager="--enforce-eager" in replica.engine.extra_args)
+
+
 def stall_problem(ctx: ModuleContext, replica: Replica, watch: StallWatch,
                   now: float) -> Problem | None:
     """The problem of a stalled start at ``now`` (:meth:`StallWatch.stalled`), or None: names
@@ -214,8 +228,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         ok with ``data``: ``start_to_serving_s`` (None when not measured),
         ``start_to_serving_reason`` (why not; None when measured), ``waited_s``,
         ``already_serving``, ``served_model``, ``phase_s`` (per node with vLLM's journal, the
-        seconds spent in each phase, in order). Raises ProvisionError (the runner reports it as
-        failed) otherwise.
+        seconds spent in each phase, in order), ``phase_budget_s`` (phase -> its budget) and
+        ``over_budget`` (``{"host", "phase", "seconds", "budget_s"}`` of each node that went
+        over one; each is also a warning line on stderr when it happens). Raises
+        ProvisionError (the runner reports it as failed) otherwise.
     """
     values = ARGUMENT_SPEC.validate(args)
     replica = replica_or_skip(ctx, "check mode: readiness is not polled")
@@ -233,11 +249,15 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
 
     tail = JournalTail()
     journal_hosts = [host for host, units in phase_units(replica, ctx.vars).items() if units]
-    watch = StallWatch(journal_hosts, stall_s, time.monotonic())
+    budgets = budgets_for(ctx, replica, own)
+    watch = StallWatch(journal_hosts, stall_s, time.monotonic(), budgets)
 
     def stall_check(now: float) -> Problem | None:
         for host in journal_hosts:
             watch.observe(host, tail.phase(host), now)
+        for over in watch.over_budget(now):
+            sys.stderr.write(f"warning: {replica.name}: {printable(over.describe())}\n")
+            sys.stderr.flush()
         return stall_problem(ctx, replica, watch, now)
 
     with progress.wait(f"replica {replica.name}: waiting until rank 0 serves",
@@ -271,4 +291,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         "served_model": model, "start_to_serving_s": ready.start_to_serving_s,
         "start_to_serving_reason": ready.start_to_serving_reason,
         "waited_s": ready.waited_s, "already_serving": ready.already_serving,
-        "phase_s": watch.phase_seconds(time.monotonic())})
+        "phase_s": watch.phase_seconds(time.monotonic()),
+        "phase_budget_s": {phase: b.seconds for phase, b in budgets.items()},
+        "over_budget": [{"host": o.host, "phase": o.phase, "seconds": o.seconds,
+                         "budget_s": o.budget.seconds} for o in watch.over]})

@@ -49,7 +49,8 @@ from vllm_provision.transport.connection import ConnectionOptions, close_all, op
 # restart.yml): stable handles, where task names are prose.
 SERVING_REGISTERS = ("vllm_ready", "vllm_verified")
 SERVING_KEYS = ("completion", "served_model", "ttft_s", "completion_s", "start_to_serving_s",
-                "start_to_serving_reason", "vllm_version", "already_serving", "phase_s")
+                "start_to_serving_reason", "vllm_version", "already_serving", "phase_s",
+                "over_budget")
 # The ``register`` name of the preflight task (playbooks/up.yml, restart.yml).
 PREFLIGHT_REGISTER = "vllm_preflight"
 COMMANDS = ("up", "down", "restart")

@@ -22,8 +22,9 @@ rests on; docs/deploy.md ("A start that stalls") prints the same table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_provision.output.phases import PHASES, label_of
 
@@ -127,6 +128,72 @@ def remedy_for(phase: str) -> Remedy:
                          _BY_PHASE[BEFORE_FIRST_PHASE])
 
 
+MIB = 1 << 20
+MIN_LOAD_BUDGET_S = 60.0
+# vLLM's default CUDA graph capture sizes: 1, 2, 4, then every 8 up to 512 (67 sizes;
+# vllm/config/compilation.py, cudagraph_capture_sizes), about a second or two each on a GPU
+GRAPH_SIZES, GRAPH_S_EACH = 67, 2.0
+DEFAULT_BUDGETS_S: dict[str, float] = {
+    "weights loaded": 300.0, "profiling memory": 300.0, "sizing the KV cache": 300.0,
+    "compiling": 600.0, "capturing CUDA graphs": GRAPH_SIZES * GRAPH_S_EACH,
+    "engine ready": 300.0, "API server up": 300.0}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A phase's budget: ``seconds``, and ``why`` (how it was derived, in words)."""
+
+    seconds: float
+    why: str
+
+
+def phase_budgets(model_bytes: int | None, load_rate_mib_s: float,
+                  overrides: Mapping[str, Any] | None = None, *,
+                  eager: bool = False) -> dict[str, Budget]:
+    """The budget of each phase of a start (pure): loading weights twice the weights' size
+    at ``load_rate_mib_s`` (``vllm_load_rate_mib_s``), at least :data:`MIN_LOAD_BUDGET_S`;
+    CUDA graph capture :data:`GRAPH_S_EACH` per default capture size (none with
+    ``--enforce-eager``: ``eager``); the others :data:`DEFAULT_BUDGETS_S`; ``overrides``
+    (``vllm_phase_budgets_s``, phase -> seconds) win.
+
+    Args:
+        model_bytes: the model folder's size on rank 0 (the facts' manifest), None when
+            unknown (the load budget is then the minimum).
+    """
+    budgets = {phase: Budget(seconds, "the default") for phase, seconds in
+               DEFAULT_BUDGETS_S.items()}
+    if model_bytes:
+        load = max(MIN_LOAD_BUDGET_S, 2 * model_bytes / (load_rate_mib_s * MIB))
+        budgets["loading weights"] = Budget(round(load, 1), (
+            f"twice {model_bytes / (1 << 30):.1f} GiB of weights at {load_rate_mib_s:g} MiB/s, "
+            "vllm_load_rate_mib_s"))
+    else:
+        budgets["loading weights"] = Budget(MIN_LOAD_BUDGET_S, "the minimum (size unknown)")
+    if not eager:
+        budgets["capturing CUDA graphs"] = Budget(
+            GRAPH_SIZES * GRAPH_S_EACH,
+            f"{GRAPH_S_EACH:g} s for each of vLLM's {GRAPH_SIZES} default capture sizes")
+    for phase, seconds in (overrides or {}).items():
+        budgets[str(phase)] = Budget(float(seconds), "vllm_phase_budgets_s")
+    return budgets
+
+
+@dataclass(frozen=True)
+class OverBudget:
+    """A node that has spent longer in a phase than its budget."""
+
+    host: str
+    phase: str
+    seconds: float
+    budget: Budget
+
+    def describe(self) -> str:
+        """One line: the node, the phase, the time, the budget and where it came from."""
+        return (f"{self.host} has been in phase {self.phase!r} for {self.seconds:.0f} s, over "
+                f"its budget of {self.budget.seconds:g} s ({self.budget.why}); the start goes "
+                "on while it progresses (vllm_stall_timeout_s ends one that stops)")
+
+
 def _rank(phase: str) -> int:
     """Where ``phase`` lies in a start: -1 before the first phase line, else its index in
     :data:`~vllm_provision.output.phases.PHASES`."""
@@ -172,10 +239,27 @@ class StallWatch:
         now: the wait's clock at its start (seconds, monotonic).
     """
 
-    def __init__(self, hosts: Iterable[str], timeout_s: float, now: float) -> None:
+    def __init__(self, hosts: Iterable[str], timeout_s: float, now: float,
+                 budgets: Mapping[str, Budget] | None = None) -> None:
         self.timeout_s = float(timeout_s)
         self.nodes = {host: _Node("", now, now) for host in hosts}
         self.progressed_at = now
+        self.budgets = dict(budgets or {})
+        self.over: list[OverBudget] = []
+
+    def over_budget(self, now: float) -> list[OverBudget]:
+        """The nodes that went over their phase's budget since the last call (each node and
+        phase once), also kept in :attr:`over`."""
+        found = []
+        reported = {(o.host, o.phase) for o in self.over}
+        for host, node in self.nodes.items():
+            name = label_of(node.phase) if node.phase else ""
+            budget = self.budgets.get(name)
+            spent = now - node.phase_started
+            if budget is not None and spent > budget.seconds and (host, name) not in reported:
+                found.append(OverBudget(host, name, round(spent, 1), budget))
+        self.over += found
+        return found
 
     def observe(self, host: str, phase: str, now: float) -> None:
         """Record ``host``'s phase text at ``now``: a text that differs from the last is

@@ -303,7 +303,7 @@ Kind = tuple[str, Callable[[Any], str | None]]
 
 # name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
 # ssh_host, ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret,
-# version, count, seconds, fraction, flag, choice, text, data, replica_id, package.
+# version, count, seconds, rate, fraction, flag, choice, text, data, replica_id, package.
 KINDS: dict[str, Kind] = {
     # connection
     "ansible_host": ("ssh_host", check_ssh_host),
@@ -347,6 +347,8 @@ KINDS: dict[str, Kind] = {
     "vllm_unit_name": ("unit", check_unit),
     "vllm_ready_timeout_s": ("seconds", _no_check),
     "vllm_stall_timeout_s": ("seconds", _no_check),  # checked by its table entry
+    "vllm_load_rate_mib_s": ("rate", _no_check),  # MiB/s > 0: its table entry checks
+    "vllm_phase_budgets_s": ("data", _no_check),  # phase -> seconds; its table entry checks
     "vllm_command_output_limit_mib": ("count", _no_check),
     "vllm_gpu_pool": ("choice", _no_check),
     "vllm_gpu_wait_timeout_s": ("seconds", _no_check),

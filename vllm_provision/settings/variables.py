@@ -129,6 +129,34 @@ def check_stall_timeout(value: float) -> str | None:
     return None
 
 
+# The phases of a start that keep a budget (vllm_provision/output/phases.py labels; a unit test
+# keeps this list within them): vLLM's wait for a Ray placement group has its own bound
+# (vllm_gpu_wait_timeout_s), so it takes none.
+BUDGET_PHASES = ("loading weights", "weights loaded", "profiling memory", "sizing the KV cache",
+                 "compiling", "capturing CUDA graphs", "engine ready", "API server up")
+
+
+def check_phase_budgets(value: dict[str, Any]) -> str | None:
+    """Return why ``value`` cannot be ``vllm_phase_budgets_s``, or None: a mapping from phase
+    labels of :data:`BUDGET_PHASES` to seconds > 0."""
+    for key, seconds in value.items():
+        if key not in BUDGET_PHASES:
+            return ("a mapping from phase names to seconds; phase names: "
+                    + ", ".join(BUDGET_PHASES) + f" (not {key!r})")
+        try:
+            number = float(seconds)  # a dict variable's values arrive as strings
+        except (TypeError, ValueError):
+            number = 0.0
+        if isinstance(seconds, bool) or not number > 0 or number == float("inf"):
+            return f"seconds > 0 for each phase ({key!r}: {seconds!r})"
+    return None
+
+
+def check_load_rate(value: float) -> str | None:
+    """Return why ``value`` cannot be ``vllm_load_rate_mib_s``, or None: MiB/s > 0."""
+    return None if value > 0 else "a read rate in MiB/s above 0, such as 200"
+
+
 def check_secret(value: str) -> str | None:
     """Return why ``value`` cannot be a secret (shorter than MIN_SECRET_LENGTH), or None."""
     if len(value) < MIN_SECRET_LENGTH:
@@ -333,6 +361,16 @@ _TABLE: tuple[Variable, ...] = (
              "remedy for that phase, and stops the replica in order (docs/deploy.md, \"A start "
              "that stalls\"). At least the wait's poll interval (1 s).", "600",
              check=check_stall_timeout),
+    Variable("vllm_load_rate_mib_s", float, 200, "Read rate of the model's storage the weights "
+             "phase's budget assumes, in MiB/s: the budget is twice the weights' size at this "
+             "rate, at least 60 s. A phase over its budget is a warning during `up` (the stall "
+             "timeout still ends a start that stops moving; docs/deploy.md, \"Phase budgets\").",
+             "500", check=check_load_rate),
+    Variable("vllm_phase_budgets_s", dict, None, "Seconds each phase of a start may take before "
+             "`up` warns, by phase name (loading weights, weights loaded, profiling memory, "
+             "sizing the KV cache, compiling, capturing CUDA graphs, engine ready, API server "
+             "up); unset phases keep their defaults (docs/deploy.md, \"Phase budgets\").",
+             "{compiling: 1200}", check=check_phase_budgets),
     Variable("vllm_gpu_pool", str, "dedicated", "Whether other jobs share the nodes' GPUs. "
              "`dedicated`: a process outside this replica's units on a used GPU is a preflight "
              "error. `shared`: it is a warning, and `up` waits (up to `vllm_gpu_wait_timeout_s`) "
