@@ -3,7 +3,9 @@ one phase for ever (``provision lab set h2 stall=load``: after ``Starting to loa
 line real vLLM prints there, and nothing more; docs/lab-standin.md), and ``up`` with
 ``vllm_stall_timeout_s=10`` must end long before its readiness timeout (900 s here), exit 1,
 name h2, its phase (loading weights) and the remedy of that phase, and leave the replica
-stopped in reverse start order (mp: rank 0 h1, then h2), as its message says.
+stopped in reverse start order (mp: rank 0 h1, then h2), as its message says. The loading
+phase's budget is set to 3 s: h2 goes over it before the stall ends the wait, and ``up`` warns
+once for it (docs/deploy.md, "Phase budgets").
 
 The elapsed bound is a hang detector, not a timing goal: without the stall rule the run would
 wait out ``vllm_ready_timeout_s``. The stand-in's stall code is the guest package written at
@@ -57,6 +59,7 @@ def test_a_stalled_start_ends_at_the_stall_timeout_naming_the_node_and_phase(
             run = replica.provision("up", "-i", replica.inventory,
                                     "-e", f"vllm_stall_timeout_s={STALL_S}",
                                     "-e", f"vllm_ready_timeout_s={READY_TIMEOUT_S}",
+                                    "-e", '{"vllm_phase_budgets_s": {"loading weights": 3}}',
                                     timeout=READY_TIMEOUT_S + 300)
             elapsed = time.monotonic() - started
         finally:
@@ -70,6 +73,10 @@ def test_a_stalled_start_ends_at_the_stall_timeout_naming_the_node_and_phase(
         silent = re.search(r"progressed for ([0-9.]+) s \(vllm_stall_timeout_s 10\)", output)
         assert silent is not None and STALL_S <= float(silent.group(1)) < STALL_S + 60, output
         assert "phase 'loading weights'" in output
+        # before the stall ended it, the phase went over the 3 s budget: one warning, per node
+        budget = re.findall(r"warning: \S+: (h\d) has been in phase 'loading weights' for "
+                            r"\d+ s, over its budget of 3 s \(vllm_phase_budgets_s\)", output)
+        assert "h2" in budget and len(budget) == len(set(budget)), output[-3000:]
         assert "slow mount" in output  # the remedy of that phase
         assert "Starting to load model" in output  # h2's last journal lines
         assert ("stopped the replica in reverse start order: h1 vllm.service, h2 vllm.service"

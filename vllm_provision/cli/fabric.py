@@ -33,10 +33,13 @@ from vllm_provision.evidence.fabric import DEFAULT_MIN_RATIO, DEFAULT_PORT, DEFA
 @click.option("--min-ratio", type=click.FloatRange(0.01, 1.0), default=DEFAULT_MIN_RATIO,
               show_default=True, help="Below this fraction of the link's rated speed a pair "
               "is slow (a warning naming the likely causes).")
+@click.option("--rated-gbps", type=click.FloatRange(min=0.001), default=None, metavar="GBPS",
+              help="The link's rate in Gb/s, for NICs that report none (virtual NICs, some "
+              "bonds) or report it wrong; wins over what they report.")
 @click.option("--no-collective", is_flag=True,
               help="Skip the torch.distributed all-reduce and all-gather across the nodes.")
 def command(replica_name: str | None, port: int, seconds: float, min_ratio: float,
-            no_collective: bool, **kwargs: Any) -> None:
+            rated_gbps: float | None, no_collective: bool, **kwargs: Any) -> None:
     """Measure the link between every pair of a replica's nodes: TCP throughput and RTT.
 
     For each pair, over the nodes' cluster addresses, with the nodes' own python3: one node
@@ -69,7 +72,7 @@ def command(replica_name: str | None, port: int, seconds: float, min_ratio: floa
         connections = open_all(hosts, opts.connection_options(), factory)
         try:
             result = fabric.run(replica, connections, interfaces, port=port, seconds=seconds,
-                                min_ratio=min_ratio,
+                                min_ratio=min_ratio, rated_gbps=rated_gbps,
                                 pythons=None if no_collective else pythons)
         finally:
             close_all(connections)

@@ -203,13 +203,18 @@ def causes(links: Mapping[str, Mapping[str, Any]], tensor_parallel_size: int,
     return found
 
 
-def judge(pair: dict[str, Any], min_ratio: float, engine: Any, nodes: int) -> dict[str, Any]:
+def judge(pair: dict[str, Any], min_ratio: float, engine: Any, nodes: int,
+          rated_gbps: float | None = None) -> dict[str, Any]:
     """Add ``rated_gbps``, ``ratio``, ``verdict`` and ``causes`` to a measured ``pair`` (pure).
     The rate is the slower end's ``speed_mbps``; a pair without a figure is ``failed``; one
     without a rate ``unrated``; below ``min_ratio`` of the rate ``slow``, else ``ok``.
-    ``engine``: the replica's engine arguments (its tensor and pipeline parallel sizes)."""
+    ``engine``: the replica's engine arguments (its tensor and pipeline parallel sizes).
+    ``rated_gbps``: the operator's rate of the link (``--rated-gbps``), which wins over what
+    the NICs report (a virtual NIC or a bond may report none, or its members' sum)."""
     speeds = [link.get("speed_mbps") for link in pair["links"].values()]
     rated = min(speeds) / 1000.0 if speeds and all(speeds) else None
+    if rated_gbps is not None:
+        rated = float(rated_gbps)
     pair["rated_gbps"] = rated
     pair["ratio"] = None
     pair["causes"] = []
@@ -402,7 +407,7 @@ def collective(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, 
 
 def run(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | None], *,
         port: int = DEFAULT_PORT, seconds: float = DEFAULT_SECONDS,
-        min_ratio: float = DEFAULT_MIN_RATIO,
+        min_ratio: float = DEFAULT_MIN_RATIO, rated_gbps: float | None = None,
         pythons: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Measure every pair of ``replica``'s nodes, one pair at a time (two pairs at once would
     share the links they measure); return the result (module doc).
@@ -412,6 +417,7 @@ def run(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | N
         interfaces: node name -> ``vllm_cluster_interface`` (None: the one holding its
             address). port: the receiver's TCP port. seconds: of streaming per pair.
         min_ratio: of the rated speed, below which a pair is ``slow``.
+        rated_gbps: the link's rate as the operator knows it (None: what the NICs report).
         pythons: node name -> the replica's interpreter, for :func:`collective` (after the
             pairs, on the same port); None: the collective is not run.
     """
@@ -421,12 +427,13 @@ def run(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | N
         for b in nodes[i + 1:]:
             pair = measure_pair(conns, a, b, port=port, seconds=seconds,
                                 interfaces=interfaces)
-            pairs.append(judge(pair, min_ratio, replica.engine, len(nodes)))
+            pairs.append(judge(pair, min_ratio, replica.engine, len(nodes), rated_gbps))
     return {"kind": "fabric", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "conditions": {"replica": replica.name, "backend": replica.backend,
                            "hosts": [{"host": n.name, "address": n.host_ip, "rank": n.rank}
                                      for n in nodes],
-                           "port": port, "seconds": seconds, "min_ratio": min_ratio},
+                           "port": port, "seconds": seconds, "min_ratio": min_ratio,
+                           "rated_gbps": rated_gbps},
             "pairs": pairs,
             "collective": collective(replica, conns, interfaces, pythons, port=port)
             if pythons else {"run": False, "reason": "not asked for"}}
