@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from inventory_support import load_llama
 from test_runner import run, write_playbook
 from test_runner_support import install_fake_systemctl, make_inventory
 
@@ -155,10 +156,23 @@ def test_serving_record_keeps_the_last_measured_start() -> None:
     assert state.last_start_s(None) == {}
 
 
+def test_the_start_key_reads_the_replicas_engine_and_rank_0s_versions(tmp_path: Path) -> None:
+    from vllm_provision.facts.model import HostFacts
+
+    replica = load_llama(tmp_path).replicas[0]
+    master = replica.master.name
+    facts = {master: HostFacts(host=master, packages={"vllm": "0.11.0", "torch": "2.8.0"})}
+    key = state.start_key(replica, facts)
+    assert key["nodes"] == [n.name for n in replica.nodes] and key["backend"] == replica.backend
+    assert (key["vllm"], key["torch"]) == ("0.11.0", "2.8.0")
+    assert key["extra_args"] == list(replica.engine.extra_args)
+    assert state.start_key(replica, {})["vllm"] is None  # facts not gathered
+
+
 def test_a_start_with_the_last_starts_key_is_warm_and_both_kinds_are_kept() -> None:
     key = {"nodes": ["h1", "h2"], "model": "/m", "vllm": "0.11.0", "torch": "2.8.0",
-           "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "dtype": "auto",
-           "max_model_len": None}
+           "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "max_model_len": None,
+           "extra_args": ["--dtype", "bfloat16"]}
     day = [datetime(2026, 1, d, tzinfo=UTC) for d in (1, 2, 3, 4)]
     phases = {"h1": {"loading weights": 30.0}}
     first = state.serving_record(None, "llm", 95.2, day[0], key=key, phase_s=phases)

@@ -211,8 +211,10 @@ START_KINDS = ("cold", "warm")
 
 def start_key(replica: Any, facts: Mapping[str, HostFacts]) -> dict[str, Any]:
     """What decides whether a start can reuse vLLM's compile cache (pure): the nodes, the
-    backend, the model, the vLLM and torch versions of rank 0 and the layout (tensor and
-    pipeline parallel size, dtype, max model length). vLLM keys its torch.compile cache under
+    backend, the model, the vLLM and torch versions of rank 0, the layout (tensor and
+    pipeline parallel size, max model length) and the extra engine arguments (``--dtype``,
+    ``--enforce-eager``, ``--kv-cache-dtype`` and the compilation options live there; any
+    change counts as a new key). vLLM keys its torch.compile cache under
     ``VLLM_CACHE_ROOT`` by a hash of the model and compilation configs, the parallel layout
     and the versions ("torch.compile integration",
     docs.vllm.ai/en/latest/design/torch_compile.html); a start with the same key on the same
@@ -230,7 +232,7 @@ def start_key(replica: Any, facts: Mapping[str, HostFacts]) -> dict[str, Any]:
             "vllm": packages.get("vllm"), "torch": packages.get("torch"),
             "tensor_parallel_size": engine.tensor_parallel_size,
             "pipeline_parallel_size": engine.pipeline_parallel_size,
-            "dtype": engine.dtype, "max_model_len": engine.max_model_len}
+            "max_model_len": engine.max_model_len, "extra_args": list(engine.extra_args)}
 
 
 def serving_record(previous: Mapping[str, Any] | None, replica: str,
