@@ -236,3 +236,32 @@ def test_a_snapshot_of_an_older_tool_version_parses_without_free_or_holders() ->
                             '"placement_groups": []}')
     assert parsed == RaySnapshot([], {}, {}, [], {}, [])
     assert format_resources({"node:__internal_head__": 0.001, "GPU": 1.0}) == "{GPU: 1}"
+
+
+# --- vllm_fresh_followers: a follower left from a rank 0 that no longer runs ----------------------
+
+def test_followers_of_a_rank_0_that_no_longer_runs_are_stopped_before_the_start() -> None:
+    from vllm_provision.modules import vllm_fresh_followers
+
+    ctx, log = ctx_for([False], [False])
+    ctx.connections["h2"].active = True  # the headless node still runs; rank 0 does not
+    result = vllm_fresh_followers.run(ctx, {})  # type: ignore[arg-type]
+    assert result.status is Status.CHANGED and result.data == {"stopped": ["h2"]}
+    assert log == ["stop h2"] and "so they start again with the new rank 0" in result.message
+    # run again: nothing runs, nothing to stop
+    again = vllm_fresh_followers.run(ctx, {})  # type: ignore[arg-type]
+    assert again.status is Status.OK and log == ["stop h2"]
+
+
+def test_followers_of_a_running_rank_0_are_left_alone_and_check_mode_says_what_it_would_do(
+        ) -> None:
+    from vllm_provision.modules import vllm_fresh_followers
+
+    ctx, log = ctx_for([False], [False])
+    ctx.connections["h1"].active = ctx.connections["h2"].active = True
+    assert vllm_fresh_followers.run(ctx, {}).status is Status.OK  # type: ignore[arg-type]
+    ctx.connections["h1"].active = False
+    ctx.check_mode = True
+    checked = vllm_fresh_followers.run(ctx, {})  # type: ignore[arg-type]
+    assert checked.status is Status.SKIPPED and "would stop h2 vllm.service" in checked.message
+    assert log == []

@@ -35,6 +35,7 @@ DECLARED = {
     "ray_wait_cluster": ("timeout_s", "poll_s", "gpus_per_node"),
     "systemd": ("name", "state", "enabled", "daemon_reload", "if_running"),
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
+    "vllm_fresh_followers": (),
     "vllm_gang_start": ("timeout_s", "poll_s"),
     "vllm_preflight": ("skip_checks",),
     "vllm_prune": ("purge",),

@@ -181,9 +181,9 @@ def causes(links: Mapping[str, Mapping[str, Any]], tensor_parallel_size: int,
     """The likely causes of a slow link, most likely first: what the two ends' links show
     (MTU mismatch or a small MTU) before what only the operator can check (NCCL's NIC, PCIe
     ACS, peer memory), then the layout (TP across nodes puts every layer's all-reduce on
-    this link: with fewer pipeline stages than nodes, a TP group spans nodes). NCCL docs,
-    "Troubleshooting" and "Environment Variables"; nccl-tests issue 112 (ACS halves RoCE
-    bandwidth)."""
+    this link: with fewer pipeline stages than nodes, a TP group spans nodes). NCCL User
+    Guide, "Troubleshooting" (its "PCI Access Control Services (ACS)" section) and
+    "Environment Variables" (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)."""
     found = []
     mtus = {h: link.get("mtu") for h, link in links.items()}
     if len({m for m in mtus.values() if m}) > 1:
