@@ -380,3 +380,19 @@ def test_the_budgeted_phases_are_phases_the_parser_knows() -> None:
     assert "not 'loading'" in (check_phase_budgets({"loading": 60}) or "")
     assert "seconds > 0" in (check_phase_budgets({"compiling": "-1"}) or "")
     assert "seconds > 0" in (check_phase_budgets({"compiling": "soon"}) or "")
+
+
+def test_the_waits_budgets_read_the_variables_as_the_inventory_leaves_them(
+        tmp_path: Path) -> None:
+    from vllm_provision import settings
+    from vllm_provision.facts.model import HostFacts, ModelFile
+
+    replica = load_llama(tmp_path).replicas[0]
+    master = replica.master.name
+    ctx = SimpleNamespace(facts={master: HostFacts(host=master, model_files=(
+        ModelFile("model.safetensors", 30 << 30),))})
+    unset = vllm_wait_ready.budgets_for(ctx, replica, settings.layered({}))  # type: ignore[arg-type]
+    assert unset["loading weights"].seconds == round(2 * (30 << 30) / (200 * (1 << 20)), 1)
+    chosen = vllm_wait_ready.budgets_for(ctx, replica, settings.layered(  # type: ignore[arg-type]
+        {"vllm_phase_budgets_s": {"compiling": "5"}, "vllm_load_rate_mib_s": 1000}))
+    assert chosen["compiling"].seconds == 5.0 and chosen["loading weights"].seconds == 61.4

@@ -164,7 +164,7 @@ def budgets_for(ctx: ModuleContext, replica: Replica, own: Mapping[str, Any]
     files = getattr(facts, "model_files", None)
     size = sum(f.size for f in files) if files else None
     return phase_budgets(size, float(own["vllm_load_rate_mib_s"]),
-                         own["vllm_phase_budgets_s"],
+                         own.get("vllm_phase_budgets_s"),
                          eager="--enforce-eager" in replica.engine.extra_args)
 
 
