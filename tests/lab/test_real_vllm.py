@@ -385,12 +385,12 @@ def test_fabric_runs_the_collective_with_the_nodes_real_torch(replica: Replica) 
     GPU), bus bandwidth for each size; nothing is left running."""
     if replica.kind != "real":
         pytest.skip("the stand-in lab has no torch; its fabric runs in test_fabric_lab.py")
-    proc = replica.provision("fabric", "--seconds", "1", "--min-ratio", "0.01", "--json",
-                             timeout_s=300)
+    proc = replica.provision("fabric", "--seconds", "1", "--json", timeout_s=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     [pair] = result["pairs"]
-    assert pair["gbps"] > 0 and pair["verdict"] == "ok", pair
+    # the lab guests' veth reports no speed (test_fabric_lab gives one with --rated-gbps)
+    assert pair["gbps"] > 0 and pair["verdict"] == "unrated", pair
     collective = result["collective"]
     assert collective["run"] is True, collective
     assert (collective["backend"], collective["world_size"]) == ("gloo", 2)

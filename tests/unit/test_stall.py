@@ -323,13 +323,18 @@ def test_phase_seconds_reach_the_replica_result_and_fit_the_schema(tmp_path: Pat
               "h2": {BEFORE_FIRST_PHASE: 2.5, "loading weights": 7.0}}
     results = [TaskResult("h1", "Wait until rank 0 serves the model", Status.OK,
                           data={"start_to_serving_s": 9.5, "served_model": "m",
-                                "phase_s": phases}, register="vllm_ready")]
+                                "phase_s": phases, "over_budget": [
+                                    {"host": "h1", "phase": "loading weights", "seconds": 7.5,
+                                     "budget_s": 3.0}]}, register="vllm_ready")]
     [entry] = replica_results(inventory, results, ["h1", "h2"])
-    assert entry["phase_s"] == phases
+    assert entry["phase_s"] == phases and entry["over_budget"][0]["budget_s"] == 3.0
+    entry["start_kind"] = "cold"  # what a verified up adds from its state record
     document = {"ok": 1, "changed": 0, "failed": 0, "skipped": 0, "unreachable": 0,
                 "hosts": {}, "tasks": [], "check_mode": False, "duration_s": 1.0,
-                "phase_s": phases, "replicas": [entry]}
+                "phase_s": phases, "start_kind": "cold", "replicas": [entry]}
     validate("up", document)
+    with pytest.raises(jsonschema.ValidationError, match="lukewarm"):
+        validate("up", {**document, "replicas": [{**entry, "start_kind": "lukewarm"}]})
     entry["phase_s"] = {"h1": {"loading weights": -1}}
     with pytest.raises(jsonschema.ValidationError, match="-1"):
         validate("up", {**document, "replicas": [entry]})
