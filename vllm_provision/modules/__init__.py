@@ -43,7 +43,7 @@ __all__ = ["BUILTIN_MODULES", "DAEMON_RELOAD_MARKER", "STATE_DIR", "UNAFFECTED_K
            "UNAFFECTED_NOTE", "UNIT_DIRS",
            "ArgumentSpec", "ModuleResult", "ModuleSpec", "file_module_names", "find_module",
            "is_module_name", "is_unit_path", "parse_mode", "quote", "register_module",
-           "unified_diff"]
+           "run_or_fail", "unified_diff"]
 
 # Where the engine keeps its own state on a host (pending notifications, reload markers):
 # STATE_DIR, from vllm_provision.core.paths.
@@ -193,6 +193,24 @@ def parse_mode(value: object, module: str) -> int | None:
         raise ProvisionError.single(f"{module}: mode", "file mode out of range",
                                     expected="0000-7777 (octal)", actual=oct(mode))
     return mode
+
+
+def run_or_fail(conn: Any, command: str, *, where: str, message: str, expected: str,
+                fix: str, timeout_s: float = 60) -> Any:
+    """Run ``command`` through ``conn`` and return its result; a non-zero exit raises.
+
+    Raises:
+        ProvisionError: at ``where`` with ``message``, ``expected`` and ``fix``; ``actual``
+            is the last 300 characters of what the command said (stderr, else stdout, else
+            its exit status).
+    """
+    result = conn.run(command, timeout_s=timeout_s)
+    if result.exit_code != 0:
+        raise ProvisionError.single(
+            where, message, expected=expected,
+            actual=(result.stderr or result.stdout or f"exit {result.exit_code}")[-300:],
+            fix=fix)
+    return result
 
 
 def unified_diff(before: str, after: str, path: str) -> str:

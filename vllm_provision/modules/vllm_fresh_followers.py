@@ -25,7 +25,7 @@ from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.quoting import shell_join
 from vllm_provision.core.results import Status
-from vllm_provision.modules import ModuleResult
+from vllm_provision.modules import ModuleResult, run_or_fail
 from vllm_provision.modules.arguments import ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 
@@ -82,14 +82,12 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                             f"stop {names} so they join the new rank 0")
     for node in orphans:
         node_unit = str(settings.layered(node.host.vars)["vllm_unit_name"])
-        result = ctx.connections[node.name].run(
-            shell_join(["systemctl", "stop", "--", node_unit]), timeout_s=180)
-        if result.exit_code != 0:
-            raise ProvisionError.single(
-                f"{node.name}:{node_unit}", "cannot stop a follower left from an earlier rank 0",
-                expected="systemctl stop to succeed",
-                actual=(result.stderr or result.stdout or f"exit {result.exit_code}")[-300:],
-                fix=f"stop it by hand (systemctl stop {node_unit} on {node.name}), then rerun")
+        run_or_fail(ctx.connections[node.name],
+                    shell_join(["systemctl", "stop", "--", node_unit]), timeout_s=180,
+                    where=f"{node.name}:{node_unit}",
+                    message="cannot stop a follower left from an earlier rank 0",
+                    expected="systemctl stop to succeed",
+                    fix=f"stop it by hand (systemctl stop {node_unit} on {node.name}), then rerun")
     return ModuleResult(Status.CHANGED, f"rank 0 did not run ({master}): stopped {names}, so "
                         "they start again with the new rank 0", data={
                             "stopped": [n.name for n in orphans]})

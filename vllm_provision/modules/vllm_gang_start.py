@@ -37,7 +37,7 @@ from vllm_provision.core.models import Node, Replica
 from vllm_provision.core.quoting import shell_join
 from vllm_provision.core.results import Status
 from vllm_provision.facts import gpu_pool
-from vllm_provision.modules import ModuleResult
+from vllm_provision.modules import ModuleResult, run_or_fail
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
 
@@ -109,13 +109,11 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             fix="run without a --limit that leaves out nodes of this replica")
 
     def read(node: Node) -> list[gpu_pool.Holder]:
-        result = ctx.connections[node.name].run(gpu_pool.HOLDERS_COMMAND, timeout_s=60)
-        if result.exit_code != 0:
-            raise ProvisionError.single(
-                f"{replica.name}: {node.name}", "cannot read the GPUs' processes",
-                expected="nvidia-smi --query-compute-apps to answer",
-                actual=(result.stderr or result.stdout or f"exit {result.exit_code}")[-300:],
-                fix=f"check nvidia-smi on {node.name}")
+        result = run_or_fail(ctx.connections[node.name], gpu_pool.HOLDERS_COMMAND,
+                             where=f"{replica.name}: {node.name}",
+                             message="cannot read the GPUs' processes",
+                             expected="nvidia-smi --query-compute-apps to answer",
+                             fix=f"check nvidia-smi on {node.name}")
         return gpu_pool.foreign_holders(gpu_pool.parse_holders(node.name, result.stdout),
                                         used, own_units)
 
