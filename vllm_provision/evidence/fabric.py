@@ -393,10 +393,12 @@ def collective(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, 
         thread.start()
     for thread in threads:
         thread.join(timeout=bound_s + 30)
-    skipped = {n: a["skipped"] for n, a in answers.items() if a.get("skipped")}
+    # in rank order, whichever node answered first
+    ordered = {n.name: answers.get(n.name) or {"error": "no answer"} for n in nodes}
+    skipped = {n: a["skipped"] for n, a in ordered.items() if a.get("skipped")}
     if skipped:
         return {"run": False, "reason": "; ".join(f"{n}: {why}" for n, why in skipped.items())}
-    failed = {n: a.get("error") for n, a in answers.items() if a.get("error") or "sizes" not in a}
+    failed = {n: a.get("error") for n, a in ordered.items() if a.get("error") or "sizes" not in a}
     if failed:
         return {"run": False, "reason": "; ".join(f"{n}: {why or 'no result'}"
                                                   for n, why in failed.items())}
