@@ -8,7 +8,7 @@ a few Gb/s over the veth and bridge, not 5 (docs/evidence.md, "provision fabric"
 1 Gb/s it moves less than 1, a ratio under 0.1. Without --rated-gbps the verdict is
 ``unrated``.
 
-Cost: about 20 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 11 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations

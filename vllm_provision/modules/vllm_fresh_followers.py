@@ -70,18 +70,16 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             "would keep the new rank 0 waiting", expected="a connection to every follower",
             actual="none to " + ", ".join(missing),
             fix="run without a --limit that leaves out nodes of this replica")
-    orphans = [n for n in followers
-               if _state(ctx, n.name, str(settings.layered(n.host.vars)["vllm_unit_name"]))
-               in RUNNING]
+    units = {n.name: str(settings.layered(n.host.vars)["vllm_unit_name"]) for n in followers}
+    orphans = [n for n in followers if _state(ctx, n.name, units[n.name]) in RUNNING]
     if not orphans:
         return ModuleResult(Status.OK, f"rank 0 does not run ({master}), nor does any follower")
-    names = ", ".join(f"{n.name} {settings.layered(n.host.vars)['vllm_unit_name']}"
-                      for n in orphans)
+    names = ", ".join(f"{n.name} {units[n.name]}" for n in orphans)
     if ctx.check_mode:
         return ModuleResult(Status.SKIPPED, f"check mode: rank 0 does not run ({master}); would "
                             f"stop {names} so they join the new rank 0")
     for node in orphans:
-        node_unit = str(settings.layered(node.host.vars)["vllm_unit_name"])
+        node_unit = units[node.name]
         run_or_fail(ctx.connections[node.name],
                     shell_join(["systemctl", "stop", "--", node_unit]), timeout_s=180,
                     where=f"{node.name}:{node_unit}",
