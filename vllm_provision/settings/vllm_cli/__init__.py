@@ -178,6 +178,11 @@ def _covering(spans: list[list[Any]], index: int) -> Any:
     return None
 
 
+def _shipped_text() -> str:
+    """The shipped table's JSON (tests replace this function to load a small table)."""
+    return resources.files(__name__).joinpath(DATA).read_text(encoding="utf-8")
+
+
 @lru_cache(maxsize=4)
 def table(text: str | None = None) -> dict[str, Any]:
     """The parsed ``serve_flags.json`` (``text``: another table's JSON, for tests).
@@ -186,9 +191,7 @@ def table(text: str | None = None) -> dict[str, Any]:
         FileNotFoundError: the data file is missing from the installation.
         ValueError: it is not a table of format 1.
     """
-    if text is None:
-        text = resources.files(__name__).joinpath(DATA).read_text(encoding="utf-8")
-    data = json.loads(text)
+    data = json.loads(_shipped_text() if text is None else text)
     if not isinstance(data, dict) or data.get("format") != 1:
         raise ValueError(f"{DATA} is not a vllm serve table of format 1")
     return data
