@@ -107,8 +107,11 @@ def write_host_root(root: Path, spec: dict[str, Any]) -> None:
 
 
 def remote_apply_command(spec: dict[str, Any]) -> str:
-    """Return a shell command that rewrites spec.json in a running guest and re-applies it."""
-    text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+    """Return a shell command that rewrites spec.json in a running guest and re-applies it.
+
+    The JSON is compact: the release's ``serve_options`` make it tens of KiB, and the command
+    is one argument of ``sh -c``, which Linux caps at 128 KiB (``MAX_ARG_STRLEN``)."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n"
     site = f"$(ls -d {VENV}/lib/python3*/site-packages | tail -n1)"
     return (f"mkdir -p /etc/vllm-lab && printf %s {shlex.quote(text)} > {SPEC_JSON}.new && "
             f"mv {SPEC_JSON}.new {SPEC_JSON} && "

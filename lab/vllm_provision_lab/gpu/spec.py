@@ -150,11 +150,39 @@ def spec_defaults(state_dir: Path, host_name: str) -> dict[str, Any]:
 
 
 def finish(spec: dict[str, Any], host_name: str) -> dict[str, Any]:
-    """Fill in derived values (``torch_cuda`` from ``cuda``) and the host name; return ``spec``."""
+    """Fill in derived values (``torch_cuda`` from ``cuda``, the release's ``vllm serve``
+    options from ``vllm``: :func:`serve_surface`) and the host name; return ``spec``."""
     if not spec.get("torch_cuda"):
         spec["torch_cuda"] = "cu" + str(spec["cuda"]).replace(".", "")
     spec["host"] = host_name
+    spec.update(serve_surface(str(spec["vllm"])))
     return spec
+
+
+def serve_surface(version: str) -> dict[str, Any]:
+    """The ``vllm serve`` options of vLLM ``version`` for the stand-in's parser, from the
+    product's table of releases (:mod:`vllm_provision.settings.vllm_cli`, docs/vllm-versions.md):
+    ``{"serve_release": the table's release, "serve_allow_abbrev": bool, "serve_options": [...]}``
+    (each option ``{"name", "aliases", "takes_value", "kind", "choices", "nargs",
+    "negatable"}``), so ``lab set h1 vllm=0.11.0`` makes the stand-in accept and refuse what
+    0.11.0 does. A release between two of the table's uses the nearest older one, a newer one
+    the newest; an older or unreadable one, or a table missing from the installation, gives
+    ``{}`` (the stand-in keeps its own short list of options).
+    """
+    from vllm_provision.settings import vllm_cli
+
+    try:
+        surface, _warning = vllm_cli.surface(version)
+    except (ValueError, OSError):
+        return {}
+    seen: dict[str, Any] = {}
+    for flag in surface.flags.values():
+        seen.setdefault(flag.name, {
+            "name": flag.name, "aliases": list(flag.aliases), "takes_value": flag.takes_value,
+            "kind": flag.kind, "choices": None if flag.choices is None else list(flag.choices),
+            "nargs": flag.nargs, "negatable": flag.negatable})
+    return {"serve_release": surface.release, "serve_allow_abbrev": surface.allow_abbrev,
+            "serve_options": [seen[name] for name in sorted(seen)]}
 
 
 def validate_values(values: Mapping[str, Any], where: str) -> dict[str, Any]:

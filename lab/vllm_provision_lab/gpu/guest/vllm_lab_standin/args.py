@@ -18,8 +18,33 @@ class ConfigError(Exception):
     """A configuration vLLM rejects before starting; ``str()`` is vLLM's message."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the ``vllm serve`` parser (unknown flags fail as argparse does in vLLM: exit 2)."""
+# The defaults the stand-in's checks read (vLLM's own, arg_utils.py and cli_args.py): set on a
+# release's parser too, so a release without an option (``--nnodes`` before the mp multi-node
+# options) still reads as vLLM's default.
+DEFAULTS: dict[str, Any] = {
+    "model": None, "model_flag": None, "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+    "data_parallel_size": 1, "nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1",
+    "master_port": 29501, "headless": False, "api_server_count": None,
+    "distributed_executor_backend": None, "distributed_timeout_seconds": None, "host": None,
+    "port": 8000, "served_model_name": None, "api_key": None, "max_model_len": None,
+    "gpu_memory_utilization": 0.9,
+}
+_TYPES = {"int": int, "float": float}
+
+
+def build_parser(options: list[dict[str, Any]] | None = None,
+                 allow_abbrev: bool = True) -> argparse.ArgumentParser:
+    """Return the ``vllm serve`` parser (unknown flags fail as argparse does in vLLM: exit 2).
+
+    Args:
+        options: one release's options, as the lab writes them into the host's spec
+            (``serve_options``: the product's table of ``vllm serve`` by release, entries
+            ``{"name", "aliases", "takes_value", "kind", "choices", "nargs", "negatable"}``);
+            None for the stand-in's own short list below.
+        allow_abbrev: whether that release's parser resolves unique prefixes.
+    """
+    if options is not None:
+        return _release_parser(options, allow_abbrev)
     parser = argparse.ArgumentParser(prog="vllm serve")
     add = parser.add_argument
     add("model", nargs="?", default=None)
@@ -55,6 +80,58 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enable-prefix-caching", action="store_true")
     add("--generation-config", default=None)
     return parser
+
+
+def _release_parser(options: list[dict[str, Any]], allow_abbrev: bool) -> argparse.ArgumentParser:
+    """A parser with exactly one release's options, as its argparse would accept them."""
+    parser = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=allow_abbrev)
+    parser.add_argument("model", nargs="?", default=None)
+    for option in options:
+        name = str(option["name"])
+        if name in ("-h", "--help"):
+            continue
+        words = [name, *[str(a) for a in option.get("aliases") or () if a not in ("-h",)]]
+        kwargs: dict[str, Any] = {"default": None}
+        if name == "--model":
+            kwargs["dest"] = "model_flag"
+        if not option.get("takes_value", True):
+            # BooleanOptionalAction exists from Python 3.9 (the oldest lab guest)
+            kwargs["action"] = (argparse.BooleanOptionalAction if option.get("negatable")
+                                else "store_true")
+            if kwargs["action"] == "store_true":
+                kwargs["default"] = False
+        else:
+            kind = str(option.get("kind") or "str")
+            kwargs["type"] = _TYPES.get(kind, str)
+            if option.get("nargs"):
+                kwargs["nargs"] = option["nargs"]
+            if option.get("choices") and kind not in _TYPES:
+                kwargs["choices"] = [str(c) for c in option["choices"]]
+        parser.add_argument(*words, **kwargs)
+    # vLLM's defaults where the release has no such option or left it unset
+    parser.set_defaults(**{k: v for k, v in DEFAULTS.items()})
+    return parser
+
+
+def parse(argv: list[str], spec: dict[str, Any]) -> argparse.Namespace:
+    """Parse ``vllm serve``'s arguments as the host's release would: its own options when the
+    spec carries them (``serve_options``, ``serve_allow_abbrev``), else the short list; unset
+    options read as vLLM's defaults (:data:`DEFAULTS`). Underscores in ``--`` options become
+    dashes first, as vLLM's ``FlexibleArgumentParser`` does.
+
+    Raises:
+        SystemExit: 2 with argparse's message on stderr, as vLLM exits on a bad command line.
+    """
+    options = spec.get("serve_options")
+    parser = build_parser(options, bool(spec.get("serve_allow_abbrev", True)))
+    words = [("--" + w[2:].split("=", 1)[0].replace("_", "-")
+              + (("=" + w.split("=", 1)[1]) if "=" in w else ""))
+             if w.startswith("--") else w for w in argv]
+    namespace = parser.parse_args(words)
+    for key, value in DEFAULTS.items():
+        if getattr(namespace, key, None) is None and value is not None:
+            setattr(namespace, key, value)
+    return namespace
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from .args import ConfigError, ServeConfig, build_parser, resolve
+from .args import ConfigError, ServeConfig, parse, resolve
 from .common import STANDIN_NOTE, load_spec, log
 
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"vllm: error: argument subparser: invalid choice: "
                          f"'{argv[0] if argv else ''}' (lab stand-in knows: 'serve')\n")
         return 2
-    namespace = build_parser().parse_args(argv[1:])
+    namespace = parse(argv[1:], spec)
     log("INFO", "__init__.py:1", f"vLLM {spec['vllm']}: {STANDIN_NOTE}")
     try:
         config = resolve(namespace, spec)
