@@ -134,11 +134,33 @@ def parse(argv: list[str], spec: dict[str, Any]) -> argparse.Namespace:
     return namespace
 
 
+def _api_keys(value: Any) -> tuple[str, ...]:
+    """The keys the API accepts: ``--api-key`` (one value, or several from 0.10.1 on, any of
+    which is accepted: vllm/entrypoints/openai/api_server.py), else ``VLLM_API_KEY``."""
+    if isinstance(value, list):
+        return tuple(str(v) for v in value if v)
+    if value:
+        return (str(value),)
+    env = os.environ.get("VLLM_API_KEY")
+    return (env,) if env else ()
+
+
+def _human_int(value: Any) -> int:
+    """``--max-model-len`` as vLLM reads it (its ``human_readable_int``: ``4096``, ``4k`` =
+    4000, ``4K`` = 4096; vllm/engine/arg_utils.py), in tokens."""
+    text = str(value).strip()
+    units = {"k": 10**3, "m": 10**6, "K": 2**10, "M": 2**20}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """The checked ``vllm serve`` configuration the stand-in runs.
 
-    Attributes (units): ``world_size`` = TP x PP; ``local_world_size`` = world_size / nnodes;
+    Attributes (units): ``api_keys``: the accepted API keys (none: open);
+    ``world_size`` = TP x PP; ``local_world_size`` = world_size / nnodes;
     ``backend`` is ``mp``, ``uni`` or ``ray``; ``max_model_len`` in tokens; ``port`` TCP.
     """
 
@@ -156,7 +178,7 @@ class ServeConfig:
     backend: str
     host: str | None
     port: int
-    api_key: str | None
+    api_keys: tuple[str, ...]
     max_model_len: int
     gpu_memory_utilization: float
     distributed_timeout_s: float | None
@@ -222,7 +244,7 @@ def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
         local_world_size=local_world_size, nnodes=ns.nnodes, node_rank=ns.node_rank,
         master_addr=ns.master_addr, master_port=ns.master_port, headless=ns.headless,
         backend=backend, host=ns.host, port=ns.port,
-        api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
-        max_model_len=ns.max_model_len or 2048,
+        api_keys=_api_keys(ns.api_key),
+        max_model_len=_human_int(ns.max_model_len) if ns.max_model_len else 2048,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         distributed_timeout_s=ns.distributed_timeout_seconds)

@@ -112,9 +112,9 @@ class Handler(BaseHTTPRequestHandler):
         self._generate(body, chat=path.endswith("chat/completions"))
 
     def _authorized(self) -> bool:
-        key = self.api.config.api_key
-        if key and self.path.startswith("/v1"):
-            if self.headers.get("Authorization") != f"Bearer {key}":
+        keys = self.api.config.api_keys
+        if keys and self.path.startswith("/v1"):
+            if self.headers.get("Authorization") not in {f"Bearer {key}" for key in keys}:
                 self._json(401, {"error": "Unauthorized"})
                 return False
         return True
