@@ -1028,6 +1028,7 @@ class Release:
     allow_abbrev: bool
     env_vars: set[str]
     unknown: list[str]
+    env_mentions: set[str] = field(default_factory=set)
 
 
 def read_allow_abbrev(sources: Sources) -> bool:
@@ -1115,8 +1116,19 @@ def read_release(version: str, files: dict[str, str]) -> Release:
         flags[name] = {"aliases": sorted(set(aliases)), "takes_value": props["takes_value"],
                        "kind": props["kind"], "choices": props["choices"],
                        "nargs": props["nargs"], "negatable": props["negatable"]}
-    return Release(version, flags, read_allow_abbrev(sources), read_env_vars(sources),
-                   sorted(set(unknown)))
+    env_vars = read_env_vars(sources)
+    return Release(version, flags, read_allow_abbrev(sources), env_vars,
+                   sorted(set(unknown)), env_mentions(files, env_vars))
+
+
+def env_mentions(files: dict[str, str], env_vars: set[str]) -> set[str]:
+    """The variables of ``env_vars`` named in the files that define options
+    (vllm/engine/arg_utils.py, vllm/config*, the cli_args.py files): a deprecation note or
+    a fallback that ties a variable to its option."""
+    texts = [text for path, text in files.items()
+             if path == "vllm/engine/arg_utils.py" or path.startswith("vllm/config")
+             or path.endswith("/cli_args.py")]
+    return {var for var in env_vars if any(var in text for text in texts)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1137,31 +1149,47 @@ def spans(values: list[Any]) -> list[list[Any]]:
     return out
 
 
-def env_candidates(reads: list[Release]) -> dict[str, dict[str, str]]:
-    """Environment variables that left vllm/envs.py in a release where an option of the
-    same name (``VLLM_X_Y`` -> ``--x-y``) exists, and which that option replaced: the option
-    appeared while the variable still existed, or in the release that removed it.
+def env_candidates(reads: list[Release],
+                   rejected: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """Environment variables that vLLM replaced by an option.
+
+    A candidate is a variable that leaves vllm/envs.py in release N while the option of the
+    same name (``VLLM_X_Y`` -> ``--x-y``) exists in N. It is confirmed when the option first
+    appears in N itself (the variable was swapped for the option, as vLLM PR #26732 did for
+    ``VLLM_ALL2ALL_BACKEND``), or when a release that has both names mentions the variable
+    in the option's sources (a deprecation note or a fallback: :func:`env_mentions`).
+    Unconfirmed candidates are appended to ``rejected`` as text.
+
     Returns variable -> ``{"flag": ..., "since": first release with the option}``."""
     out: dict[str, dict[str, str]] = {}
-    for before, after in zip(reads, reads[1:], strict=False):
+    for index in range(1, len(reads)):
+        before, after = reads[index - 1], reads[index]
         for var in sorted(before.env_vars - after.env_vars):
             flag = "--" + var.removeprefix("VLLM_").lower().replace("_", "-")
             if flag not in after.flags:
                 continue
-            since = next(r.version for r in reads if flag in r.flags)
-            out[var] = {"flag": flag, "since": since}
+            first = next(i for i, r in enumerate(reads) if flag in r.flags)
+            swapped = first == index
+            mentioned = any(var in r.env_mentions and flag in r.flags
+                            for r in reads[first:index])
+            if swapped or mentioned:
+                out[var] = {"flag": flag, "since": reads[first].version}
+            elif rejected is not None:
+                rejected.append(f"{var} -> {flag} (left envs.py in {after.version}, option "
+                                f"since {reads[first].version}, never named together)")
     return out
 
 
-def build_table(reads: list[Release], made_at: str) -> dict[str, Any]:
+def build_table(reads: list[Release], made_at: str,
+                rejected: list[str] | None = None) -> dict[str, Any]:
     """The format-1 table (vllm_provision/settings/vllm_cli/__init__.py) of ``reads``
-    (oldest first)."""
+    (oldest first); ``rejected`` collects unconfirmed env_to_flag candidates."""
     names = sorted({name for r in reads for name in r.flags})
     flags = {name: spans([r.flags.get(name) for r in reads]) for name in names}
     return {"format": 1, "made_by": "scripts/vllm_serve_flags.py", "made_at": made_at,
             "releases": [r.version for r in reads],
             "allow_abbrev": spans([r.allow_abbrev for r in reads]),
-            "flags": flags, "env_to_flag": env_candidates(reads)}
+            "flags": flags, "env_to_flag": env_candidates(reads, rejected)}
 
 
 def dump(table: dict[str, Any]) -> str:
@@ -1216,7 +1244,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{' (' + ', '.join(read.unknown) + ')' if read.unknown else ''}, "
               f"allow_abbrev={read.allow_abbrev}")
     reads.sort(key=lambda r: parse_version(r.version) or ())
-    table = build_table(reads, datetime.datetime.now(datetime.UTC).date().isoformat())
+    rejected: list[str] = []
+    table = build_table(reads, datetime.datetime.now(datetime.UTC).date().isoformat(),
+                        rejected)
+    for line in rejected:
+        print(f"env_to_flag candidate not confirmed: {line}")
     args.out.write_text(dump(table), encoding="utf-8")
     size = args.out.stat().st_size
     print(f"wrote {args.out} ({size} bytes, {len(reads)} releases, "
