@@ -278,7 +278,8 @@ class Sources:
         if key not in self._classes:
             decorators = {_dotted(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
                           for d in node.decorator_list}
-            bases = [_dotted(b) for b in node.bases]
+            bases = [_dotted(b.value if isinstance(b, ast.Subscript) else b)  # dict[str, X]
+                     for b in node.bases]
             fields: dict[str, ast.expr] = {}
             methods: dict[str, ast.FunctionDef] = {}
             for item in node.body:
