@@ -63,13 +63,14 @@ _COLLECTIONS = {"list": "list", "List": "list", "tuple": "tuple", "Tuple": "tupl
 
 
 def index_url() -> str:
-    """The index ``pip`` is configured with (``PIP_INDEX_URL``, else ``pip config``'s
-    ``global.index-url``), else PyPI's simple API."""
+    """The index ``pip`` is configured with: ``PIP_INDEX_URL``, else the first ``index-url`` in
+    ``PIP_CONFIG_FILE``, the user's and the site's pip.conf, else PyPI's simple API."""
     env = os.environ.get("PIP_INDEX_URL")
     if env:
         return env.rstrip("/")
-    for conf in ("/etc/pip.conf", os.path.expanduser("~/.config/pip/pip.conf"),
-                 os.path.expanduser("~/.pip/pip.conf")):
+    confs = [os.environ.get("PIP_CONFIG_FILE", ""), os.path.expanduser("~/.config/pip/pip.conf"),
+             os.path.expanduser("~/.pip/pip.conf"), "/etc/pip.conf", "/etc/xdg/pip/pip.conf"]
+    for conf in filter(None, confs):
         try:
             text = Path(conf).read_text()
         except OSError:
@@ -440,8 +441,7 @@ def type_hints(sources: Sources, module: str, node: ast.expr | None,
         return frozenset({Hint("class")})  # neither builtin nor dataclass: vLLM gives str
     if short in {"Callable", "type", "Type"}:
         return frozenset({Hint("class")})
-    found = sources.lookup(module, short) if "." not in name or name.startswith(short) \
-        else sources.lookup(module, short)
+    found = sources.lookup(module, short)
     if found is None:
         return frozenset({Hint("unknown")})
     where, target = found
@@ -571,12 +571,8 @@ def field_props(name: str, hints: frozenset[Hint], rules: Rules) -> dict[str, An
         if not has("str"):
             props["choices"] = [str(v) for v in sorted(values, key=str)]
     elif has("tuple") or has("list") or has("set"):
-        coll = next(h for h in hints if h.kind in ("tuple", "list", "set")) if has(
-            "tuple") is False else next(h for h in hints if h.kind == "tuple")
-        if has("tuple"):
-            coll = next(h for h in hints if h.kind == "tuple")
-        elif has("list"):
-            coll = next(h for h in hints if h.kind == "list")
+        order = ("tuple", "list", "set")  # vLLM's order: tuple, then list, then set
+        coll = next(h for kind in order for h in hints if h.kind == kind)
         elems = [e for e in coll.args if e != Hint("ellipsis")]
         fixed = coll.kind == "tuple" and Hint("ellipsis") not in coll.args and coll.args
         props["nargs"] = str(len(coll.args)) if fixed else "+"

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -472,3 +475,21 @@ def test_archive_choices_prefers_the_sdist_and_skips_pre_releases() -> None:
     assert chosen["0.10.0"][0] == "vllm-0.10.0.tar.gz"
     assert chosen["0.15.0"][0].endswith(".whl")
     assert chosen["0.20.1"][0] == "vllm-0.20.1-cp38-abi3-linux.whl"
+
+
+def test_read_sources_takes_the_vllm_python_files_of_an_sdist_and_a_wheel(tmp_path) -> None:
+    sdist = tmp_path / "vllm-9.9.9.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, text in (("vllm-9.9.9/vllm/envs.py", ENVS), ("vllm-9.9.9/setup.py", "x"),
+                           ("vllm-9.9.9/tests/vllm/test_x.py", "y"),
+                           ("vllm-9.9.9/vllm/README.md", "z")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    assert gen.read_sources(sdist) == {"vllm/envs.py": ENVS}
+    wheel = tmp_path / "vllm-9.9.9-cp38-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/envs.py", ENVS)
+        archive.writestr("vllm-9.9.9.dist-info/METADATA", "m")
+    assert gen.read_sources(wheel) == {"vllm/envs.py": ENVS}
