@@ -90,8 +90,8 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 
 def archive_choices(files: Iterable[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     """From the simple API's JSON ``files`` (PEP 691), each final release >= 0.10.0 ->
-    ``(filename, url)`` of its sdist, else of its first wheel (a build tag like ``-1`` is
-    skipped in favour of the plain wheel)."""
+    ``(filename, url)`` of its sdist, else of its wheel (the x86_64 one where there are
+    several; a build tag like ``-1`` is skipped in favour of the plain wheel)."""
     sdists: dict[str, tuple[str, str]] = {}
     wheels: dict[str, tuple[str, str]] = {}
     for entry in files:
@@ -112,7 +112,11 @@ def archive_choices(files: Iterable[dict[str, Any]]) -> dict[str, tuple[str, str
         key = parse_version(version)
         if key is None or key < OLDEST:
             continue
-        target.setdefault(version, (name, url))
+        current = target.get(version)
+        # the Python files are the same in every wheel of a release: keep the x86_64 one
+        if current is None or (target is wheels and "x86_64" in name
+                               and "x86_64" not in current[0]):
+            target[version] = (name, url)
     chosen = dict(wheels)
     chosen.update(sdists)
     return dict(sorted(chosen.items(), key=lambda kv: parse_version(kv[0]) or ()))
@@ -1213,7 +1217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", default=DEFAULT_CACHE, type=Path)
     parser.add_argument("--out", default=DEFAULT_OUT, type=Path)
-    parser.add_argument("--releases", default="", help="comma-separated subset")
+    parser.add_argument("--releases", default="",
+                        help="comma-separated subset (env_to_flag then compares only these)")
     parser.add_argument("--offline", action="store_true", help="only cached archives")
     args = parser.parse_args(argv)
     if args.offline:

@@ -468,12 +468,14 @@ def test_spans_env_candidates_and_the_table() -> None:
 def test_archive_choices_prefers_the_sdist_and_skips_pre_releases() -> None:
     files = [{"filename": f, "url": "https://x/" + f} for f in (
         "vllm-0.9.2.tar.gz", "vllm-0.10.0.tar.gz", "vllm-0.10.0-cp38-abi3-linux.whl",
-        "vllm-0.10.1.1.tar.gz", "vllm-0.11.0rc1.tar.gz", "vllm-0.15.0-cp38-abi3-linux.whl",
+        "vllm-0.10.1.1.tar.gz", "vllm-0.11.0rc1.tar.gz",
+        "vllm-0.15.0-cp38-abi3-manylinux_2_31_aarch64.whl",
+        "vllm-0.15.0-cp38-abi3-manylinux_2_31_x86_64.whl",
         "vllm-0.20.1-1-cp38-abi3-linux.whl", "vllm-0.20.1-cp38-abi3-linux.whl")]
     chosen = gen.archive_choices(files)
     assert list(chosen) == ["0.10.0", "0.10.1.1", "0.15.0", "0.20.1"]
     assert chosen["0.10.0"][0] == "vllm-0.10.0.tar.gz"
-    assert chosen["0.15.0"][0].endswith(".whl")
+    assert chosen["0.15.0"][0] == "vllm-0.15.0-cp38-abi3-manylinux_2_31_x86_64.whl"
     assert chosen["0.20.1"][0] == "vllm-0.20.1-cp38-abi3-linux.whl"
 
 
