@@ -5,8 +5,8 @@ package index had when it was made, every option ``vllm serve`` accepts (its lon
 whether it takes a value, the value's kind and choices), whether the release's parser accepts
 abbreviations (argparse's ``allow_abbrev``; vLLM's ``FlexibleArgumentParser``), and the
 environment variables that became options. ``scripts/vllm_serve_flags.py`` regenerates it from
-the released wheels, read with :mod:`ast` (vLLM is never imported); ``README.md`` beside this
-file says how.
+the released sdists (a wheel where a release has none), read with :mod:`ast` (vLLM is never
+imported); ``README.md`` beside this file says how.
 
 The file's format (``"format": 1``)::
 
