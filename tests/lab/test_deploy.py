@@ -330,12 +330,14 @@ class TestMp:
     def test_unit_crashing_at_start_ends_wait_within_seconds_with_journal(
             self, deployed: Deployment) -> None:
         try:
-            run = deployed.up("-e", "vllm_extra_args=[--no-such-flag]",
+            # an option the release has (preflight passes it) with a value that fails at start:
+            # a local tokenizer folder that is not there
+            run = deployed.up("-e", "vllm_extra_args=[--tokenizer, /srv/models/no-such-tok]",
                               "-e", "vllm_ready_timeout_s=300")
             assert run.code == 1, run.output
             assert run.elapsed_s < 60  # not the 300 s timeout
             assert "Wait until rank 0 serves" in run.stdout
-            assert "unrecognized arguments: --no-such-flag" in run.output  # its journal lines
+            assert "Incorrect path_or_model_id: '/srv/models/no-such-tok'" in run.output  # journal
             assert "Traceback" not in run.output
         finally:
             # stop the crash loop before the restoring up: units in auto-restart start by

@@ -126,7 +126,8 @@ def test_serial_1_upgrades_every_replica_and_keeps_3_of_4_serving(fleet, lab_hos
 def test_a_bad_third_replica_is_rolled_back_and_stops_the_upgrade(fleet, lab_host):
     log = fleet["folder"] / "hook.log"
     hook = shlex.join([sys.executable, str(fleet["folder"] / "hook.py"), str(log)])
-    fleet["write"](["--max-num-seqs", "32"], {"r3": ["--no-such-engine-flag"]})
+    # r3's new arguments pass preflight (the release has --tokenizer) and fail at start
+    fleet["write"](["--max-num-seqs", "32"], {"r3": ["--tokenizer", "/srv/models/no-such-tok"]})
     code, summary, err = fleet["run"]("upgrade", "--serial", "1", "--drain-hook", hook)
     assert code == 1, err[-3000:]
     assert summary["recap"] == {"upgraded": ["r1", "r2"], "rolled back": ["r3"],
@@ -138,7 +139,7 @@ def test_a_bad_third_replica_is_rolled_back_and_stops_the_upgrade(fleet, lab_hos
         assert "--max-num-seqs 32" in _unit(lab_host, host)
     for host in ("h5", "h6", "h7", "h8"):  # r3 back on its unit, r4 never touched
         unit = _unit(lab_host, host)
-        assert "--max-num-seqs 64" in unit and "--no-such-engine-flag" not in unit
+        assert "--max-num-seqs 64" in unit and "no-such-tok" not in unit
     assert all(_serves(fleet["lab"], name) for name in REPLICAS)
     calls = [line.split() for line in log.read_text().splitlines()]
     expected = [[phase, name, f"http://{fleet['lab'].config.address(MASTERS[name])}:8000", name]

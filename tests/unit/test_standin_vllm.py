@@ -90,6 +90,8 @@ def _wait_for(condition, timeout_s: float = 10) -> bool:  # type: ignore[no-unty
      "nnodes > 1 can only be set when distributed executor backend is mp, uni or"),
     (["--headless", "--api-server-count", "1"], "--api-server-count=1 cannot be used with "
      "--headless"),
+    (["--tokenizer", "/srv/models/no-such-tokenizer"],
+     "Incorrect path_or_model_id: '/srv/models/no-such-tokenizer'"),
 ])
 def test_vllm_rejects_what_vllm_rejects(host, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     proc = host("h1", "serve", "model", *args)

@@ -191,7 +191,8 @@ def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
         ConfigError: with vLLM's text, for: ``--headless`` with ``--api-server-count``
             (serve.py); world size larger than the local GPUs with no backend and one node, and
             ``nnodes > 1`` with a backend other than mp/uni/external_launcher
-            (ParallelConfig.__post_init__); a model path that does not exist.
+            (ParallelConfig.__post_init__); a model path that does not exist; a local
+            ``--tokenizer`` path that does not exist (transformers' text).
     """
     model = ns.model or ns.model_flag
     if not model:
@@ -236,6 +237,13 @@ def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
             f"Invalid repository ID or local directory specified: '{model}'.\nPlease verify "
             "the following requirements:\n1. Provide a valid Hugging Face repository ID.\n"
             "2. Specify a local directory that contains a recognized configuration file.")
+    tokenizer = getattr(ns, "tokenizer", None)
+    if tokenizer and os.path.isabs(tokenizer) and not os.path.isdir(tokenizer):
+        # a local tokenizer path that is not there: the tokenizer load fails at start (vLLM's
+        # get_tokenizer calls transformers' AutoTokenizer.from_pretrained; this is its text,
+        # transformers/utils/hub.py)
+        raise ConfigError(f"Incorrect path_or_model_id: '{tokenizer}'. Please provide either "
+                          "the path to a local folder or the repo_id of a model on the Hub.")
     names = ns.served_model_name or [model]
     return ServeConfig(
         model=model, served_model_name=names[0],
