@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inventory_support import load_llama
-from vllm_table_support import TEXT, clear, no_table, small_table, use_table  # noqa: F401
+from vllm_table_support import TEXT, clear, no_table, use_table
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.inventory.extra_args import check_extra_args, owner_of
@@ -75,10 +75,10 @@ def test_without_abbreviations_an_owned_prefix_is_unrecognized_naming_the_releas
 
 
 def test_without_abbreviations_any_prefix_is_unrecognized_when_pinned(small_table):
-    problem = one(["--max-num", "8"], pin="0.15.0")
-    assert problem.message == ("vllm_extra_args: unrecognized arguments: --max-num (vLLM 0.15.0 "
+    problem = one(["--max-num-s", "8"], pin="0.15.0")
+    assert problem.message == ("vllm_extra_args: unrecognized arguments: --max-num-s (vLLM 0.15.0 "
                                "takes no abbreviations; it would abbreviate --max-num-seqs)")
-    assert refusals(["--max-num", "8"], pin="0.26.0") == []
+    assert refusals(["--max-num-s", "8"], pin="0.26.0") == []
 
 
 def test_an_unknown_option_is_an_error_only_when_the_release_is_pinned(small_table):

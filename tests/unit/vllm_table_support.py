@@ -67,6 +67,7 @@ TABLE = {
         "--old-option": _flag(0, 2),
         "--renamed-option": _flag(3, ALL, aliases=["--old-option"]),
         "--swap-space": _flag(0, 2, kind="float"),
+        "--max-num-partial-prefills": _flag(3, ALL, kind="int"),
         "--trust-remote-code": _bool(),
     },
     "env_to_flag": {"VLLM_ALL2ALL_BACKEND": {"flag": "--all2all-backend", "since": "0.12.0"}},

@@ -27,6 +27,7 @@ from vllm_provision.settings.vllm_cli.argv import (
     prefix_of,
     read_argv,
     spelled,
+    value_problem,
 )
 
 log = logging.getLogger("vllm_provision.inventory")
@@ -270,29 +271,21 @@ def _unknown(option: ArgvOption, surface: vllm_cli.Surface, pinned: bool, place:
 
 def _value(option: ArgvOption, surface: vllm_cli.Surface, place: str, word: str,
            problems: Problems) -> None:
+    problem = value_problem(option)
     flag = option.flag
-    assert flag is not None
+    if problem is None or flag is None:
+        return
     if option.value is None:
-        if flag.takes_value and flag.nargs not in ("?", "*"):
-            problems.add(place, f"vllm_extra_args: argument {flag.name}: expected one argument "
-                         f"(vLLM {surface.release})", actual=repr(word),
-                         fix=f"give {flag.name} a value in the next item of vllm_extra_args")
-        return
-    if not flag.takes_value:
-        if option.inline:
-            problems.add(place, f"vllm_extra_args: argument {flag.name}: ignored explicit "
-                         f"argument {option.value!r} (vLLM {surface.release})",
-                         actual=repr(word), fix=f"write {flag.name} alone: it takes no value")
-        return
-    for value in option.values:
-        problem = flag.value_problem(value)
-        if problem is not None:
-            problems.add(place, f"vllm_extra_args: {problem} (vLLM {surface.release})",
-                         actual=repr(word) + ("" if option.inline else f" {value!r}"),
-                         fix=f"give {flag.name} " + (
-                             "one of " + ", ".join(repr(c) for c in flag.choices)
-                             if flag.choices else f"a value of kind {flag.kind}"))
-            return
+        fix = f"give {flag.name} a value in the next item of vllm_extra_args"
+    elif not flag.takes_value:
+        fix = f"write {flag.name} alone: it takes no value"
+    elif flag.choices:
+        fix = f"give {flag.name} one of " + ", ".join(repr(c) for c in flag.choices)
+    else:
+        fix = f"give {flag.name} a value of kind {flag.kind}"
+    shown = repr(word) + ("" if option.inline or option.value is None else f" {option.value!r}")
+    problems.add(place, f"vllm_extra_args: {problem} (vLLM {surface.release})", actual=shown,
+                 fix=fix)
 
 
 def pinned_version(agreed: Mapping[str, Any]) -> Any:

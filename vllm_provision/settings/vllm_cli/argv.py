@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from vllm_provision.settings.vllm_cli import AmbiguousOption, Flag, Surface, UnknownOption
 
-__all__ = ["ArgvOption", "abbreviated", "prefix_of", "read_argv", "spelled"]
+__all__ = ["ArgvOption", "abbreviated", "prefix_of", "read_argv", "spelled", "value_problem"]
 
 # Lib/argparse.py: a word like this is a value unless the parser has options that look like it
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -128,3 +128,24 @@ def read_argv(surface: Surface, argv: list[str] | tuple[str, ...]) -> list[ArgvO
         found.append(ArgvOption(position, option, value, inline, flag, error, tuple(taken)))
         position = following
     return found
+
+
+def value_problem(option: ArgvOption) -> str | None:
+    """Why the release's parser would refuse the value of a resolved ``option``, in argparse's
+    words ("argument --x: expected one argument", "ignored explicit argument", "invalid int
+    value", "invalid choice"), or None (also for an unresolved option)."""
+    flag = option.flag
+    if flag is None:
+        return None
+    if option.value is None:
+        if flag.takes_value and flag.nargs not in ("?", "*"):
+            return f"argument {flag.name}: expected one argument"
+        return None
+    if not flag.takes_value:
+        return (f"argument {flag.name}: ignored explicit argument {option.value!r}"
+                if option.inline else None)
+    for value in option.values:
+        problem = flag.value_problem(value)
+        if problem is not None:
+            return problem
+    return None
