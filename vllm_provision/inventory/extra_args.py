@@ -193,6 +193,8 @@ def _check_exact(args: list[str], place_of: Any, backend: Any, problems: Problem
         option = word.split("=", 1)[0]
         secret = secret_option(option)
         owned = owner_of(secret) if secret else owner_of(spelled(option))
+        if owned is not None and secret and secret != spelled(option):
+            owned = Owned(owned.name, owned.kind, owned.detail, f"{option} abbreviates {secret}")
         if owned is not None:
             has_value = "=" in word or index + 1 < len(args)
             _refuse_owned(owned, option, word, has_value, place_of(index), backend, problems)
