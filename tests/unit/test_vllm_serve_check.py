@@ -143,6 +143,16 @@ def test_an_environment_variable_that_became_an_option_is_named(small_table):
     assert not by(older, Severity.WARNING)
 
 
+def test_no_variable_we_render_became_an_option_in_the_shipped_table():
+    """Renamed settings: were one of our environment variables an option in some release, the
+    unit would have to render the option there instead; none is (the table's env_to_flag)."""
+    path = ROOT / "vllm_provision/settings/vllm_cli/serve_flags.json"
+    tables = [json.loads(path.read_text())] if path.exists() else []
+    from vllm_table_support import TABLE
+    for table in [TABLE, *tables]:
+        assert set(vllm_serve.RENDERED_ENV) & set(table["env_to_flag"]) == set()
+
+
 def test_the_rendered_environment_list_is_every_variable_the_templates_set():
     texts = [p.read_text() for p in ROOT.glob("roles/*/templates/*.env.j2")]
     texts.append((ROOT / "roles/vllm_common/templates/macros.j2").read_text())
@@ -217,8 +227,9 @@ def test_the_breakage_list_is_well_formed_public_and_verified():
 def test_the_gloo_deadlock_of_the_0_26_1_dev_builds_is_refused(small_table):
     replica = make_replica("ray", tp=8, pp=1)
     [error] = by(vllm_serve.check_breakages(replica, facts_with("0.26.1rc1.dev148+g1a2b3c")),
-                 Severity.ERROR)[:1]
-    assert error.item == "known breakage vllm-52907"
+                 Severity.ERROR)
+    assert (error.item, error.host) == ("known breakage vllm-52907", "*")  # one for both nodes
+    assert error.actual.startswith("vLLM '0.26.1rc1.dev148+g1a2b3c' on h1, h2 is affected: ")
     assert "https://github.com/vllm-project/vllm/issues/52907" in error.actual
     assert "install a released vLLM" in error.fix
     assert by(vllm_serve.check_breakages(replica, facts_with("0.26.1rc1.dev78")),
@@ -230,8 +241,10 @@ def test_the_gloo_deadlock_of_the_0_26_1_dev_builds_is_refused(small_table):
 
 
 def test_cuda_graph_capture_on_0_12_0_with_ray_pp_warns_unless_enforce_eager(small_table):
-    [warning] = by(vllm_serve.check_breakages(make_replica("ray"), facts_with("0.12.0")),
-                   Severity.WARNING)[:1]
+    facts = facts_with("0.12.0")
+    facts["h2"] = HostFacts(host="h2", packages={"vllm": "0.13.0"})
+    [warning] = by(vllm_serve.check_breakages(make_replica("ray"), facts), Severity.WARNING)
+    assert warning.host == "h1"  # h2 runs another release
     assert warning.item == "known breakage vllm-30044" and "--enforce-eager" in warning.fix
     eager = make_replica("ray", extra=("--enforce-eager",))
     assert [f.severity for f in vllm_serve.check_breakages(eager, facts_with("0.12.0"))] == [

@@ -102,8 +102,9 @@ def _unknown_fix(name: str, surface: vllm_cli.Surface, host: str, from_extra: bo
     if older is not None:
         where = "in vllm_extra_args" if from_extra else "(or upgrade vLLM)"
         return f"write {older}, the spelling vLLM {surface.release} has, {where}"
-    for variable, flag in _env_of(name):
-        if flag == name:
+    release_key = vllm_cli.parse_release(surface.release) or ()
+    for variable, flag, since in _env_of(name):
+        if flag == name and (vllm_cli.parse_release(since) or ()) > release_key:
             return (f"vLLM {surface.release} reads this setting from the environment: set "
                     f"{variable} in vllm_env instead, or upgrade vLLM on {host}")
     first = first_release_with(name)
@@ -118,13 +119,15 @@ def _unknown_fix(name: str, surface: vllm_cli.Surface, host: str, from_extra: bo
     return f"install a vLLM release that has {name}"
 
 
-def _env_of(name: str) -> list[tuple[str, str]]:
+def _env_of(name: str) -> list[tuple[str, str, str]]:
+    """``(variable, option, since)`` of the table's ``env_to_flag`` entries for option
+    ``name``."""
     try:
         entries = vllm_cli.table().get("env_to_flag", {})
+        return [(str(var), str(entry.get("flag")), str(entry.get("since", "0")))
+                for var, entry in entries.items() if entry.get("flag") == name]
     except TABLE_ERRORS:
         return []
-    return [(str(var), str(entry.get("flag"))) for var, entry in entries.items()
-            if entry.get("flag") == name]
 
 
 def check_node_options(replica: Replica, node: Node, version: str,
@@ -269,6 +272,7 @@ def check_breakages(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Fi
     layout = _layout(replica)
     findings = []
     checked = False
+    hit: dict[tuple[str, str], tuple[known.Breakage, list[str]]] = {}
     for node in replica.nodes:
         version = installed_release(facts.get(node.name))
         if version is None:
@@ -283,15 +287,19 @@ def check_breakages(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Fi
                             fix="reinstall vllm-provision (the list is package data)",
                             source="settings/vllm_cli/breakages.json")]
         for entry in matched:
-            unverified = "" if entry.verified else " (not verified: the issue was not read)"
-            findings.append(Finding(
-                "vllm_serve.breakages", Severity.ERROR if entry.refuse else Severity.WARNING,
-                node.name, f"known breakage {entry.id}",
-                expected=f"a vLLM release outside {entry.first} to before {entry.before} for "
-                         f"{entry.backend or 'any backend'} over {layout.nodes} nodes",
-                actual=f"vLLM {version!r} is affected: {entry.title} ({entry.issue})"
-                       f"{unverified}; symptom: {entry.symptom}",
-                fix=entry.workaround, source=entry.issue))
+            hit.setdefault((entry.id, version), (entry, []))[1].append(node.name)
+    with_facts = [n.name for n in replica.nodes if installed_release(facts.get(n.name))]
+    for (_id, version), (entry, hosts) in hit.items():
+        unverified = "" if entry.verified else " (not verified: the issue was not read)"
+        findings.append(Finding(
+            "vllm_serve.breakages", Severity.ERROR if entry.refuse else Severity.WARNING,
+            "*" if hosts == with_facts and len(hosts) > 1 else ", ".join(hosts),
+            f"known breakage {entry.id}",
+            expected=f"for {entry.backend or 'any backend'} over {layout.nodes} nodes, a vLLM "
+                     f"release before {entry.first} or from {entry.before} on",
+            actual=f"vLLM {version!r} on {', '.join(hosts)} is affected: {entry.title} "
+                   f"({entry.issue}){unverified}; symptom: {entry.symptom}",
+            fix=entry.workaround, source=entry.issue))
     if checked and not findings:
         findings.append(Finding("vllm_serve.breakages", Severity.OK, "*", "known breakages",
                                 expected="no known breakage of the installed vLLM for this "
