@@ -75,6 +75,19 @@ TABLE = {
 TEXT = json.dumps(TABLE)
 
 
+def text_with(release: str) -> str:
+    """The small table's JSON with ``release`` added as its newest, holding the newest
+    release's options (for tests whose facts run a later vLLM than 0.26.0)."""
+    table = json.loads(TEXT)
+    last = len(table["releases"]) - 1
+    table["releases"].append(release)
+    for spans in [*table["flags"].values(), table["allow_abbrev"]]:
+        for span in spans:
+            if span[1] == last:
+                span[1] = last + 1
+    return json.dumps(table)
+
+
 def clear() -> None:
     """Forget every parsed table and surface (the reader's caches)."""
     vllm_cli.table.cache_clear()
