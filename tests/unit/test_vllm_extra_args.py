@@ -220,3 +220,10 @@ def test_every_resolving_prefix_of_an_owned_option_is_refused_and_no_other(monke
               if not any("must not contain" in p.message for p in refusals([c[1], "1"], c[0]))]
     assert missed == []
     clear()
+
+
+def test_a_pin_older_than_the_table_is_read_with_the_newest_release_and_a_warning(small_table,
+                                                                                 caplog):
+    assert refusals(["--no-such-option", "1"], pin="0.9.2") == []  # not pinned to a release
+    assert "older than the oldest release this tool knows (0.10.0)" in caplog.text
+    assert "--nnode abbreviates --nnodes for vLLM 0.26.0" in one(["--nnode", "2"], "0.9.2").message

@@ -99,15 +99,19 @@ def release_surface(pin: Any) -> tuple[vllm_cli.Surface | None, bool]:
 
     ``pin`` (``vllm_version``, or None) gives the release when it is a version the table
     covers (a release between two of the table's, or newer than its newest, reads as the
-    nearest older one, with a warning logged); otherwise the table's newest release is used.
+    nearest older one, with a warning logged); otherwise the table's newest release is used
+    (a pin older than the table logs a warning).
     Returns ``(None, False)`` when the table cannot be read. Never raises.
     """
     try:
         if pin is not None:
             try:
                 surface, warning = vllm_cli.surface(str(pin))
-            except ValueError:
+            except ValueError as error:
                 surface, warning = None, None
+                if vllm_cli.parse_release(str(pin)) is not None:  # older than the table
+                    log.warning("vllm_version %r: %s; vllm_extra_args read with the newest "
+                                "release's options", str(pin), error)
             if surface is not None:
                 if warning:
                     log.warning("vllm_version %r: %s", str(pin), warning)
