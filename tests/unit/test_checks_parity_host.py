@@ -60,9 +60,14 @@ def errors_of(findings):
     return [f for f in findings if f.severity is Severity.ERROR]
 
 
-def test_clean_replica_has_no_error_and_no_warning():
+def test_clean_replica_has_no_error_and_no_warning(monkeypatch):
+    from vllm_table_support import clear, text_with, use_table
+
+    use_table(monkeypatch, text_with("0.33.0"))  # the vllm serve table knows the facts' vLLM
     findings = check_replica(make_replica(), clean_facts(), settings_for(make_replica()))
     assert [f for f in findings if f.severity is not Severity.OK] == []
+    assert {f.check for f in findings} >= {"vllm_serve.options", "vllm_serve.rules"}
+    clear()
 
 
 def test_nccl_difference_names_host_both_values_and_the_fix():

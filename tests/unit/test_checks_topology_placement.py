@@ -158,3 +158,38 @@ def test_check_placement_reports_custom_shape_and_skips_mp():
     assert [f.severity for f in findings] == [Severity.OK, Severity.ERROR]
     assert "adding more 4-GPU nodes will not help" in findings[1].actual
     assert placement.check_placement(make_replica(), TWO_BY_FOUR) == []
+
+
+@pytest.mark.parametrize(("words", "item", "how"), [
+    (("--nnode", "2"), "--nnode in vllm_extra_args", "--nnode abbreviates --nnodes for vLLM "
+                                                     "0.26.0"),
+    (("--tensor_parallel_size=8",), "--tensor_parallel_size in vllm_extra_args", ""),
+    (("--tensor-parallel", "8"), "--tensor-parallel in vllm_extra_args",
+     "--tensor-parallel abbreviates --tensor-parallel-size for vLLM 0.26.0"),
+    (("-n", "2"), "-n in vllm_extra_args", ""),
+])
+def test_backend_args_resolve_spellings_as_vllm_does(small_table, words, item, how):
+    findings = topology.check_backend_args(make_replica(backend="ray", extra_args=words))
+    [error] = [f for f in findings if f.severity is Severity.ERROR]
+    assert error.item == item
+    assert error.actual.endswith(f"({how})") if how else "abbreviates" not in error.actual
+    if item.startswith(("--nnode ", "-n ")):
+        assert topology.NNODES_BACKEND_ERROR in error.actual
+
+
+def test_an_abbreviated_backend_override_is_refused(small_table):
+    findings = topology.check_backend_args(
+        make_replica(extra_args=("--distributed-exec", "ray")))
+    [error] = [f for f in findings if f.severity is Severity.ERROR]
+    assert error.actual == ("vllm_extra_args sets --distributed-exec ray (--distributed-exec "
+                            "abbreviates --distributed-executor-backend for vLLM 0.26.0)")
+
+
+def test_backend_args_without_the_table_check_exact_names(monkeypatch):
+    from vllm_table_support import clear, no_table
+
+    no_table(monkeypatch)
+    findings = topology.check_backend_args(make_replica(extra_args=("--nnodes", "2", "--nnode")))
+    assert [f.item for f in findings if f.severity is Severity.ERROR] == [
+        "--nnodes in vllm_extra_args"]
+    clear()

@@ -108,7 +108,8 @@ def test_the_checks_run_in_the_order_preflight_has_always_run_them() -> None:
     from vllm_provision.checks.run import checks_of
 
     assert [e.name for e in checks_of("replica")] == [
-        "topology.topology", "placement.backend", "parity.parity", "parity.pins",
+        "topology.topology", "vllm_serve.options", "vllm_serve.rules", "vllm_serve.breakages",
+        "placement.backend", "parity.parity", "parity.pins",
         "parity.driver_minimum", "network.host_ip_unique", "network.routes",
         "network.reachability", "fabric.mtu", "fabric.rdma", "fabric.peer_reach", "memory.fit"]
     assert [e.name for e in checks_of("node")] == [

@@ -177,46 +177,72 @@ def check_node_ranks(replica: Replica) -> list[Finding]:
     return findings
 
 
-def _flag_values(args: tuple[str, ...], flag: str) -> list[str]:
-    values = []
-    for position, word in enumerate(args):
-        if word == flag and position + 1 < len(args):
-            values.append(args[position + 1])
-        elif word.startswith(flag + "="):
-            values.append(word.split("=", 1)[1])
-    return values
+CONTROLLED = ("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port",
+              "--headless", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp")
+
+
+def _extra_words(replica: Replica) -> list[tuple[str, str, str | None, str]]:
+    """``(word, the option it means, its value, how)`` for every option word of
+    ``vllm_extra_args``, read as the replica's release reads it (its ``vllm_version`` pin, else
+    the table's newest: :func:`vllm_provision.inventory.extra_args.release_surface`): ``how``
+    is ``""`` for an exact name, else what the word abbreviates. Without the table, exact names
+    only (``_`` read as ``-``)."""
+    from vllm_provision.inventory.extra_args import release_surface
+    from vllm_provision.settings.vllm_cli.argv import abbreviated, read_argv, spelled
+
+    args = [str(a) for a in replica.engine.extra_args]
+    surface, _pinned = release_surface(replica.vars.get("vllm_version"))
+    if surface is None:
+        words = []
+        for position, word in enumerate(args):
+            if not word.startswith("-"):
+                continue
+            option, _, inline = word.partition("=")
+            value = inline if "=" in word else (
+                args[position + 1] if position + 1 < len(args) else None)
+            words.append((option, spelled(option), value, ""))
+        return words
+    found = []
+    for option in read_argv(surface, args):
+        if option.flag is None:
+            continue
+        how = (f"{option.word} abbreviates {option.flag.name} for vLLM {surface.release}"
+               if abbreviated(option) else "")
+        controlled = [s for s in option.flag.spellings() if s in CONTROLLED]
+        found.append((option.word, controlled[0] if controlled else option.flag.name,
+                      option.value, how))
+    return found
 
 
 def check_backend_args(replica: Replica) -> list[Finding]:
     """The backend is explicit and its arguments are consistent.
 
     mp: every node gets ``--distributed-executor-backend mp`` and ``--nnodes`` (the unit
-    templates render them); nothing in ``vllm_extra_args`` may override them. Ray: never
-    ``--nnodes`` (vLLM: "nnodes > 1 can only be set when distributed executor backend is mp,
-    uni or external_launcher."). Source: ``ParallelConfig.__post_init__``,
-    ``vllm/config/parallel.py`` (https://github.com/vllm-project/vllm).
+    templates render them); nothing in ``vllm_extra_args`` may override them, in any spelling
+    vLLM's parser accepts (``--tensor_parallel_size``, an abbreviation such as ``--nnode``:
+    :func:`_extra_words`). Ray: never ``--nnodes`` (vLLM: "nnodes > 1 can only be set when
+    distributed executor backend is mp, uni or external_launcher."). Source:
+    ``ParallelConfig.__post_init__``, ``vllm/config/parallel.py``
+    (https://github.com/vllm-project/vllm).
     """
-    args = replica.engine.extra_args
-    backend_overrides = _flag_values(args, "--distributed-executor-backend")
+    words = _extra_words(replica)
     findings = []
-    for value in backend_overrides:
-        if value != replica.backend:
+    for word, name, value, how in words:
+        if name == "--distributed-executor-backend" and value is not None \
+                and value != replica.backend:
             findings.append(Finding(
                 "topology.backend", Severity.ERROR, "*", "executor backend",
                 expected=f"--distributed-executor-backend {replica.backend} (vllm_backend)",
-                actual=f"vllm_extra_args sets --distributed-executor-backend {value}",
-                fix="remove --distributed-executor-backend from vllm_extra_args; set "
-                    "vllm_backend instead",
+                actual=f"vllm_extra_args sets {word} {value}" + (f" ({how})" if how else ""),
+                fix=f"remove {word} from vllm_extra_args; set vllm_backend instead",
                 source="vllm/config/parallel.py"))
-    controlled = ("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port",
-                  "--headless", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp")
-    for flag in controlled:
-        if any(word == flag or word.startswith(flag + "=") for word in args):
-            expected, text = replica.backend_type.flag_finding(flag)
+    for word, name, _value, how in words:
+        if name in CONTROLLED:
+            expected, text = replica.backend_type.flag_finding(name)
             findings.append(Finding(
-                "topology.backend", Severity.ERROR, "*", f"{flag} in vllm_extra_args",
-                expected=expected, actual=text,
-                fix=f"remove {flag} from vllm_extra_args; the inventory's ranks and sizes "
+                "topology.backend", Severity.ERROR, "*", f"{word} in vllm_extra_args",
+                expected=expected, actual=text + (f" ({how})" if how else ""),
+                fix=f"remove {word} from vllm_extra_args; the inventory's ranks and sizes "
                     "give it",
                 source="vllm/config/parallel.py"))
     if not findings:

@@ -10,11 +10,17 @@ from typing import Any
 from vllm_provision import backends
 from vllm_provision.backends import choice
 from vllm_provision.core.models import EngineArgs, Host, Node, Replica, canonical_ip
+from vllm_provision.inventory.extra_args import (  # noqa: F401 - the tables, used here first
+    RENDERED_OPTIONS,
+    VARIABLE_OPTIONS,
+    check_extra_args,
+    pinned_version,
+)
 from vllm_provision.inventory.hosts import INVALID
-from vllm_provision.inventory.source import Origin, Problems, Setting
+from vllm_provision.inventory.source import Problems, Setting
 from vllm_provision.inventory.tree import Tree
-from vllm_provision.inventory.values import SECRET_OPTIONS, secret_option, show
-from vllm_provision.settings import kinds, monitoring, variables
+from vllm_provision.inventory.values import show
+from vllm_provision.settings import kinds, monitoring, variables, vllm_cli
 from vllm_provision.settings.monitoring import VARIABLES as MONITORING_VARIABLES
 
 REPLICAS_GROUP = "vllm_replicas"
@@ -22,29 +28,6 @@ def synthetic_groups() -> tuple[str, ...]:
     """The groups the loader adds: ``vllm_master``, ``vllm_followers`` and ``vllm_<backend>``
     for every registered backend (:mod:`vllm_provision.backends`)."""
     return ("vllm_master", "vllm_followers", *(f"vllm_{name}" for name in backends.names()))
-
-# Options we render ourselves from the backend and node rank. vLLM rejects nnodes > 1 with the
-# ray backend ("nnodes > 1 can only be set when distributed executor backend is mp, uni or
-# external_launcher", vllm/config/parallel.py), so they must never be copied between backends.
-RENDERED_OPTIONS = {
-    "--nnodes": "it is the number of hosts of the replica",
-    "--node-rank": "it comes from vllm_node_rank",
-    "--headless": "followers (rank > 0) get it automatically with vllm_backend: mp",
-    "--distributed-executor-backend": "it comes from vllm_backend",
-    "--master-addr": "it is rank 0's vllm_host_ip",
-    "--data-parallel-address": "it is rank 0's vllm_host_ip",
-}
-# Options that have a variable: one source for each value.
-VARIABLE_OPTIONS = {
-    "--tensor-parallel-size": "vllm_tensor_parallel_size", "-tp": "vllm_tensor_parallel_size",
-    "--pipeline-parallel-size": "vllm_pipeline_parallel_size",
-    "-pp": "vllm_pipeline_parallel_size",
-    "--max-model-len": "vllm_max_model_len", "--served-model-name": "vllm_served_model_name",
-    "--gpu-memory-utilization": "vllm_gpu_memory_utilization",
-    "--host": "vllm_api_host", "--port": "vllm_api_port", "--master-port": "vllm_master_port",
-    "--model": "vllm_model",
-}
-
 
 def _replica_scope() -> list[str]:
     return [v.name for v in variables.VARIABLES.values() if v.scope == "replica"]
@@ -83,35 +66,23 @@ def _agree(name: str, nodes: list[str], settings: Mapping[str, Mapping[str, Sett
     return first_value
 
 
-def _check_extra_args(args: list[str], origin: Origin | None, backend: Any,
-                      problems: Problems, where: str) -> None:
-    for index, word in enumerate(args):
-        option = word.split("=", 1)[0]
-        normalized = option if option.startswith("-") and not option.startswith("--") else \
-            "--" + option[2:].replace("_", "-")
-        if not word.startswith("-"):
-            continue
-        place = origin.child(index).where if origin else where
-        secret = secret_option(option)
-        if secret is not None:
-            variable = SECRET_OPTIONS[secret][1]
-            problems.add(place, f"vllm_extra_args must not contain {option}: its value is a "
-                         f"secret, and vllm_extra_args is written to the world-readable unit "
-                         "file and shown in output",
-                         actual=option + (" ********" if "=" in word or index + 1 < len(args)
-                                          else ""),
-                         fix=f"remove {option} and its value from vllm_extra_args and set "
-                             f"{variable} instead")
-        elif normalized in RENDERED_OPTIONS:
-            chosen = backends.find(backend)
-            ray_note = chosen.extra_args_note() if chosen else ""
-            problems.add(place, f"vllm_extra_args must not contain {option}: we render it "
-                         f"ourselves ({RENDERED_OPTIONS[normalized]}).{ray_note}",
-                         actual=repr(word), fix=f"remove {word!r} from vllm_extra_args")
-        elif normalized in VARIABLE_OPTIONS:
-            problems.add(place, f"vllm_extra_args must not contain {option}: it has its own "
-                         f"variable, {VARIABLE_OPTIONS[normalized]}", actual=repr(word),
-                         fix=f"remove it and set {VARIABLE_OPTIONS[normalized]} instead")
+def _check_version_pin(replica: str, members: list[str],
+                       settings: Mapping[str, Mapping[str, Setting]], agreed: Mapping[str, Any],
+                       problems: Problems, where: str) -> bool:
+    """Refuse a ``vllm_version`` pin that is not a vLLM version (no release segment such as
+    ``0.12.0`` at its start: :func:`vllm_provision.settings.vllm_cli.parse_release`), naming
+    where it was set. Returns False when a problem was recorded."""
+    pin = pinned_version(agreed)
+    if pin is None or vllm_cli.parse_release(pin) is not None:
+        return True
+    setting = settings[members[0]].get("vllm_version")
+    problems.add(setting.origin.where if setting else where,
+                 f"vllm_version of replica {replica!r} is not a vLLM version",
+                 expected="a vLLM release such as 0.12.0 (a local part such as +cu129 is "
+                          "allowed)", actual=repr(pin),
+                 fix="set vllm_version to the release installed on the nodes (`pip show vllm` "
+                     "in the venv), or remove it")
+    return False
 
 
 def _rank_of(host: str, settings: Mapping[str, Setting], single: bool) -> Any:
@@ -290,11 +261,13 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                 ok = False
             elif agreed[var] is INVALID:
                 ok = False
+        if not _check_version_pin(name, members, settings, agreed, problems, group_where):
+            ok = False
         extra = agreed["vllm_extra_args"]
         if extra is not INVALID:
             origin = settings[members[0]].get("vllm_extra_args")
-            _check_extra_args(extra, origin.origin if origin else None, agreed["vllm_backend"],
-                              problems, group_where)
+            check_extra_args(extra, origin.origin if origin else None, agreed["vllm_backend"],
+                             problems, group_where, pin=pinned_version(agreed))
         ranks: dict[int, list[str]] = {}
         nodes: list[Node] = []
         for host in members:
