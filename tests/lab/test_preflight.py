@@ -4,7 +4,7 @@ Every test changes one thing on the lab, runs the real CLI over real SSH, and re
 (`provision lab set HOST key=default`, or undoing its own change) in a ``finally``. The product
 code never knows it talks to the lab.
 
-Cost: about 123 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 128 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -241,3 +241,27 @@ def test_firewall_on_h1_dropping_its_peer_is_caught_before_anything_starts(lab):
     assert watchdog["host"] == "h2" and watchdog["item"].startswith("TCP to h1's watchdog port")
     assert f"{watchdog_port} from h2 to h1" in watchdog["fix"]
     assert lab.ssh("h1", "systemctl is-active vllm.service").stdout.strip() != "active"
+
+
+def test_a_release_without_the_mp_multi_node_options_is_refused_before_anything_starts(lab):
+    """Both nodes pretend to run vLLM 0.11.0, which has no ``--nnodes`` (the mp multi-node
+    options came with 0.11.1): ``check`` refuses the mp replica naming the release and the fix,
+    and the stand-in's own parser (that release's options, from the same table) refuses the
+    option the same way, with argparse's exit 2. Then an option no release has is refused
+    against the installed release (0.33.0)."""
+    with lab_set("h1", "vllm", "0.11.0"), lab_set("h2", "vllm", "0.11.0"):
+        code, findings = check(lab)
+        started = lab.ssh("h1", "/opt/vllm/bin/vllm serve /srv/models/lab-model --nnodes 2")
+    refused = [f for f in errors(findings) if f["check"] == "vllm_serve.options"]
+    assert code == 1
+    nnodes = [f for f in refused if f["item"].startswith("--nnodes")]
+    assert {f["host"] for f in nnodes} == {"h1", "h2"}, refused
+    assert "vLLM 0.11.0" in nnodes[0]["actual"] and "0.11.1" in nnodes[0]["fix"], nnodes[0]
+    assert started.returncode == 2
+    assert "unrecognized arguments: --nnodes 2" in started.stderr
+
+    code, findings = check(lab, "mp", "-e", "vllm_extra_args=[--no-such-flag]")
+    [unknown] = [f for f in errors(findings) if f["check"] == "vllm_serve.options"
+                 and f["host"] == "h1"]
+    assert code == 1 and "--no-such-flag" in unknown["actual"]
+    assert "vLLM 0.33.0" in unknown["actual"]
