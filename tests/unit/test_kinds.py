@@ -45,3 +45,8 @@ def test_a_zone_id_is_an_interface_name(value: str, ok: bool) -> None:
 def test_one_address_written_two_ways_has_one_canonical_form() -> None:
     assert canonical_ip("::ffff:10.0.0.1") == canonical_ip("10.0.0.1")
     assert canonical_ip("FE80:0::1") == canonical_ip("fe80::1")
+
+
+def test_every_rule_belongs_to_a_kind_or_variable_in_use() -> None:
+    assert sorted(set(kinds.RULES) - set(kinds.KINDS.values())) == []
+    assert sorted(set(kinds.OWN_RULES) - set(kinds.KINDS)) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vllm_provision import settings
 from vllm_provision.checks.context import ReplicaScope, check
@@ -87,21 +88,28 @@ def _plugins(facts: HostFacts) -> str | None:
 
 
 _PIP_FIX = "install {package}=={want} in {venv} on {host}, or pin every node to the same version"
+
+
+def _pip_item(package: str, label: str, **kwargs: Any) -> ParityItem:
+    """The item for the version of the pip package ``package`` in the venv: keyed by its name,
+    fixed by installing the same version (:data:`_PIP_FIX`); ``kwargs`` as :class:`ParityItem`'s.
+    """
+    return ParityItem(package, label, _package(package), _PIP_FIX.replace("{package}", package),
+                      **kwargs)
+
+
 ITEMS: tuple[ParityItem, ...] = (
-    ParityItem("vllm", "vLLM version", _package("vllm"), _PIP_FIX.replace("{package}", "vllm")),
-    ParityItem("torch", "torch version (with CUDA build)", _package("torch"),
-               _PIP_FIX.replace("{package}", "torch")),
+    _pip_item("vllm", "vLLM version"),
+    _pip_item("torch", "torch version (with CUDA build)"),
     ParityItem("torch_cuda", "torch CUDA build", lambda f: f.torch_cuda,
                "install the {want} build of torch in {venv} on {host}"),
     ParityItem("nccl", "NCCL version", lambda f: f.nccl_version, _PIP_FIX,
                source="NVIDIA/nccl #354, #1328 (NCCL must match on every rank)"),
-    ParityItem("ray", "Ray version", _package("ray"), _PIP_FIX.replace("{package}", "ray"),
-               ray_only=True, source="Ray: Version mismatch (ray #50511)"),
+    _pip_item("ray", "Ray version", ray_only=True, source="Ray: Version mismatch (ray #50511)"),
     ParityItem("python", "Python version", lambda f: f.python_micro or None,
                "rebuild {venv} on {host} with Python {want} (as on {master})",
                source="Ray compares Python to the patch level (ray #50511); pickles cross nodes"),
-    ParityItem("transformers", "transformers version", _package("transformers"),
-               _PIP_FIX.replace("{package}", "transformers")),
+    _pip_item("transformers", "transformers version"),
     ParityItem("gpu_model", "GPU model", lambda f: f.gpu_model,
                "use the same GPU model on every node of the replica",
                source="GPUStack mp prerequisite: same number and model of GPUs"),

@@ -286,10 +286,6 @@ def check_text(value: str) -> str | None:
     return None
 
 
-def _no_check(value: Any) -> str | None:
-    return None
-
-
 def check_whole_seconds(value: Any) -> str | None:
     """Return why ``value`` is not a whole number of seconds >= 1, or None: Ray reads its
     compiled-graph timeouts with ``int()`` (ray/dag/context.py), so ``2.5`` would stop Ray."""
@@ -299,151 +295,179 @@ def check_whole_seconds(value: Any) -> str | None:
     return None
 
 
-Kind = tuple[str, Callable[[Any], str | None]]
+Checker = Callable[[Any], str | None]
 
-# name -> (kind, checker). Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address,
-# ssh_host, ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret,
-# version, count, seconds, rate, fraction, flag, choice, text, data, replica_id, package.
-KINDS: dict[str, Kind] = {
+# kind -> its rule. A kind not listed has none here: its values are checked by their type and
+# range (``settings/variables.py``), by their table entry or by ``check_setting`` itself, as the
+# comments in KINDS say.
+RULES: dict[str, Checker] = {
+    "ssh_host": check_ssh_host,
+    "ssh_user": check_ssh_user,
+    "replica_id": check_replica_id,
+    "address": check_address,
+    "interface": check_interface,
+    "engine_arg": check_engine_word,
+    "env": check_env_mapping,
+    "path": check_path,
+    "unit": check_unit,
+    "owned_dir": check_owned_dir,
+    "owned_file": check_owned_file,
+    "unit_dir": check_unit_dir,
+    "package": check_package,
+    "version": check_version,
+    "check_names": check_check_names,
+}
+# variable -> a rule of its own, narrower than its kind's (which has none).
+OWN_RULES: dict[str, Checker] = {
+    "vllm_watchdog_port": check_port,  # a role default: no table entry bounds it
+    "ray_cgraph_get_timeout_s": check_whole_seconds,
+    "ray_cgraph_submit_timeout_s": check_whole_seconds,
+    "preflight_parity": check_severities,
+}
+
+# name -> kind. Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address, ssh_host,
+# ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret, version,
+# count, seconds, rate, fraction, flag, choice, text, data, replica_id, package.
+KINDS: dict[str, str] = {
     # connection
-    "ansible_host": ("ssh_host", check_ssh_host),
-    "ansible_port": ("port", _no_check),
-    "ansible_user": ("ssh_user", check_ssh_user),
-    "ansible_ssh_private_key_file": ("controller_path", _no_check),
-    "ansible_ssh_common_args": ("ssh_args", _no_check),
-    "ansible_ssh_extra_args": ("ssh_args", _no_check),
-    "ansible_become": ("flag", _no_check),
-    "ansible_become_user": ("ssh_user", check_ssh_user),
-    "provision_known_hosts_file": ("controller_path", _no_check),
-    "provision_owned_dirs": ("path_list", _no_check),  # checked by check_setting itself
+    "ansible_host": "ssh_host",
+    "ansible_port": "port",
+    "ansible_user": "ssh_user",
+    "ansible_ssh_private_key_file": "controller_path",
+    "ansible_ssh_common_args": "ssh_args",
+    "ansible_ssh_extra_args": "ssh_args",
+    "ansible_become": "flag",
+    "ansible_become_user": "ssh_user",
+    "provision_known_hosts_file": "controller_path",
+    "provision_owned_dirs": "path_list",  # checked by check_setting itself
     # replica and nodes
-    "vllm_backend": ("choice", _no_check),
-    "vllm_replica_id": ("replica_id", check_replica_id),
-    "vllm_node_rank": ("count", _no_check),
-    "vllm_host_ip": ("address", check_address),
-    "vllm_cluster_interface": ("interface", check_interface),
-    "vllm_device": ("choice", _no_check),
+    "vllm_backend": "choice",
+    "vllm_replica_id": "replica_id",
+    "vllm_node_rank": "count",
+    "vllm_host_ip": "address",
+    "vllm_cluster_interface": "interface",
+    "vllm_device": "choice",
     # engine arguments
-    "vllm_model": ("engine_arg", check_engine_word),
-    "vllm_served_model_name": ("engine_arg", check_engine_word),
-    "vllm_tensor_parallel_size": ("count", _no_check),
-    "vllm_pipeline_parallel_size": ("count", _no_check),
-    "vllm_max_model_len": ("count", _no_check),
-    "vllm_gpu_memory_utilization": ("fraction", _no_check),  # checked by check_fraction
-    "vllm_api_host": ("address", check_address),
-    "vllm_api_via": ("choice", _no_check),
-    "vllm_api_port": ("port", _no_check),
-    "vllm_master_port": ("port", _no_check),
-    "vllm_extra_args": ("engine_args", _no_check),
-    "vllm_api_key": ("secret", _no_check),
-    "vllm_hf_token": ("secret", _no_check),
-    "vllm_env": ("env", check_env_mapping),
-    "vllm_node_env": ("env", check_env_mapping),
+    "vllm_model": "engine_arg",
+    "vllm_served_model_name": "engine_arg",
+    "vllm_tensor_parallel_size": "count",
+    "vllm_pipeline_parallel_size": "count",
+    "vllm_max_model_len": "count",
+    "vllm_gpu_memory_utilization": "fraction",  # checked by check_fraction
+    "vllm_api_host": "address",
+    "vllm_api_via": "choice",
+    "vllm_api_port": "port",
+    "vllm_master_port": "port",
+    "vllm_extra_args": "engine_args",
+    "vllm_api_key": "secret",
+    "vllm_hf_token": "secret",
+    "vllm_env": "env",
+    "vllm_node_env": "env",
     # service
-    "vllm_venv": ("path", check_path),
-    "vllm_stack_lock": ("controller_path", _no_check),
-    "vllm_service_user": ("name", _no_check),
-    "vllm_service_group": ("name", _no_check),
-    "vllm_unit_name": ("unit", check_unit),
-    "vllm_ready_timeout_s": ("seconds", _no_check),
-    "vllm_stall_timeout_s": ("seconds", _no_check),  # checked by its table entry
-    "vllm_load_rate_mib_s": ("rate", _no_check),  # MiB/s > 0: its table entry checks
-    "vllm_phase_budgets_s": ("data", _no_check),  # phase -> seconds; its table entry checks
-    "vllm_command_output_limit_mib": ("count", _no_check),
-    "vllm_gpu_pool": ("choice", _no_check),
-    "vllm_gpu_wait_timeout_s": ("seconds", _no_check),
-    "vllm_state_dir": ("owned_dir", check_owned_dir),
-    "vllm_cache_dir": ("owned_dir", check_owned_dir),
-    "vllm_tmp_dir": ("owned_dir", check_owned_dir),
-    "vllm_config_dir": ("owned_dir", check_owned_dir),
-    "vllm_env_file": ("owned_file", check_owned_file),
-    "ray_env_file": ("owned_file", check_owned_file),
-    "vllm_unit_dir": ("unit_dir", check_unit_dir),
-    "vllm_restart_sec": ("seconds", _no_check),
-    "vllm_start_limit_interval_s": ("seconds", _no_check),
-    "vllm_start_limit_burst": ("count", _no_check),
-    "vllm_timeout_start_sec": ("seconds", _no_check),
-    "vllm_timeout_stop_sec": ("seconds", _no_check),
-    "vllm_limit_nofile": ("count", _no_check),
+    "vllm_venv": "path",
+    "vllm_stack_lock": "controller_path",
+    "vllm_service_user": "name",
+    "vllm_service_group": "name",
+    "vllm_unit_name": "unit",
+    "vllm_ready_timeout_s": "seconds",
+    "vllm_stall_timeout_s": "seconds",  # checked by its table entry
+    "vllm_load_rate_mib_s": "rate",  # MiB/s > 0: its table entry checks
+    "vllm_phase_budgets_s": "data",  # phase -> seconds; its table entry checks
+    "vllm_command_output_limit_mib": "count",
+    "vllm_gpu_pool": "choice",
+    "vllm_gpu_wait_timeout_s": "seconds",
+    "vllm_state_dir": "owned_dir",
+    "vllm_cache_dir": "owned_dir",
+    "vllm_tmp_dir": "owned_dir",
+    "vllm_config_dir": "owned_dir",
+    "vllm_env_file": "owned_file",
+    "ray_env_file": "owned_file",
+    "vllm_unit_dir": "unit_dir",
+    "vllm_restart_sec": "seconds",
+    "vllm_start_limit_interval_s": "seconds",
+    "vllm_start_limit_burst": "count",
+    "vllm_timeout_start_sec": "seconds",
+    "vllm_timeout_stop_sec": "seconds",
+    "vllm_limit_nofile": "count",
     # ray
-    "ray_port": ("port", _no_check),
-    "ray_node_manager_port": ("port", _no_check),
-    "ray_object_manager_port": ("port", _no_check),
-    "ray_client_server_port": ("port", _no_check),
-    "ray_min_worker_port": ("port", _no_check),
-    "ray_max_worker_port": ("port", _no_check),
-    "ray_dashboard_agent_listen_port": ("port", _no_check),
-    "ray_dashboard_agent_grpc_port": ("port", _no_check),
-    "ray_runtime_env_agent_port": ("port", _no_check),
-    "ray_metrics_export_port": ("port", _no_check),
-    "ray_include_dashboard": ("flag", _no_check),
-    "ray_dashboard_port": ("port", _no_check),
-    "ray_num_gpus": ("count", _no_check),
-    "ray_num_cpus": ("count", _no_check),
-    "ray_memory_bytes": ("count", _no_check),
-    "ray_object_store_memory_bytes": ("count", _no_check),
-    "ray_head_unit_name": ("unit", check_unit),
-    "ray_worker_unit_name": ("unit", check_unit),
-    "ray_restart_sec": ("seconds", _no_check),
-    "ray_start_limit_interval_s": ("seconds", _no_check),
-    "ray_start_limit_burst": ("count", _no_check),
-    "ray_timeout_start_sec": ("seconds", _no_check),
-    "ray_timeout_stop_sec": ("seconds", _no_check),
-    "ray_limit_nofile": ("count", _no_check),
-    "ray_gcs_timeout_s": ("seconds", _no_check),
-    "ray_cluster_timeout_s": ("seconds", _no_check),
+    "ray_port": "port",
+    "ray_node_manager_port": "port",
+    "ray_object_manager_port": "port",
+    "ray_client_server_port": "port",
+    "ray_min_worker_port": "port",
+    "ray_max_worker_port": "port",
+    "ray_dashboard_agent_listen_port": "port",
+    "ray_dashboard_agent_grpc_port": "port",
+    "ray_runtime_env_agent_port": "port",
+    "ray_metrics_export_port": "port",
+    "ray_include_dashboard": "flag",
+    "ray_dashboard_port": "port",
+    "ray_num_gpus": "count",
+    "ray_num_cpus": "count",
+    "ray_memory_bytes": "count",
+    "ray_object_store_memory_bytes": "count",
+    "ray_head_unit_name": "unit",
+    "ray_worker_unit_name": "unit",
+    "ray_restart_sec": "seconds",
+    "ray_start_limit_interval_s": "seconds",
+    "ray_start_limit_burst": "count",
+    "ray_timeout_start_sec": "seconds",
+    "ray_timeout_stop_sec": "seconds",
+    "ray_limit_nofile": "count",
+    "ray_gcs_timeout_s": "seconds",
+    "ray_cluster_timeout_s": "seconds",
     # firewall
-    "vllm_firewall": ("choice", _no_check),
-    "vllm_api_allow_from": ("cidr_list", _no_check),  # checked by its table entry
+    "vllm_firewall": "choice",
+    "vllm_api_allow_from": "cidr_list",  # checked by its table entry
     # monitoring
-    "vllm_monitoring": ("choice", _no_check),
-    "vllm_node_exporter_port": ("port", _no_check),
-    "vllm_gpu_exporter": ("choice", _no_check),
-    "vllm_gpu_exporter_port": ("port", _no_check),
-    "vllm_metrics_allow_from": ("cidr_list", _no_check),  # checked by its table entry
-    "vllm_node_exporter_package": ("package", check_package),
-    "vllm_node_exporter_service": ("unit", check_unit),
-    "vllm_node_exporter_binary": ("path", check_path),
-    "vllm_firewall_file": ("owned_file", check_owned_file),
-    "vllm_firewall_unit_name": ("unit", check_unit),
-    "vllm_firewall_nft": ("path", check_path),
-    "ray_cgraph_get_timeout_s": ("seconds", check_whole_seconds),
-    "ray_cgraph_submit_timeout_s": ("seconds", check_whole_seconds),
-    "vllm_ray_auth": ("choice", _no_check),
-    "ray_env": ("env", check_env_mapping),
+    "vllm_monitoring": "choice",
+    "vllm_node_exporter_port": "port",
+    "vllm_gpu_exporter": "choice",
+    "vllm_gpu_exporter_port": "port",
+    "vllm_metrics_allow_from": "cidr_list",  # checked by its table entry
+    "vllm_node_exporter_package": "package",
+    "vllm_node_exporter_service": "unit",
+    "vllm_node_exporter_binary": "path",
+    "vllm_firewall_file": "owned_file",
+    "vllm_firewall_unit_name": "unit",
+    "vllm_firewall_nft": "path",
+    "ray_cgraph_get_timeout_s": "seconds",
+    "ray_cgraph_submit_timeout_s": "seconds",
+    "vllm_ray_auth": "choice",
+    "ray_env": "env",
     # monitoring
-    "vllm_alert_ttft_p99_s": ("seconds", _no_check),  # checked by its table entry
+    "vllm_alert_ttft_p99_s": "seconds",  # checked by its table entry
     # versions
-    "vllm_version": ("version", check_version),
-    "torch_version": ("version", check_version),
-    "nccl_version": ("version", check_version),
-    "ray_version": ("version", check_version),
+    "vllm_version": "version",
+    "torch_version": "version",
+    "nccl_version": "version",
+    "ray_version": "version",
     # watchdog
-    "vllm_watchdog_unit_name": ("unit", check_unit),
-    "vllm_watchdog_dir": ("owned_dir", check_owned_dir),
-    "vllm_watchdog_script": ("owned_file", check_owned_file),
-    "vllm_watchdog_config": ("owned_file", check_owned_file),
-    "vllm_watchdog_python": ("path", check_path),
-    "vllm_watchdog_port": ("port", check_port),
-    "vllm_watchdog_poll_s": ("seconds", _no_check),
-    "vllm_watchdog_grace_s": ("seconds", _no_check),
-    "vllm_watchdog_slack_s": ("seconds", _no_check),
-    "vllm_watchdog_restart_wait_s": ("seconds", _no_check),
-    "vllm_watchdog_probe_interval_s": ("seconds", _no_check),
-    "vllm_watchdog_probe_timeout_s": ("seconds", _no_check),
-    "vllm_watchdog_probe_failures": ("count", _no_check),
-    "vllm_watchdog_hold_file": ("owned_file", check_owned_file),
-    "vllm_watchdog_state_file": ("owned_file", check_owned_file),
+    "vllm_watchdog_unit_name": "unit",
+    "vllm_watchdog_dir": "owned_dir",
+    "vllm_watchdog_script": "owned_file",
+    "vllm_watchdog_config": "owned_file",
+    "vllm_watchdog_python": "path",
+    "vllm_watchdog_port": "port",
+    "vllm_watchdog_poll_s": "seconds",
+    "vllm_watchdog_grace_s": "seconds",
+    "vllm_watchdog_slack_s": "seconds",
+    "vllm_watchdog_restart_wait_s": "seconds",
+    "vllm_watchdog_probe_interval_s": "seconds",
+    "vllm_watchdog_probe_timeout_s": "seconds",
+    "vllm_watchdog_probe_failures": "count",
+    "vllm_watchdog_hold_file": "owned_file",
+    "vllm_watchdog_state_file": "owned_file",
     # preflight
-    "preflight_parity": ("data", check_severities),
-    "preflight_min_shm_mib": ("count", _no_check),
-    "preflight_gpu_overhead_mib": ("count", _no_check),
-    "preflight_nccl_loaded": ("flag", _no_check),
-    "preflight_model_sha256": ("flag", _no_check),
-    "preflight_reach_timeout_s": ("seconds", _no_check),
-    "preflight_skip_checks": ("check_names", check_check_names),
-    "preflight_placement_bundles": ("data", _no_check),
-    "preflight_placement_strategy": ("choice", _no_check),
+    "preflight_parity": "data",
+    "preflight_min_shm_mib": "count",
+    "preflight_gpu_overhead_mib": "count",
+    "preflight_nccl_loaded": "flag",
+    "preflight_model_sha256": "flag",
+    "preflight_reach_timeout_s": "seconds",
+    "preflight_skip_checks": "check_names",
+    "preflight_placement_bundles": "data",
+    "preflight_placement_strategy": "choice",
 }
 
 # Kinds whose rule is about the shape of the text: a Jinja template in their place is refused
@@ -459,12 +483,12 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 def kind_of(name: str) -> str | None:
     """Return the kind of variable ``name``, or None for a variable we do not read."""
-    entry = KINDS.get(name)
-    return entry[0] if entry else None
+    return KINDS.get(name)
 
 
 def check(name: str, value: Any, owned_dirs: Iterable[str] = ()) -> str | None:
-    """Apply the rule of ``name``'s kind to ``value`` (already of the right type).
+    """Apply ``name``'s rule to ``value`` (already of the right type): its own
+    (:data:`OWN_RULES`) when it has one, else its kind's (:data:`RULES`, :data:`KINDS`).
 
     Args:
         name: a variable of :data:`KINDS`; others pass.
@@ -474,14 +498,14 @@ def check(name: str, value: Any, owned_dirs: Iterable[str] = ()) -> str | None:
     Returns:
         what was expected, in words, or None when the value is fine.
     """
-    entry = KINDS.get(name)
-    if entry is None:
+    kind = KINDS.get(name)
+    if kind is None:
         return None
-    kind, checker = entry
     if kind in OWNED and isinstance(value, str):
         return (check_owned_dir if kind == "owned_dir" else check_owned_file)(value, owned_dirs)
     if kind == "name" and isinstance(value, str):
         return check_user_name(value)
     if name == "preflight_placement_strategy" and value not in PLACEMENT_STRATEGIES:
         return "one of " + ", ".join(PLACEMENT_STRATEGIES)
-    return checker(value)
+    checker = OWN_RULES.get(name) or RULES.get(kind)
+    return None if checker is None else checker(value)
