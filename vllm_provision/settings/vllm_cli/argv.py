@@ -79,14 +79,35 @@ def _is_option(word: str) -> bool:
     return word.startswith("-") and word != "-" and not NEGATIVE_NUMBER.match(word)
 
 
+def _optimization_level(surface: Surface, word: str, following: list[str],
+                        ) -> tuple[str, str | None, bool] | None:
+    """``-O3``, ``-O=3`` and ``-O 3`` as vLLM's ``FlexibleArgumentParser.parse_args`` rewrites
+    them (vllm/utils/argparse_utils.py; vllm/utils/__init__.py before 0.11): into
+    ``--optimization-level`` where the release has it, else into ``-O.level=`` of the
+    ``-O`` alias of ``--compilation-config``. Returns ``(option, value, inline)`` for the
+    option word that replaces ``word``, or None when ``word`` is not such a form."""
+    has_level = "--optimization-level" in surface.flags
+    if word == "-O":
+        if has_level and following[:1] and following[0] in ("0", "1", "2", "3"):
+            return "--optimization-level", None, False
+        return None
+    if not word.startswith("-O") or (word[2] == "." and not has_level):
+        return None
+    level = word[3:] if word[2] == "=" else word[2:]
+    return ("--optimization-level", level, True) if has_level else ("-O", level, True)
+
+
 def read_argv(surface: Surface, argv: list[str] | tuple[str, ...]) -> list[ArgvOption]:
     """Every option word of ``argv`` (the words after ``vllm serve``), in order.
 
-    Positional words (the model) are skipped. A resolved option that takes a value gets the
-    next word unless it is written ``--x=v`` or the next word is an option; ``nargs`` ``+`` and
-    ``*`` take every following word up to the next option. An option the release does not
-    resolve takes the next word when that is not an option (argparse would refuse the line
-    anyway; this keeps its value from being read as an option).
+    Positional words (the model) are skipped. vLLM's own rewrites come first, as its
+    ``FlexibleArgumentParser`` makes them: ``-O3`` is ``--optimization-level 3`` (or the
+    compilation config's level before that option existed), and ``--option.key value`` (or
+    ``=value``) is a key of the JSON value of ``--option``. A resolved option that takes a
+    value gets the next word unless it is written ``--x=v`` or the next word is an option;
+    ``nargs`` ``+`` and ``*`` take every following word up to the next option. An option the
+    release does not resolve takes the next word when that is not an option (argparse would
+    refuse the line anyway; this keeps its value from being read as an option).
 
     Args:
         surface: the release's options (:func:`vllm_provision.settings.vllm_cli.surface`).
@@ -105,7 +126,23 @@ def read_argv(surface: Surface, argv: list[str] | tuple[str, ...]) -> list[ArgvO
             continue
         option, inline, value = word, False, None
         taken: list[str] = []
-        if word.startswith("--") and "=" in word:
+        level = _optimization_level(surface, word, words[position + 1:position + 2])
+        key = word.split("=", 1)[0]
+        if level is not None:
+            option, value, inline = level
+            taken = [value] if value is not None else []
+        elif "." in key:
+            # --json-option.key[=value]: vLLM merges these into one JSON value of the option
+            # (FlexibleArgumentParser.parse_args); the value is the next word when not inline
+            option = key.split(".", 1)[0]
+            if "=" in word:
+                value, inline = word.split("=", 1)[1], True
+            elif position + 1 < len(words):
+                value = words[position + 1]
+                position += 1
+            taken = []
+            inline = True
+        elif word.startswith("--") and "=" in word:
             option, value = word.split("=", 1)
             inline = True
             taken = [value]

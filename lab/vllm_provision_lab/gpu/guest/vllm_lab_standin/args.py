@@ -9,6 +9,7 @@ https://github.com/vllm-project/vllm (the quoted texts are from those files).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,53 @@ def _release_parser(options: list[dict[str, Any]], allow_abbrev: bool) -> argpar
     return parser
 
 
+def rewrite(argv: list[str], has_level: bool) -> list[str]:
+    """vLLM's own rewrites before argparse (``FlexibleArgumentParser.parse_args``,
+    vllm/utils/argparse_utils.py): underscores to dashes in a ``--`` option up to its first
+    dot; ``-O3``/``-O=3`` to ``--optimization-level 3`` (``-O.level=3`` before that option
+    existed, ``has_level`` False) and ``-O 3`` likewise; every ``--option.key value`` (or
+    ``=value``) merged into one JSON value of ``--option``."""
+    words: list[str] = []
+    for i, word in enumerate(argv):
+        if word.startswith("--"):
+            key, sep, value = word.partition("=")
+            head, dot, rest = key[2:].partition(".")
+            words.append("--" + head.replace("_", "-") + dot + rest + sep + value)
+        elif word.startswith("-O") and word != "-O" and (has_level or word[2] != "."):
+            level = word[3:] if word[2] == "=" else word[2:]
+            words += (["--optimization-level", level] if has_level else [f"-O.level={level}"])
+        elif word == "-O" and has_level and argv[i + 1:i + 2] in (["0"], ["1"], ["2"], ["3"]):
+            words.append("--optimization-level")
+        else:
+            words.append(word)
+    merged: dict[str, dict[str, Any]] = {}
+    out: list[str] = []
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        key = word.split("=", 1)[0]
+        if word.startswith("-") and "." in key:
+            if "=" in word:
+                value = word.split("=", 1)[1]
+            else:
+                value, skip = (words[i + 1] if i + 1 < len(words) else ""), True
+            name, *path = key.split(".")
+            node = merged.setdefault(name, {})
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            try:
+                node[path[-1]] = json.loads(value)
+            except ValueError:
+                node[path[-1]] = value
+            continue
+        out.append(word)
+    for name, value in merged.items():
+        out += [name, json.dumps(value)]
+    return out
+
+
 def parse(argv: list[str], spec: dict[str, Any]) -> argparse.Namespace:
     """Parse ``vllm serve``'s arguments as the host's release would: its own options when the
     spec carries them (``serve_options``, ``serve_allow_abbrev``), else the short list; unset
@@ -124,10 +172,9 @@ def parse(argv: list[str], spec: dict[str, Any]) -> argparse.Namespace:
     """
     options = spec.get("serve_options")
     parser = build_parser(options, bool(spec.get("serve_allow_abbrev", True)))
-    words = [("--" + w[2:].split("=", 1)[0].replace("_", "-")
-              + (("=" + w.split("=", 1)[1]) if "=" in w else ""))
-             if w.startswith("--") else w for w in argv]
-    namespace = parser.parse_args(words)
+    has_level = options is not None and any(o["name"] == "--optimization-level"
+                                            for o in options)
+    namespace = parser.parse_args(rewrite(argv, has_level))
     for key, value in DEFAULTS.items():
         if getattr(namespace, key, None) is None and value is not None:
             setattr(namespace, key, value)
