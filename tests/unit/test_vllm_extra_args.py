@@ -6,8 +6,6 @@ present)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,15 +146,7 @@ def test_a_pin_newer_than_the_table_reads_as_its_newest_with_a_warning(small_tab
 # -- the property: every prefix argparse resolves to an owned option is refused -----------------
 
 def _tables() -> list[tuple[str, str]]:
-    found = [("small", TEXT)]
-    try:
-        from importlib import resources
-        text = resources.files(vllm_cli).joinpath(vllm_cli.DATA).read_text(encoding="utf-8")
-        if json.loads(text).get("format") == 1:
-            found.append(("shipped", text))
-    except (OSError, ValueError):
-        pass
-    return found
+    return [("small", TEXT), ("shipped", vllm_cli._shipped_text())]
 
 
 def _cases(text: str) -> list[tuple[str, str, str, bool]]:

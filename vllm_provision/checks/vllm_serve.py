@@ -20,7 +20,6 @@ from vllm_provision.checks.context import ReplicaScope, check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node, Replica
 from vllm_provision.facts.model import HostFacts
-from vllm_provision.inventory.extra_args import first_release_with
 from vllm_provision.inventory.view import node_argv
 from vllm_provision.settings import vllm_cli
 from vllm_provision.settings.vllm_cli import breakages as known
@@ -107,7 +106,7 @@ def _unknown_fix(name: str, surface: vllm_cli.Surface, host: str, from_extra: bo
         if flag == name and (vllm_cli.parse_release(since) or ()) > release_key:
             return (f"vLLM {surface.release} reads this setting from the environment: set "
                     f"{variable} in vllm_env instead, or upgrade vLLM on {host}")
-    first = first_release_with(name)
+    first = vllm_cli.first_release(name)
     key = vllm_cli.parse_release(first or "") or ()
     upgrade = (f"upgrade vLLM on {host} to {first} or later (`provision stack sync` with a "
                "lock that pins it, or vllm_version)") if first and key > (

@@ -154,16 +154,6 @@ def owned_word(option: ArgvOption, surface: vllm_cli.Surface) -> Owned | None:
     return None
 
 
-def first_release_with(name: str) -> str | None:
-    """The oldest release of the table that has option ``name``, or None (or no table)."""
-    try:
-        data = vllm_cli.table()
-        spans = data["flags"].get(name)
-        return data["releases"][min(first for first, _last, _props in spans)] if spans else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-
-
 def _refuse_owned(owned: Owned, option: str, word: str, has_value: bool, place: str,
                   backend: Any, problems: Problems) -> None:
     from vllm_provision import backends
@@ -267,7 +257,7 @@ def _unknown(option: ArgvOption, surface: vllm_cli.Surface, pinned: bool, place:
                      f"{', '.join(candidates)})", actual=repr(word),
                      fix="write the option in full: " + " or ".join(candidates))
     elif pinned and not candidates:
-        first = first_release_with(spelled(option.word))
+        first = vllm_cli.first_release(spelled(option.word))
         problems.add(place, f"vllm_extra_args: {option.error}", actual=repr(word),
                      fix=(f"remove it, or pin (and install) vLLM {first} or later, the first "
                           "release that has it") if first else

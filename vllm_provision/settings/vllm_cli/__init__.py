@@ -36,8 +36,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["AmbiguousOption", "Flag", "Surface", "UnknownOption", "parse_release",
-           "releases", "surface", "table"]
+__all__ = ["AmbiguousOption", "Flag", "Surface", "UnknownOption", "first_release",
+           "parse_release", "releases", "surface", "table"]
 
 DATA = "serve_flags.json"
 # PEP 440 release segment at the start of a version (0.12.0, 0.11.1rc2, 0.12.0+cu129, 0.10.1.1)
@@ -200,6 +200,17 @@ def table(text: str | None = None) -> dict[str, Any]:
 def releases(text: str | None = None) -> tuple[str, ...]:
     """Every release the table has, oldest first."""
     return tuple(table(text)["releases"])
+
+
+def first_release(name: str) -> str | None:
+    """The oldest release of the shipped table that has option ``name`` (a long name as the
+    table writes it), or None when none has it or the table cannot be read."""
+    try:
+        data = table()
+        spans = data["flags"].get(name)
+        return data["releases"][min(first for first, _last, _props in spans)] if spans else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 @lru_cache(maxsize=64)

@@ -109,8 +109,9 @@ def _release_parser(options: list[dict[str, Any]], allow_abbrev: bool) -> argpar
             if option.get("choices") and kind not in _TYPES:
                 kwargs["choices"] = [str(c) for c in option["choices"]]
         parser.add_argument(*words, **kwargs)
-    # vLLM's defaults where the release has no such option or left it unset
-    parser.set_defaults(**{k: v for k, v in DEFAULTS.items()})
+    # vLLM's defaults where the release has no such option or left it unset (set_defaults
+    # also sets the default of an option the release has)
+    parser.set_defaults(**DEFAULTS)
     return parser
 
 
@@ -119,7 +120,9 @@ def rewrite(argv: list[str], has_level: bool) -> list[str]:
     vllm/utils/argparse_utils.py): underscores to dashes in a ``--`` option up to its first
     dot; ``-O3``/``-O=3`` to ``--optimization-level 3`` (``-O.level=3`` before that option
     existed, ``has_level`` False) and ``-O 3`` likewise; every ``--option.key value`` (or
-    ``=value``) merged into one JSON value of ``--option``."""
+    ``=value``) merged into one JSON value of ``--option``. The product's reader makes the same
+    rewrites (``vllm_provision.settings.vllm_cli.argv``); this copy exists because the guest
+    runs on its own (Python 3.9 up, without the product installed)."""
     words: list[str] = []
     for i, word in enumerate(argv):
         if word.startswith("--"):
@@ -164,8 +167,8 @@ def rewrite(argv: list[str], has_level: bool) -> list[str]:
 def parse(argv: list[str], spec: dict[str, Any]) -> argparse.Namespace:
     """Parse ``vllm serve``'s arguments as the host's release would: its own options when the
     spec carries them (``serve_options``, ``serve_allow_abbrev``), else the short list; unset
-    options read as vLLM's defaults (:data:`DEFAULTS`). Underscores in ``--`` options become
-    dashes first, as vLLM's ``FlexibleArgumentParser`` does.
+    options read as vLLM's defaults (:data:`DEFAULTS`). vLLM's ``FlexibleArgumentParser``
+    rewrites come first (:func:`rewrite`).
 
     Raises:
         SystemExit: 2 with argparse's message on stderr, as vLLM exits on a bad command line.
@@ -174,11 +177,7 @@ def parse(argv: list[str], spec: dict[str, Any]) -> argparse.Namespace:
     parser = build_parser(options, bool(spec.get("serve_allow_abbrev", True)))
     has_level = options is not None and any(o["name"] == "--optimization-level"
                                             for o in options)
-    namespace = parser.parse_args(rewrite(argv, has_level))
-    for key, value in DEFAULTS.items():
-        if getattr(namespace, key, None) is None and value is not None:
-            setattr(namespace, key, value)
-    return namespace
+    return parser.parse_args(rewrite(argv, has_level))
 
 
 def _api_keys(value: Any) -> tuple[str, ...]:
