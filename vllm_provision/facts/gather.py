@@ -195,6 +195,20 @@ def probe_command(venv: str, config: Mapping[str, Any]) -> str:
             f"else exec python3 - {missing}; fi")
 
 
+# ``NCCL_*`` variables that are not NCCL settings: NVIDIA's CUDA container images set
+# ``NCCL_VERSION`` (``ENV NCCL_VERSION=2.28.3-1``, the libnccl package they were built with;
+# NCCL reads no such variable, docs.nvidia.com/deeplearning/nccl "Environment Variables").
+# Seen on a real H200 host whose image said 2.28.3-1 while torch loaded 2.28.9
+# (tests/data/gpu-h200/README.md): comparing it would flag a container beside a bare host.
+NOT_NCCL_SETTINGS = frozenset({"NCCL_VERSION"})
+
+
+def nccl_settings_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """The ``NCCL_*`` variables the probe found that NCCL reads (pure): ``env`` without
+    :data:`NOT_NCCL_SETTINGS`, values as strings."""
+    return {str(k): str(v) for k, v in env.items() if k not in NOT_NCCL_SETTINGS}
+
+
 def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
     """Turn the probe's JSON document into :class:`HostFacts` (pure; parsers do the work).
 
@@ -310,7 +324,7 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
             name=str(user.get("name", "")), exists=bool(user.get("exists")), uid=user.get("uid"),
             sys_uid_max=parsers.parse_sys_uid_max(raw.get("login_defs", "")),
         ),
-        nccl_env=dict(nccl.get("env") or {}),
+        nccl_env=nccl_settings_env(nccl.get("env") or {}),
         nccl_conf=nccl.get("conf"),
         nccl_net_plugins=tuple(nccl.get("plugins") or ()),
         systemd_version=parsers.parse_systemd_version(
