@@ -20,6 +20,7 @@ import threading
 import time
 import types
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jinja2
@@ -354,3 +355,82 @@ def test_the_config_that_may_hold_the_api_key_is_root_only() -> None:
     (task,) = [t for t in tasks if t.get("template", {}).get("src") == "watchdog.json.j2"]
     assert task["template"]["mode"] == "0600" and task["template"]["owner"] == "root"
     assert task["notify"] == "Restart the watchdog"  # new probe values restart no vLLM unit
+
+
+class _FakeRay:
+    """Ray's driver API as the gate's trial uses it: ``placed`` says, per trial, whether the
+    group gets placed; records what was created, removed and whether the driver shut down."""
+
+    def __init__(self, free_gpus: float, placed: list[bool]) -> None:
+        self.free, self.placed, self.groups, self.removed = free_gpus, list(placed), [], []
+        self.shut, self.now = False, 0.0
+        util = types.ModuleType("ray.util")
+        pg = types.ModuleType("ray.util.placement_group")
+        pg.placement_group = self.placement_group  # type: ignore[attr-defined]
+        pg.remove_placement_group = self.removed.append  # type: ignore[attr-defined]
+        util.placement_group = pg  # type: ignore[attr-defined]
+        self.modules = {"ray": self, "ray.util": util, "ray.util.placement_group": pg}
+
+    def init(self, **kwargs: Any) -> None:
+        self.init_kwargs = kwargs
+
+    def available_resources(self) -> dict[str, float]:
+        return {"GPU": self.free, "CPU": 4.0}
+
+    def placement_group(self, specs: list[dict[str, float]], strategy: str) -> Any:
+        group = SimpleNamespace(specs=specs, strategy=strategy, placed=self.placed.pop(0))
+        group.ready = lambda: group
+        self.groups.append(group)
+        return group
+
+    def wait(self, refs: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
+        """A placed group is ready at once; a pending one takes the whole timeout."""
+        if refs[0].placed:
+            return [refs[0]], []
+        self.now += timeout
+        return [], refs
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+@pytest.mark.parametrize(("free", "placed", "ok", "tries"), [
+    (8.0, [True], True, 1),
+    (8.0, [False, True], True, 2),     # a pending trial is removed and made again
+    (4.0, [], True, 0),                # GPUs held elsewhere: vLLM waits for them itself
+    (8.0, [False] * 3, False, 3),      # every trial pending within the bound: the gate fails
+])
+def test_the_gate_places_a_trial_group_of_vllms_shape_before_starting_vllm(
+        monkeypatch: pytest.MonkeyPatch, free: float, placed: list[bool], ok: bool,
+        tries: int) -> None:
+    fake = _FakeRay(free, placed)
+    for name, module in fake.modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(wd.time, "monotonic", lambda: fake.now)
+    result, words = wd.trial_placement("10.0.0.1:6379", 8.0, bound_s=40.0)
+    assert result is ok and len(fake.groups) == tries and fake.removed == fake.groups
+    assert fake.shut and fake.init_kwargs["address"] == "10.0.0.1:6379"
+    for group in fake.groups:  # vLLM's bundles: 8 x {"GPU": 1}, bundle 0 on the head
+        assert group.strategy == "PACK" and len(group.specs) == 8
+        assert group.specs[0] == {"GPU": 1.0, "node:10.0.0.1": 0.001}
+        assert all(spec == {"GPU": 1.0} for spec in group.specs[1:])
+    assert ("starting vLLM" in words) is ok
+
+
+def test_a_trial_that_cannot_connect_never_keeps_vllm_from_starting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeRay(8.0, [])
+
+    def refuse(**kwargs: Any) -> None:
+        raise ConnectionError("no GCS")
+    fake.init = refuse  # type: ignore[method-assign]
+    for name, module in fake.modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    assert wd.trial_placement("10.0.0.1:6379", 8.0, 40.0) == (
+        True, "no trial placement (ConnectionError: no GCS): starting vLLM")
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, -1])
+def test_trial_specs_need_a_whole_number_of_gpus(bad: float) -> None:
+    with pytest.raises(ValueError, match="whole number"):
+        rules.trial_specs(bad, "10.0.0.1")

@@ -81,6 +81,7 @@ _WRITE_BYTECODE = sys.dont_write_bytecode
 sys.dont_write_bytecode = True
 from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
     RAY_KV_NAMESPACE,
+    RAY_TRIAL_WAIT_S,
     SHOW_PROPERTIES,
     Binding,
     Decision,
@@ -98,6 +99,7 @@ from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
     parse_show,
     ray_start_key,
     raylet_node_ids,
+    trial_specs,
 )
 
 sys.dont_write_bytecode = _WRITE_BYTECODE
@@ -373,8 +375,10 @@ def wait_ray_cluster_main(address: str, timeout_s: float, gpus_needed: float,
         waited = time.monotonic() - started
         if not gaps:
             log(f"ray: every node ({', '.join(expected_ips)}) and {gpus_needed:g} GPUs are alive"
-                f" in Ray after {waited:.1f} s: starting vLLM")
-            return 0
+                f" in Ray after {waited:.1f} s")
+            placed = trial_placement(address, gpus_needed, max(1.0, timeout_s - waited))
+            log(f"ray: {placed[1]}")
+            return 0 if placed[0] else 1
         said = "; ".join(gaps)
         if said != last_said:
             log(f"ray: waiting before starting vLLM: {said}")
@@ -383,6 +387,64 @@ def wait_ray_cluster_main(address: str, timeout_s: float, gpus_needed: float,
             log(f"ray: gave up after {waited:.0f} s: {said}")
             return 1
         time.sleep(1.0)
+
+
+def _pending_words(ray: Any, group: Any) -> str:
+    """What Ray says of a pending group: its state and scheduling state
+    (``ray.util.placement_group_table``), and the GPUs free now; for the journal."""
+    try:
+        row = ray.util.placement_group_table(group)
+        stats = row.get("stats") or {}
+        return (f"state {row.get('state')}, scheduling {stats.get('scheduling_state')}, "
+                f"{float(ray.available_resources().get('GPU', 0.0)):g} GPUs free now")
+    except Exception as exc:  # noqa: BLE001 - words for the journal only
+        return f"its table unreadable: {type(exc).__name__}"
+
+
+def trial_placement(address: str, gpus_needed: float, bound_s: float) -> tuple[bool, str]:
+    """Place and remove trial placement groups of vLLM's shape (:func:`trial_specs`, bundle 0
+    on this node, the head) as a Ray driver of ``address`` until one is placed, a new one each
+    :data:`RAY_TRIAL_WAIT_S` (rules: why), within ``bound_s`` seconds. No trial when fewer
+    GPUs are free than vLLM needs (it waits for them itself) or the driver cannot connect.
+
+    Returns:
+        ``(True, words)`` to start vLLM, ``(False, words)`` when every trial stayed pending.
+    """
+    try:
+        import ray  # noqa: PLC0415 (only on Ray nodes)
+        from ray.util.placement_group import (  # noqa: PLC0415
+            placement_group,
+            remove_placement_group,
+        )
+
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                 namespace="vllm_provision_gate")
+    except Exception as exc:  # noqa: BLE001 - the trial only sharpens the gate
+        return True, f"no trial placement ({type(exc).__name__}: {str(exc)[:200]}): starting vLLM"
+    started, tries = time.monotonic(), 0
+    try:
+        free = float(ray.available_resources().get("GPU", 0.0))
+        if free < gpus_needed:
+            return True, (f"{free:g} GPUs free, vLLM needs {gpus_needed:g}: no trial placement, "
+                          "vLLM waits for them itself: starting vLLM")
+        specs = trial_specs(gpus_needed, address.rsplit(":", 1)[0])
+        while time.monotonic() - started < bound_s:
+            tries += 1
+            group = placement_group(specs, strategy="PACK")
+            ready, _ = ray.wait([group.ready()], timeout=min(
+                RAY_TRIAL_WAIT_S, max(1.0, bound_s - (time.monotonic() - started))))
+            seen = "" if ready else _pending_words(ray, group)
+            remove_placement_group(group)
+            took = time.monotonic() - started
+            if ready:
+                return True, (f"a trial placement group of vLLM's {len(specs)} bundles was placed"
+                              f" (try {tries}, {took:.1f} s) and removed: starting vLLM")
+            log(f"ray: trial placement group {tries} stayed pending {RAY_TRIAL_WAIT_S:g} s with "
+                f"{free:g} GPUs free ({seen}); removed, trying a new one")
+        return False, (f"gave up: {tries} trial placement groups of {len(specs)} bundles stayed "
+                       f"pending within {bound_s:.0f} s (see `ray status`)")
+    finally:
+        ray.shutdown()
 
 
 # --- completion probe ---------------------------------------------------------------------------

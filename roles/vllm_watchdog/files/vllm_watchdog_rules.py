@@ -229,6 +229,32 @@ RAY_KV_NAMESPACE = b"vllm_provision"
 RAY_SETTLE_S = 3.0  # seconds a newly registered raylet is given before vLLM places its group
 
 
+# Once the node table shows the cluster whole, the gate places one trial placement group of
+# vLLM's own shape (:func:`trial_specs`) and removes it: the table says each node is alive, only
+# a placement says its raylet can reserve its GPUs. A trial that stays pending while the GPUs are
+# free is removed and made again (Ray 2.60 on a loaded CI host: a restarted worker's raylet
+# registered, the gate's 3 s settle passed, and vLLM's group stayed pending past 150 s with
+# every GPU free; a new group is a new scheduling attempt). With fewer GPUs free than vLLM
+# needs (another job holds them) no trial is made: vLLM waits for them itself and ``up`` names
+# what is free.
+RAY_TRIAL_WAIT_S = 15.0  # seconds one trial placement group may stay pending before a new one
+
+
+def trial_specs(gpus_needed: float, head_ip: str) -> list[dict[str, float]]:
+    """vLLM's placement-group bundles for a world of ``gpus_needed`` GPUs (pure): one
+    ``{"GPU": 1.0}`` per worker, bundle 0 pinned to the driver's node with
+    ``{"node:<ip>": 0.001}`` (vllm/v1/executor/ray_utils.py ``initialize_ray_cluster``).
+
+    Raises:
+        ValueError: ``gpus_needed`` is not a whole number of at least 1.
+    """
+    if gpus_needed < 1 or int(gpus_needed) != gpus_needed:
+        raise ValueError(f"a trial placement needs a whole number of GPUs, got {gpus_needed:g}")
+    specs = [{"GPU": 1.0} for _ in range(int(gpus_needed))]
+    specs[0][f"node:{head_ip}"] = 0.001
+    return specs
+
+
 def ray_start_key(ip: str) -> bytes:
     """The GCS key-value key under which a Ray worker unit records its start (``ip``: its
     ``--node-ip-address``)."""
