@@ -401,6 +401,12 @@ class TestRay:
         summary = second_up_summary(deployed)
         assert summary["completion"].strip() and summary["served_model"] == MODEL
 
+    def test_drift_finds_nothing_right_after_up(self, deployed: Deployment) -> None:
+        # its dry run renders the Ray units with the facts (--num-gpus), as up does
+        run = deployed.provision("drift", "--json", "-i", str(deployed.inventory))
+        assert run.code == 0, run.output
+        assert run.json()["changes"] == [], run.output
+
     def test_status_says_serving_with_ray_nodes_and_gpus(self, deployed: Deployment) -> None:
         replica = serving_replica(deployed)
         assert sorted(replica["ray"]["nodes"]) == sorted(

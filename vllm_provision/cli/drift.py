@@ -119,6 +119,9 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
                             report.QuietReporter(),
                             connection_factory=lending_factory(connections, unreachable,
                                                                opts.connection_options()))
+            # the install plays render with the facts, as `up`'s do after its preflight play
+            # (a Ray unit's --num-gpus comes from them: without them every Ray unit drifted)
+            runner.facts.update(facts)
             results = runner.run_plays(plays).results
     finally:
         close_all(connections)
