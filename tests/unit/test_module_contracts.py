@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # What each shipped module accepts: a declaration that loses or renames one fails here.
 DECLARED = {
-    "command": ("cmd", "creates", "removes", "chdir", "stdin", "timeout"),
+    "command": ("cmd", "creates", "removes", "chdir", "stdin", "timeout", "read_only",
+                "unless"),
     "copy": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
     "file": ("path", "state", "owner", "group", "mode"),
     "http": ("url", "method", "body", "body_format", "headers", "timeout", "status_code",

@@ -14,6 +14,16 @@ The registered value has ``rc``, ``stdout``, ``stderr``, ``stdout_lines``. Examp
       register: driver
       changed_when: false
       check_mode: false
+
+Two arguments let the runner batch a command with the play's reads (docs/engine.md "Round
+trips"), because they say what the runner cannot know from a shell line:
+
+- ``read_only: true``: the command changes nothing on the host. It is then sent in the play's
+  read batch and may be answered from it; it reports ``ok``, never ``changed``.
+- ``unless: <command>``: run ``cmd`` only when this read-only command exits non-zero (Puppet's
+  ``exec`` resource, attribute ``unless``; Chef's ``not_if``). The ``unless`` command is batched
+  with the reads; when it exits 0 the task is ``ok`` and ``cmd`` is never sent. In check mode
+  it still runs and tells ``ok`` from "would run".
 """
 
 from __future__ import annotations
@@ -35,8 +45,31 @@ ARGUMENT_SPEC = ArgumentSpec("command", (
     Argument("stdin", "str", "text fed to the command's standard input"),
     Argument("timeout", "float", "seconds the command may run",
              default_text="the run's --timeout", minimum=0),
+    Argument("read_only", "bool", "the command changes nothing on the host (batched with the "
+             "play's reads; reports ok)", default=False),
+    Argument("unless", "str", "a read-only command; run cmd only when it exits non-zero"),
 ), free_form="cmd")
 _SKIP = "__vllm_provision_skip__"
+
+
+def read_command(ctx: ModuleContext, args: Mapping[str, Any] | str) -> str | None:
+    """The read-only command :func:`run` sends first, for the play's read batch
+    (vllm_provision.modules, "read_command"): the ``unless`` probe, or the command itself when
+    it is ``read_only``; None otherwise, and with ``stdin``, ``timeout`` or a script of several
+    lines, which are sent as they are.
+
+    Raises:
+        ProvisionError: bad arguments (the runner then leaves the task to run live).
+    """
+    values = ARGUMENT_SPEC.validate(args)
+    if values["stdin"] is not None or values["timeout"]:
+        return None
+    if values["unless"]:
+        return str(values["unless"])
+    if values["read_only"] and not ctx.check_mode:
+        script = _script(values)
+        return None if "\n" in script else script
+    return None
 
 
 def lead_command(ctx: ModuleContext, args: Mapping[str, Any] | str) -> str | None:
@@ -49,7 +82,8 @@ def lead_command(ctx: ModuleContext, args: Mapping[str, Any] | str) -> str | Non
         ProvisionError: bad arguments (the runner then leaves the task to run live).
     """
     values = ARGUMENT_SPEC.validate(args)
-    if ctx.check_mode or values["stdin"] is not None or values["timeout"]:
+    if (ctx.check_mode or values["stdin"] is not None or values["timeout"] or values["unless"]
+            or values["read_only"]):
         return None
     script = _script(values)
     return None if "\n" in script else script  # a batch is one line (runner/prefetch.py)
@@ -91,6 +125,11 @@ def run(ctx: ModuleContext, args: Mapping[str, Any] | str) -> ModuleResult:
     creates, removes = values["creates"], values["removes"]
     stdin, timeout = values["stdin"], values["timeout"]
     guards = _guards(creates, removes)
+    if values["unless"]:
+        probe = ctx.conn.run(str(values["unless"]))
+        if probe.ok:
+            return ModuleResult(Status.OK, "unless: exited 0, not run",
+                                data={"rc": 0, "stdout": "", "stderr": "", "stdout_lines": []})
     if ctx.check_mode:
         if guards:  # the guard alone is read-only: tell ok from "would run"
             probe = ctx.conn.run("; ".join([*guards, "echo would-run"]))
@@ -109,4 +148,4 @@ def run(ctx: ModuleContext, args: Mapping[str, Any] | str) -> ModuleResult:
     if not result.ok:
         detail = (result.stderr.strip() or result.stdout.strip())[-1500:]
         return ModuleResult(Status.FAILED, f"exit status {result.exit_code}: {detail}", data=data)
-    return ModuleResult(Status.CHANGED, "", data=data)
+    return ModuleResult(Status.OK if values["read_only"] else Status.CHANGED, "", data=data)
