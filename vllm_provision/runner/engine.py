@@ -126,6 +126,7 @@ class Runner:
         seen = {h.name for _, hosts in selections for h in hosts}
         self.outcome.hosts = [name for name in self.inventory.hosts if name in seen]
         forks = max(1, self.options.connection.forks)
+        self.prefetcher.plan(selections)
         try:
             with ThreadPoolExecutor(max_workers=forks) as pool:
                 self.state.pool = pool

@@ -124,6 +124,15 @@ class PrefetchingConnection:
         with self._lock:
             self._cache.clear()
 
+    def holds(self, commands: Sequence[str]) -> bool:
+        """Whether every one of ``commands`` would be answered from the cache now: stored by
+        one batch, fresh, and no live command has run since (a play's reads fetched by an
+        earlier play's batch, :meth:`Prefetcher.start_batch`)."""
+        with self._lock:
+            return (not self.ran_live and bool(self._cache)
+                    and time.monotonic() - self._stored_at <= self._max_age_s
+                    and all(command in self._cache for command in commands))
+
     def prefetch(self, commands: Sequence[str], ahead: Sequence[str] = ()) -> int:
         """Run ``commands`` (read-only, but for those in ``ahead``) in one round trip and store
         their answers.
@@ -252,6 +261,16 @@ class Prefetcher:
         self.lock_held = lock_held
         self._no_prefetch: set[str] = set()  # hosts that changed or failed in this play batch
         self._ahead: dict[str, list[str]] = {}  # host -> lead commands of its last batch
+        self._plays: list[tuple[Play, frozenset[str]]] = []  # the run's plays and their hosts
+        self._registers: re.Pattern[str] | None = None  # any name a task of the run registers
+
+    def plan(self, selections: Sequence[tuple[Play, Sequence[Host]]]) -> None:
+        """Know the run's plays ahead (each with the hosts it runs on), so a play's batch also
+        carries the reads of the plays after it (:meth:`_later_reads`)."""
+        self._plays = [(play, frozenset(h.name for h in hosts)) for play, hosts in selections]
+        names = sorted({t.register for play, _ in self._plays for t in play.tasks if t.register})
+        self._registers = (re.compile(r"\b(" + "|".join(re.escape(n) for n in names) + r")\b")
+                           if names else None)
 
     def start_batch(self, play: Play, batch: list[Host]) -> None:
         """Run, per host and in parallel, the pending-notifications read and the read commands
@@ -266,7 +285,14 @@ class Prefetcher:
             commands = self._reads(play, host, conn, 0)
             if play.handlers:
                 commands.insert(0, handlers_state.read_script(self.state.options.pending_dir))
-            self._send(host.name, conn, commands)
+            if not self._ahead.get(host.name) and conn.holds(commands):
+                log.debug("%s: play %r: its %d reads were fetched ahead", host.name, play.name,
+                          len(commands))
+                return  # an earlier play's batch fetched them: no round trip
+            later = self._later_reads(play, host, conn, commands)
+            log.debug("%s: play %r: %d reads (%d leading), %d of later plays", host.name,
+                      play.name, len(commands), len(self._ahead.get(host.name, ())), len(later))
+            self._send(host.name, conn, commands + later)
 
         list(self.state.threads().map(one, batch))
 
@@ -284,6 +310,89 @@ class Prefetcher:
             conn.ran_live = False  # one read costs the same live; look again after the next
             return
         self._send(host.name, conn, commands)
+
+    def _later_reads(self, play: Play, host: Host, conn: PrefetchingConnection,
+                     have: Sequence[str]) -> list[str]:
+        """The reads of the plays after ``play`` that ``host`` runs, in order, when ``play``'s
+        own tasks send only reads (else they would be dropped unused): each later play's
+        pending-notifications read and task reads (:meth:`_read_commands` with no lead
+        command, stopping at the first task that sends anything else). A task that runs on the
+        controller, once, or depends on a registered value is passed over: whatever it sends
+        live drops the cache, so a read fetched ahead is never answered stale, only wasted.
+
+        Keyed by the exact command: a later play whose variables change before it runs (facts,
+        registered values) asks for other commands, which then run live."""
+        if not self._plays or not self._reads_only(play, host, conn):
+            return []
+        found: list[str] = []
+        seen = set(have)
+        index = next((i for i, (p, _) in enumerate(self._plays) if p is play), None)
+        if index is None:
+            return []
+        for later, hosts in self._plays[index + 1:]:
+            if host.name not in hosts:
+                continue
+            try:
+                reads, complete = self._plain_reads(later, host, conn)
+            except Exception:  # noqa: BLE001 - an optimisation only
+                return found
+            if later.handlers:
+                reads.insert(0, handlers_state.read_script(self.state.options.pending_dir))
+            found.extend(c for c in reads if c not in seen)
+            seen.update(reads)
+            if not complete:
+                break
+        return found
+
+    def _reads_only(self, play: Play, host: Host, conn: PrefetchingConnection) -> bool:
+        """Whether every task of ``play`` that ``host`` runs sends reads only (or nothing)."""
+        try:
+            return self._plain_reads(play, host, conn, self._ahead.get(host.name, ()))[1]
+        except Exception:  # noqa: BLE001 - an optimisation only
+            return False
+
+    def _plain_reads(self, play: Play, host: Host, conn: PrefetchingConnection,
+                     leading: Sequence[str] = ()) -> tuple[list[str], bool]:
+        """The read commands of ``play``'s tasks on ``host`` and whether every task sends reads
+        only: a task that may send anything else ends the list (``False``), but for one whose
+        first command is in ``leading`` (it already leads this batch); tasks on the
+        controller, run once or depending on a registered value are passed over."""
+        commands: list[str] = []
+        templar = self.templar_for(play, host)
+        resolved: Mapping[str, Any] | None = None
+        for task in play.tasks:
+            spec = find_module(task.module)
+            if spec is None:
+                return commands, False
+            if (self._registers is not None
+                    and self._registers.search(repr((task.when, task.args)))):
+                continue
+            if spec.runs_on != "host" or task.run_once:
+                continue
+            try:
+                if task.when and not templar.test(list(task.when), f"{task.where}.when"):
+                    continue
+            except Exception:  # noqa: BLE001 - cannot be known up front
+                continue
+            if spec.read_command is None and spec.lead_command is not None and (
+                    self._lead_command(play, task, host, templar, conn, spec) in leading):
+                continue  # the batch's head: it runs first, the reads after it
+            if (spec.read_command is None or task.delegate_to
+                    or (task.become is not None
+                        and task.become != getattr(conn.inner, "become", None))):
+                return commands, False
+            args = templar.render_value(task.args, f"{task.where}.{task.module}")
+            if resolved is None:
+                resolved = templar.lazy()
+            command = spec.read_command(self.context_for(play, task, host, templar, conn,
+                                                         resolved), args)
+            if not command and spec.lead_command is not None:
+                if self._lead_command(play, task, host, templar, conn, spec) in leading:
+                    continue  # the batch's head: it runs first, the reads after it
+                return commands, False  # it sends something else first (a plain command)
+            if command:
+                commands.append(command)
+        return commands, True
 
     def _reads(self, play: Play, host: Host, conn: PrefetchingConnection,
                start: int) -> list[str]:
@@ -347,7 +456,8 @@ class Prefetcher:
             except Exception:  # noqa: BLE001 - an optimisation only; the task reports it live
                 passed_over = True
                 continue
-            if (spec is not None and spec.read_command is None and spec.lead_command is not None
+            if (spec is not None and spec.lead_command is not None
+                    and not self._reads_first(play, task, host, templar, conn, spec)
                     and not commands and not passed_over and spec.runs_on == "host"
                     and not task.run_once and not task.delegate_to and task.become is None
                     and not task.notify):
@@ -378,6 +488,19 @@ class Prefetcher:
             if command and command not in self._ahead[host.name]:
                 commands.append(command)
         return commands
+
+    def _reads_first(self, play: Play, task: Task, host: Host, templar: Templar,
+                     conn: PrefetchingConnection, spec: Any) -> bool:
+        """Whether ``task``'s module has a read-only first command for these arguments (a
+        ``command`` with ``unless`` or ``read_only`` has one, a plain one leads instead)."""
+        if spec.read_command is None:
+            return False
+        try:
+            args = templar.render_value(task.args, f"{task.where}.{task.module}")
+            ctx = self.context_for(play, task, host, templar, conn, templar.lazy())
+            return bool(spec.read_command(ctx, args))
+        except Exception:  # noqa: BLE001 - an optimisation only
+            return False
 
     def _lead_command(self, play: Play, task: Task, host: Host, templar: Templar,
                       conn: PrefetchingConnection, spec: Any) -> str | None:

@@ -65,7 +65,6 @@ class LinearStrategy:
                 if not batch:
                     break
                 self._run_task(play, task, batch, index)
-            self.prefetcher.drop(batch)
             if not state.aborted:
                 self.handlers.flush(play, [h for h in batch if h.name not in state.dropped])
 
