@@ -237,3 +237,72 @@ def test_a_read_that_fails_is_answered_with_its_exit_code(tmp_path: Path) -> Non
     conn.prefetch([f"cat {missing}"])
     answer = conn.run(f"cat {missing}")
     assert answer.exit_code != 0 and "No such file" in answer.stderr and len(inner.sent) == 1
+
+
+THREE_PLAYS = """
+- hosts: all
+  tasks:
+    - name: Hold (a write leads the first play's batch)
+      command: "echo held >> {{ root }}/holds"
+      changed_when: false
+- hosts: all
+  tasks:
+    - name: Which folder the venv is (read only)
+      command: {cmd: "echo venv-a", read_only: true}
+      register: resolved
+    - name: The user exists, else create it
+      command: {cmd: "echo created >> {{ root }}/users", unless: "test -e {{ root }}/user"}
+    - name: Config
+      template: {src: a.j2, dest: "{{ root }}/a.conf"}
+- hosts: all
+  tasks:
+    - name: Config is private
+      file: {path: "{{ root }}/a.conf", state: file, mode: "0600"}
+"""
+
+
+def _three_plays(tmp_path: Path) -> Path:
+    path = write_playbook(tmp_path, THREE_PLAYS, "three.yml")
+    (path.parent / "templates").mkdir(exist_ok=True)
+    (path.parent / "templates" / "a.j2").write_text("venv={{ resolved.stdout }}\n")
+    return path
+
+
+def test_later_plays_reads_ride_in_the_first_batch(tmp_path: Path) -> None:
+    """A no-change run of three plays: one round trip per host. The hold leads the first
+    play's batch and every read of the plays after it follows it in the same batch; the
+    read-only command and the ``unless`` probe are among them."""
+    path = _three_plays(tmp_path)
+    inventory = make_inventory(tmp_path, ("h1",))
+    first, _ = run(inventory, path)
+    assert {r.task: r.status.value for r in first.outcome.results}[
+        "The user exists, else create it"] == "changed"  # the probe failed: cmd ran
+    (tmp_path / "h1" / "user").touch()
+    fakes: dict[str, FakeHost] = {}
+    runner, summary = run(inventory, path, fakes=fakes)
+    by_task = {r.task: r.status.value for r in runner.outcome.results}
+    assert by_task == {"Hold (a write leads the first play's batch)": "ok",
+                       "Which folder the venv is (read only)": "ok",
+                       "The user exists, else create it": "ok", "Config": "ok",
+                       "Config is private": "ok"}
+    assert summary["changed"] == 0
+    (batch,) = fakes["h1"].commands
+    assert batch.index("echo held") < batch.index("echo venv-a") < batch.index("test -e")
+    assert (tmp_path / "h1" / "holds").read_text() == "held\n" * 2  # ran once per run
+    assert (tmp_path / "h1" / "users").read_text() == "created\n"
+
+
+def test_a_change_in_a_later_play_makes_its_reads_live_again(tmp_path: Path) -> None:
+    """Reads fetched ahead are never answered stale: the template changes a.conf, so the
+    next play's stat of it runs live after the write and sees the new file."""
+    path = _three_plays(tmp_path)
+    inventory = make_inventory(tmp_path, ("h1",))
+    run(inventory, path)
+    (tmp_path / "h1" / "a.conf").write_text("edited\n")
+    (tmp_path / "h1" / "a.conf").chmod(0o644)
+    fakes: dict[str, FakeHost] = {}
+    runner, _ = run(inventory, path, fakes=fakes)
+    by_task = {r.task: r.status.value for r in runner.outcome.results}
+    assert by_task["Config"] == "changed" and by_task["Config is private"] == "changed"
+    assert (tmp_path / "h1" / "a.conf").stat().st_mode & 0o777 == 0o600
+    assert fakes["h1"].commands[-2].startswith("stat -c")  # live, after the template's write
