@@ -292,11 +292,14 @@ def cmd_play(args: argparse.Namespace) -> None:
 
 
 def cmd_product(args: argparse.Namespace) -> None:
-    """Time ``provision check``, a no-change ``provision up`` and ``provision top --once`` on
-    the lab-mp inventory."""
+    """Time a no-change ``provision up``, ``check``, ``status``, ``drift`` and ``top --once``
+    on the lab-mp inventory, beside the floor of one SSH connection and one command per host
+    (``ssh -F <lab ssh_config> hN true`` on both hosts at once), optionally with a one-way
+    delay on every host (``--delay-ms``, ``provision lab delay``)."""
     lab = Lab.from_env()
     inventory = lab.state_dir / "inventory" / "lab-mp.yml"
-    log = OUT / "product.log"
+    scenario = "product-lab-mp" + (f"-delay{args.delay_ms}ms" if args.delay_ms else "")
+    log = OUT / f"{scenario}.log"
     OUT.mkdir(exist_ok=True)
     log.write_text("", encoding="utf-8")
     # --yes: automation approves, as terraform apply -auto-approve (without it every up first
@@ -306,9 +309,20 @@ def cmd_product(args: argparse.Namespace) -> None:
     # top --once: two refreshes --interval apart (the 0.2 s minimum), against the served replica
     top = Tool("provision top --once", (str(PROVISION), "top", "--once", "--interval", "0.2",
                                         "-i", str(inventory)))
-    tools = [Tool("provision check", (str(PROVISION), "check", "-i", str(inventory))), up, top]
-    result = measure(tools, args.rounds, log, first)
-    save("product-lab-mp", args, result)
+    config = shlex.quote(str(lab.state_dir / "ssh_config"))
+    floor = Tool("floor (1 command/host)", ("bash", "-c", " & ".join(
+        f"ssh -F {config} -o ControlMaster=no -o ControlPath=none h{i} true"
+        for i in (1, 2)) + " & wait"))
+    tools = [up, *(Tool(f"provision {name}", (str(PROVISION), name, "-i", str(inventory)))
+                   for name in ("check", "status", "drift")), top, floor]
+    if args.delay_ms:
+        set_delay(2, args.delay_ms)
+    try:
+        result = measure(tools, args.rounds, log, first)
+    finally:
+        if args.delay_ms:
+            set_delay(2, 0)
+    save(scenario, args, result)
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -456,8 +470,9 @@ def main() -> None:
     play.add_argument("--label", default="", help="suffix of the scenario's result file")
     play.set_defaults(func=cmd_play)
     product = steps.add_parser(
-        "product", help="time provision check, no-change up and top --once (lab-mp)")
+        "product", help="time no-change up, check, status, drift, top --once (lab-mp)")
     product.add_argument("--rounds", type=int, default=5)
+    product.add_argument("--delay-ms", type=int, default=0, help="one-way delay on every host")
     product.set_defaults(func=cmd_product)
     profile = steps.add_parser("profile", help="cProfile + connection counters of one run")
     profile.add_argument("--command", choices=["play", "up", "drift"], default="play")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,20 @@ def test_guard_takes_over_removing_the_old_units_and_check_mode_removes_nothing(
     down = {name: RecordHost(_record(name), active="inactive") for name in ("h1", "h2")}
     assert takeover.guard(inventory, ["h1", "h2"], {}, down, command="up", take_over=False,
                           check_mode=False, echo=lines.append) == []
+
+
+def test_guard_uses_the_records_the_run_lock_read_and_reads_no_record_itself(
+        tmp_path: Path) -> None:
+    inventory = make_inventory(tmp_path)
+    # the hosts' files say nothing; the lock's answer holds the records (h2: none)
+    hosts = {name: RecordHost(None) for name in ("h1", "h2")}
+    records = {"h1": json.dumps(_record("h1")), "h2": None}
+    with pytest.raises(ProvisionError) as raised:
+        takeover.guard(inventory, ["h1", "h2"], {}, hosts, command="up", take_over=False,
+                       check_mode=False, echo=lambda line: None, records=records)
+    text = raised.value.render()
+    assert "h1 belongs to replica 'lab'" in text and "h2 belongs" not in text
+    assert not [c for h in hosts.values() for c in h.commands if "state.json" in c]
 
 
 RESTORE_PLAY = """

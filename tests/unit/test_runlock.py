@@ -68,3 +68,30 @@ def test_holder_lines_that_are_not_ours_are_unreadable_not_errors() -> None:
     line = json.dumps({"controller": "c", "user": "u", "pid": 1, "started": "t",
                        "command": "up"})
     assert Holder.parse(f"{line}\n77\n") == Holder("c", "u", 1, "t", "up", 77)
+
+
+def test_the_lock_answers_with_the_hosts_state_record(tmp_path: Path) -> None:
+    """The ownership guard reads each host's record from the lock's first answer (one command
+    fewer per host): the text as it is under the lock, None without one."""
+    from vllm_provision.state import HOST_STATE_FILE
+    from vllm_provision.transport.runlock import LOCK_FILE
+
+    # the holder reads $dir/state.json: the host record's path beside the lock file
+    assert Path(LOCK_FILE).parent / "state.json" == Path(HOST_STATE_FILE)
+    none, _ = _acquire(tmp_path)
+    assert none.records == {"h1": None}
+    none.release()
+    record = json.dumps({"schema": 1, "hosts": {"h1": {}}}, indent=2)
+    (tmp_path / "state.json").write_text(record + "\n")
+    lock, _ = _acquire(tmp_path)
+    assert lock.records == {"h1": record}
+    lock.release()
+    # a stale holder line and the record both come back, each in its place
+    lost, conn = _acquire(tmp_path)
+    conn.channels[0].drop()
+    lost.channels.clear()
+    lost.release()
+    warnings: list[str] = []
+    taken, _ = _acquire(tmp_path, warnings)
+    assert len(warnings) == 1 and taken.records == {"h1": record}
+    taken.release()

@@ -426,7 +426,8 @@ def guard_ownership(command: str, inventory: Inventory, hosts: Sequence[Any],
     connections, _errors = open_connections(list(hosts), connection, factory)
     try:
         return takeover.guard(inventory, [h.name for h in hosts], planned, connections,
-                              command=command, take_over=take_over, check_mode=check, echo=echo)
+                              command=command, take_over=take_over, check_mode=check, echo=echo,
+                              records=getattr(factory, "records", None))
     finally:
         close_all(connections)
 

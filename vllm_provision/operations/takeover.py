@@ -151,7 +151,8 @@ def refusal(conflicts: Sequence[Conflict], command: str) -> ProvisionError:
 
 def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, Sequence[str]],
           connections: Mapping[str, Any], *, command: str, take_over: bool,
-          check_mode: bool, echo: Callable[[str], None]) -> list[TakeOver]:
+          check_mode: bool, echo: Callable[[str], None],
+          records: Mapping[str, str | None] | None = None) -> list[TakeOver]:
     """Read the targeted nodes' records; refuse, or take the hosts over.
 
     Args:
@@ -163,6 +164,8 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
         command: ``up``, ``restart`` or ``down`` (for the message).
         take_over: ``--take-over`` was given. check_mode: ``--check`` (remove nothing).
         echo: prints one human line.
+        records: host name -> its record's text as the run lock read it under the lock
+            (``LendingFactory.records``; None: no record); a host absent here is read now.
 
     Returns:
         One :class:`TakeOver` per host taken over (empty when every host is ours).
@@ -171,7 +174,12 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
         ProvisionError: a host of another owner without ``take_over`` (nothing changed), or a
             removal that failed on a host.
     """
-    from vllm_provision.state import inventory_identity, read_host_record
+    from vllm_provision.state import (
+        HOST_STATE_FILE,
+        inventory_identity,
+        parse_record,
+        read_host_record,
+    )
 
     identity = inventory_identity(inventory.path)
     wanted = set(hosts)
@@ -182,7 +190,12 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
                 continue
             conn = connections[node.name]
             try:
-                record = read_host_record(conn)
+                if node.name in (records or {}):  # read by the run lock, under it
+                    text = (records or {})[node.name]
+                    record = None if text is None else parse_record(
+                        text, f"{node.name}:{HOST_STATE_FILE}")
+                else:
+                    record = read_host_record(conn)
             except ProvisionError:
                 record = None  # not a record we can read: nobody's (drift reports it)
             owner: HostOwner | None = parse_owner(node.name, {"record": record}, [])

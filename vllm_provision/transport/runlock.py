@@ -72,6 +72,7 @@ GIVE_UP_S = 60
 # sent this long ago (three heartbeats missed): half of GIVE_UP_S, so that a change that starts
 # just inside the bound still has GIVE_UP_S - LOST_AFTER_S seconds of lock left.
 LOST_AFTER_S = 30.0
+STATE_MARK = "@@STATE\n"  # in the holder's first answer: the host's state record follows
 _POLL_S = 1.0  # how often the heartbeat thread reads the holders' answers (no network traffic)
 _ANSWER_TIMEOUT_S = 30.0
 
@@ -87,7 +88,10 @@ _SCRIPT = "; ".join((  # one line: a quoted shell word holds no line break (quot
     "stale=$(cat -- \"$dir/run.lock.holder\" 2>/dev/null)",
     "printf '%s\\n%s\\n' \"$info\" \"$$\" > \"$dir/run.lock.holder.tmp\" && "
     "mv -f -- \"$dir/run.lock.holder.tmp\" \"$dir/run.lock.holder\"",
-    "printf 'LOCKED\\n%s\\nEND\\n' \"$stale\"",
+    # the host's state record rides in the answer: the ownership guard reads it from here
+    "printf 'LOCKED\\n%s\\n@@STATE\\n' \"$stale\"",
+    "cat -- \"$dir/state.json\" 2>/dev/null || printf '__ABSENT__'",
+    "printf '\\nEND\\n'",
     "while IFS= read -r -t \"$wait\" line; do if [ \"$line\" = release ]; then "
     "rm -f -- \"$dir/run.lock.holder\"; printf 'RELEASED\\n'; exit 0; fi; "
     "printf 'beat\\n'; done",
@@ -208,6 +212,9 @@ class RunLock:
                  state_dir: str = STATE_DIR, clock: Callable[[], float] = time.monotonic,
                  ) -> None:
         self.channels = dict(channels)
+        # host name -> the text of its state record as the lock found it (None: no record);
+        # hosts absent here were not read (the guard then reads them itself)
+        self.records: dict[str, str | None] = {}
         self._connections = dict(connections or {})
         self._me = me
         self._state_dir = state_dir
@@ -268,6 +275,10 @@ class RunLock:
         problems = []
         for name, _channel, state, rest in answers:
             if state == "LOCKED":
+                rest, marked, record = rest.partition(STATE_MARK)
+                if marked:
+                    record = record.strip()
+                    lock.records[name] = None if record in ("", "__ABSENT__") else record
                 stale = Holder.parse(rest)
                 if stale is not None:
                     warn(f"{name}: took over a stale run lock: its holder, {stale.describe()}, "
@@ -531,6 +542,12 @@ class LendingFactory:
         if host.name in self.errors:
             return _Unreachable(self.errors[host.name])
         return HostConnection(host, self.options)
+
+    @property
+    def records(self) -> Mapping[str, str | None]:
+        """Host name -> its state record's text as the run lock found it, taken under the lock
+        (None: no record); hosts absent were not read. Empty without a lock."""
+        return self.lock.records if self.lock is not None else {}
 
     def ensure_held(self, *names: str) -> None:
         """The check point before a change on hosts ``names`` (:meth:`RunLock.ensure_held`;
