@@ -113,3 +113,51 @@ def test_check_mode_http_still_answers_when_already_so() -> None:
     finally:
         server.shutdown()
     assert result.status is Status.OK, result.message
+
+
+def test_a_from_host_get_rides_on_the_command_line_and_a_keyed_one_on_stdin() -> None:
+    """A plain GET from the host is the command the read batch carries (its first attempt is
+    answered from the batch); with a header (a key) the request stays on stdin, off the host's
+    process list, and is never batched."""
+    import http.server as server_lib
+    import threading
+
+    from vllm_provision.transport.local import LocalConnection
+
+    class Handler(server_lib.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200 if self.headers.get("X-Key", "k") == "k" else 403)
+            self.end_headers()
+            self.wfile.write(b'{"whole": true}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Recording(LocalConnection):
+        def __init__(self) -> None:
+            super().__init__(become=False)
+            self.sent: list[tuple[str, object]] = []
+
+        def run(self, command: str, **options: object) -> object:
+            self.sent.append((command, options.get("stdin")))
+            return super().run(command, **options)  # type: ignore[arg-type]
+
+    server = server_lib.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/state"
+        plain = {"url": url, "from": "host", "until": "json['whole']", "retries": 2}
+        conn = Recording()
+        ctx = SimpleNamespace(conn=conn, check_mode=False, test=_test)
+        read = http_module.read_command(ctx, plain)  # type: ignore[arg-type]
+        result = http_module.run(ctx, plain)  # type: ignore[arg-type]
+        assert result.status is Status.OK, result.message
+        assert read is not None and conn.sent == [(read, None)]
+        keyed = {**plain, "headers": {"X-Key": "k"}}
+        assert http_module.read_command(ctx, keyed) is None  # type: ignore[arg-type]
+        conn.sent.clear()
+        assert http_module.run(ctx, keyed).status is Status.OK  # type: ignore[arg-type]
+        ((command, stdin),) = conn.sent
+        assert "X-Key" not in command and '"X-Key"' in str(stdin)
+    finally:
+        server.shutdown()

@@ -2,7 +2,9 @@
 
 A mapping or list ``body`` is sent as JSON (``body_format`` defaults to ``json`` then). With
 ``from: host`` the request is made by ``python3`` (urllib) on the target, one round trip per
-attempt.
+attempt; a GET or HEAD without headers or body travels on the command line, so the play's read
+batch carries its first attempt (others go on stdin, which keeps a header's key out of the
+host's process list).
 
 Reports ``ok`` on success (a request changes nothing we track) and ``failed`` with the last
 status and body otherwise. Not sent in check mode for methods other than GET/HEAD (``skipped``).
@@ -51,7 +53,7 @@ ARGUMENT_SPEC = ArgumentSpec("http", (
 
 _REMOTE = r"""
 import json, sys, urllib.request, urllib.error
-req = json.loads(sys.stdin.read())
+req = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
 r = urllib.request.Request(req["url"], data=req["body"].encode() if req["body"] is not None
                            else None, method=req["method"], headers=req["headers"])
 try:
@@ -75,17 +77,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     url = values["url"]
     if not url.startswith(("http://", "https://")):
         raise ProvisionError.single("http: url", "not an http(s) URL", actual=url)
-    method = values["method"].upper()
-    body = values["body"]
-    body_format = values["body_format"] or (
-        "json" if isinstance(body, (Mapping, list)) else "raw")
-    headers = dict(values["headers"] or {})
-    if body is not None and body_format == "json":
-        body = json.dumps(body)
-        headers.setdefault("Content-Type", "application/json")
-    elif body is not None:
-        body = str(body)
-    timeout = values["timeout"]
+    request = _request(values)
+    method = request["method"]
     wanted = values["status_code"]
     wanted_codes = set(wanted) if isinstance(wanted, list) else {wanted}
     contains = values["body_contains"]
@@ -102,8 +95,6 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     waiting = ctx.check_mode and retries > 0
     if waiting:
         retries = 0
-    request = {"url": url, "method": method, "body": body, "headers": headers,
-               "timeout": timeout}
     answer: dict[str, Any] = {}
     problem = ""
     for attempt in range(retries + 1):
@@ -134,12 +125,60 @@ def _send(request: Mapping[str, Any]) -> dict[str, Any]:
         return {"status": -1, "body": "", "error": str(getattr(exc, "reason", exc))}
 
 
-def _send_remote(ctx: ModuleContext, request: Mapping[str, Any]) -> dict[str, Any]:
-    # The script travels base64-encoded: shell words may not hold line breaks (quoting rules),
-    # and stdin carries the request.
+def _inline(request: Mapping[str, Any]) -> bool:
+    """Whether the request may ride on the command line: a GET or HEAD without headers or body
+    (nothing secret in it), which a batch of reads can then carry (:func:`read_command`)."""
+    return (request["method"] in ("GET", "HEAD") and not request["headers"]
+            and request["body"] is None)
+
+
+def _remote_command(request: Mapping[str, Any]) -> str:
+    """``python3 -c <loader>`` with the request as one quoted JSON word when it is
+    :func:`_inline`, else the bare command (the request then goes on stdin: headers may hold a
+    key, which must not show in the host's process list)."""
+    # The script travels base64-encoded: shell words may not hold line breaks (quoting rules).
     script = base64.b64encode(_REMOTE.encode()).decode()
     loader = f"import base64; exec(base64.b64decode('{script}'))"
-    result = ctx.conn.run(f"python3 -c {quote(loader)}", stdin=json.dumps(request),
+    command = f"python3 -c {quote(loader)}"
+    if _inline(request):
+        command += " " + quote(json.dumps(dict(request), sort_keys=True,
+                                          separators=(",", ":")))
+    return command
+
+
+def _request(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The request :func:`run` sends, from validated arguments."""
+    body = values["body"]
+    body_format = values["body_format"] or (
+        "json" if isinstance(body, (Mapping, list)) else "raw")
+    headers = dict(values["headers"] or {})
+    if body is not None and body_format == "json":
+        body = json.dumps(body)
+        headers.setdefault("Content-Type", "application/json")
+    elif body is not None:
+        body = str(body)
+    return {"url": values["url"], "method": values["method"].upper(), "body": body,
+            "headers": headers, "timeout": values["timeout"]}
+
+
+def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
+    """The first request's command, for the play's read batch (vllm_provision.modules,
+    "read_command"): only ``from: host`` GET/HEAD requests without headers or body; None
+    otherwise (sent from the controller, or on stdin).
+
+    Raises:
+        ProvisionError: bad arguments (the runner then leaves the task to run live).
+    """
+    values = ARGUMENT_SPEC.validate(args)
+    if values["from"] != "host" or not values["url"].startswith(("http://", "https://")):
+        return None
+    request = _request(values)
+    return _remote_command(request) if _inline(request) else None
+
+
+def _send_remote(ctx: ModuleContext, request: Mapping[str, Any]) -> dict[str, Any]:
+    command = _remote_command(request)
+    result = ctx.conn.run(command, stdin=None if _inline(request) else json.dumps(request),
                           timeout_s=float(request["timeout"]) + 30)
     try:
         return dict(hostjson.loads(result.stdout.strip().splitlines()[-1]))
