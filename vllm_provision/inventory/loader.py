@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_provision.core.models import Group, Host, Inventory, Replica
 from vllm_provision.inventory import aliases
+from vllm_provision.inventory.gateways import check_gateways
 from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars, plain
 from vllm_provision.inventory.replicas import REPLICAS_GROUP, build_replicas, synthetic_groups
 from vllm_provision.inventory.source import Origin, Problems, Setting
@@ -132,6 +133,7 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     replicas = build_replicas(tree, hosts, settings,
                               {g: _group_merged_vars(tree, g, group_files) for g in replica_groups},
                               problems)
+    check_gateways(tree, hosts, settings, replicas, problems)
     problems.raise_if_any()
 
     synthetic = _synthetic_groups(replicas, hosts)

@@ -1,0 +1,160 @@
+"""The front door (group vllm_gateways, docs/front-door.md): its variables checked by kind at
+load, the cross checks of ``inventory/gateways.py`` with errors that name file, host, item,
+expected and fix, the worker list and the router's command line, and the rendered unit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.inventory_support import llama_yaml, write_inventory
+from vllm_provision.core.errors import InventoryError
+from vllm_provision.core.quoting import systemd_exec_quote
+from vllm_provision.inventory import load_inventory
+from vllm_provision.inventory.gateways import ROUTER_VERSION, gateway_of
+
+GATEWAYS = """\
+    vllm_gateways:
+      vars:
+        vllm_gateway_wheelhouse: wheels/gateway
+{vars}\
+      hosts:
+        h1: {{}}
+"""
+
+SECOND = """\
+        qwen:
+          vars:
+            vllm_backend: mp
+            vllm_model: /srv/models/tiny
+          hosts:
+            h3: {ansible_host: 10.0.0.13, vllm_node_rank: 0}
+"""
+
+
+def _inventory(tmp_path: Path, gateway_vars: str = "", *, more: str = "",
+               **replica_vars: object) -> Path:
+    gateway = GATEWAYS.format(vars="".join(f"        {line}\n"
+                                           for line in gateway_vars.splitlines()))
+    text = llama_yaml("mp", more=more, **replica_vars) + gateway
+    return write_inventory(tmp_path, text)
+
+
+def _problems(path: Path) -> str:
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    return "\n".join(f"{p.where} | {p.message} | {p.expected} | {p.actual} | {p.fix}"
+                     for p in caught.value.problems)
+
+
+def test_defaults_and_workers(tmp_path: Path) -> None:
+    inventory = load_inventory(_inventory(tmp_path, more=SECOND))
+    gateway = gateway_of(inventory, "h1")
+    assert gateway is not None and gateway_of(inventory, "h2") is None
+    assert gateway.workers == ("http://10.0.0.11:8000", "http://10.0.0.13:8000")
+    assert (gateway.port, gateway.metrics_port, gateway.bind) == (30000, 29000, "0.0.0.0")
+    assert gateway.policy == "power_of_two"
+    assert (gateway.health_check_interval_s, gateway.health_check_timeout_s,
+            gateway.health_failure_threshold, gateway.request_timeout_s) == (2, 5, 2, 3600)
+    assert gateway.wheelhouse == (tmp_path / "wheels" / "gateway").absolute()
+    assert gateway.local_url == "http://127.0.0.1:30000"
+
+
+def test_argv_is_the_routers_flags(tmp_path: Path) -> None:
+    path = _inventory(tmp_path, "vllm_gateway_policy: round_robin\nvllm_gateway_port: 8080\n"
+                                "vllm_gateway_request_timeout_s: 7200")
+    argv = gateway_of(load_inventory(path), "h1").argv()
+    assert argv[0] == "/opt/vllm-router/bin/vllm-router"
+    flags = dict(zip(argv[1:-2:2], argv[2:-2:2], strict=True))
+    assert flags["--port"] == "8080" and flags["--policy"] == "round_robin"
+    assert flags["--request-timeout-secs"] == "7200"
+    assert flags["--health-success-threshold"] == "1"
+    assert argv[-2:] == ["--worker-urls", "http://10.0.0.11:8000"]
+
+
+def test_argv_flags_exist_in_the_router_release() -> None:
+    """Every flag we write is one vllm-router 0.1.17 declares (router_args.py of its wheel,
+    copied below as the launcher's ``--help`` lists them)."""
+    declared = {"--host", "--port", "--worker-urls", "--policy", "--prometheus-host",
+                "--prometheus-port", "--health-check-interval-secs",
+                "--health-check-timeout-secs", "--health-failure-threshold",
+                "--health-success-threshold", "--request-timeout-secs",
+                "--worker-startup-timeout-secs", "--worker-startup-check-interval",
+                "--log-level"}
+    from vllm_provision.inventory.gateways import Gateway
+
+    gateway = Gateway("g", "0.0.0.0", 1, 2, "random", 1, 1, 1, 1, "/v", None, ("http://a:1",))
+    assert {w for w in gateway.argv() if w.startswith("--")} == declared
+    assert ROUTER_VERSION == "0.1.17"
+
+
+@pytest.mark.parametrize(("line", "fragment"), [
+    ("vllm_gateway_port: 0", "an integer 1-65535"),
+    ("vllm_gateway_port: http", "an integer 1-65535"),
+    ("vllm_gateway_policy: least_busy", "one of power_of_two, round_robin"),
+    ("vllm_gateway_health_check_interval_s: 0", "an integer 1-3600"),
+    ("vllm_gateway_request_timeout_s: soon", "an integer 1-604800"),
+    ("vllm_gateway_host: gateway.example", "an IP address"),
+    ("vllm_gateway_venv: opt/router", "absolute"),
+    ("vllm_gateway_venv: \"/opt/a\\nExecStartPre=/bin/sh\"", "control"),
+    ("vllm_gateway_polcy: random", "did you mean 'vllm_gateway_policy'"),
+])
+def test_bad_values_name_file_item_and_expected(tmp_path: Path, line: str,
+                                                fragment: str) -> None:
+    problems = _problems(_inventory(tmp_path, line))
+    assert fragment in problems
+    assert "inventory.yml" in problems and "vllm_gateways" in problems
+    assert line.split(":")[0] in problems
+
+
+def test_no_wheelhouse_names_the_host_and_the_fix(tmp_path: Path) -> None:
+    text = llama_yaml("mp") + "    vllm_gateways:\n      hosts:\n        h1: {}\n"
+    problems = _problems(write_inventory(tmp_path, text))
+    assert "gateway host h1 has no vllm_gateway_wheelhouse" in problems
+    assert "docs/front-door.md" in problems
+
+
+def test_gateway_without_replicas_is_refused(tmp_path: Path) -> None:
+    text = ("all:\n  children:\n    vllm_gateways:\n      vars: {vllm_gateway_wheelhouse: w}\n"
+            "      hosts:\n        g1: {ansible_host: 10.0.0.20}\n")
+    assert "no replica to send to" in _problems(write_inventory(tmp_path, text))
+
+
+def test_api_key_behind_the_gateway_is_refused(tmp_path: Path) -> None:
+    problems = _problems(_inventory(tmp_path, vllm_api_key="s3cret-key"))
+    assert "sets vllm_api_key" in problems and "--api-key" in problems
+    assert "s3cret-key" not in problems
+
+
+def test_loopback_api_on_another_host_is_refused(tmp_path: Path) -> None:
+    text = llama_yaml("mp", vllm_api_host="127.0.0.1") + GATEWAYS.format(vars="").replace(
+        "h1: {}", "g1: {ansible_host: 10.0.0.20}")
+    problems = _problems(write_inventory(tmp_path, text))
+    assert "binds its API to 127.0.0.1, which gateway host g1 cannot reach" in problems
+
+
+@pytest.mark.parametrize(("line", "fragment"), [
+    ("vllm_gateway_port: 8000", "vllm_gateway_port of gateway host h1 is 8000, the API port"),
+    ("vllm_gateway_port: 29510", "the watchdog port"),
+    ("vllm_gateway_metrics_port: 30000", "are both 30000"),
+])
+def test_port_clash_on_the_gateway_host(tmp_path: Path, line: str, fragment: str) -> None:
+    assert fragment in _problems(_inventory(tmp_path, line))
+
+
+def test_gateway_on_a_host_of_no_replica_takes_any_port(tmp_path: Path) -> None:
+    text = llama_yaml("mp") + GATEWAYS.format(vars="        vllm_gateway_port: 8000\n").replace(
+        "h1: {}", "g1: {ansible_host: 10.0.0.20}")
+    inventory = load_inventory(write_inventory(tmp_path, text))
+    assert gateway_of(inventory, "g1").port == 8000
+
+
+def test_argv_words_are_quoted_for_systemd(tmp_path: Path) -> None:
+    """A value never becomes more than one word of ExecStart: the unit quotes every word."""
+    from vllm_provision.inventory.gateways import Gateway
+
+    gateway = Gateway("g", "0.0.0.0", 1, 2, "random", 1, 1, 1, 1, "/opt/r r", None,
+                      ("http://a:1",))
+    line = systemd_exec_quote(gateway.argv())
+    assert line.startswith('"/opt/r r/bin/vllm-router" ')
