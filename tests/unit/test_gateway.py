@@ -158,3 +158,149 @@ def test_argv_words_are_quoted_for_systemd(tmp_path: Path) -> None:
                       ("http://a:1",))
     line = systemd_exec_quote(gateway.argv())
     assert line.startswith('"/opt/r r/bin/vllm-router" ')
+
+
+# --- the unit and the install module ----------------------------------------------------------
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "vllm_gateway"
+
+
+def _render_unit(tmp_path: Path, gateway_vars: str = "", *, more: str = SECOND) -> str:
+    import yaml
+
+    from vllm_provision.runner.templating import environment_for
+
+    inventory = load_inventory(_inventory(tmp_path, gateway_vars, more=more))
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    env = environment_for([ROLE / "templates"])
+    return env.get_template("vllm-gateway.service.j2").render(
+        gateway=gateway_of(inventory, "h1"), inventory_hostname="h1", **defaults)
+
+
+def test_unit_runs_the_argv_with_every_replica_as_a_worker(tmp_path: Path) -> None:
+    import shlex
+
+    text = _render_unit(tmp_path, "vllm_gateway_policy: random")
+    assert text.startswith("# managed by vllm-provision")
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    words = shlex.split(exec_start.removeprefix("ExecStart="))
+    assert words[-3:] == ["--worker-urls", "http://10.0.0.11:8000", "http://10.0.0.13:8000"]
+    assert words[words.index("--policy") + 1] == "random"
+    assert "DynamicUser=yes" in text and "Restart=always" in text
+
+
+def test_a_new_replica_changes_the_unit(tmp_path: Path) -> None:
+    """The worker list is the inventory's: a replica added changes the unit, which notifies
+    the restart handler (roles/vllm_gateway/tasks/main.yml)."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = _render_unit(tmp_path / "one", more="")
+    two = _render_unit(tmp_path / "two")
+    assert "http://10.0.0.13:8000" not in one and "http://10.0.0.13:8000" in two
+    assert two.replace(" http://10.0.0.13:8000", "") == one  # the only difference
+def _tiny_wheel(folder: Path, version: str = "1.0") -> Path:
+    """A pure wheel ``tinyrouter`` (no dependency) pip installs offline in a second."""
+    import base64
+    import hashlib
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"tinyrouter-{version}-py3-none-any.whl"
+    info = f"tinyrouter-{version}.dist-info"
+    files = {"tinyrouter/__init__.py": f"VERSION = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: tinyrouter\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+class _Ctx:
+    """The part of ModuleContext the module reads, on a local connection."""
+
+    def __init__(self, tmp_path: Path, *, check_mode: bool = False) -> None:
+        from vllm_provision.transport.local import LocalConnection
+
+        self.conn = LocalConnection("h1")
+        self.check_mode = check_mode
+        self.task_name = "Install the router"
+        self.constraints = tmp_path / "constraints.txt"
+        self.constraints.write_text("# pins\ntinyrouter==1.0\n")
+
+    def find_file(self, src: str) -> Path:
+        return self.constraints
+
+    def on_change_script(self) -> str:
+        return ""
+
+
+def _args(tmp_path: Path, wheelhouse: Path) -> dict[str, object]:
+    import sys
+
+    return {"wheelhouse": str(wheelhouse), "requirement": "tinyrouter==1.0",
+            "constraints": "constraints.txt", "venv": str(tmp_path / "host" / "router"),
+            "python": sys.executable, "import_check": "tinyrouter"}
+
+
+def test_install_module_builds_links_and_then_changes_nothing(tmp_path: Path) -> None:
+    from vllm_provision.core.results import Status
+    from vllm_provision.modules import vllm_gateway_venv
+
+    wheelhouse = tmp_path / "wheels"
+    _tiny_wheel(wheelhouse)
+    (tmp_path / "host").mkdir()
+    args = _args(tmp_path, wheelhouse)
+    venv = Path(str(args["venv"]))
+    planned = vllm_gateway_venv.run(_Ctx(tmp_path, check_mode=True), args)
+    assert planned.status is Status.CHANGED and "would send 1 wheels" in planned.message
+    assert not venv.exists()
+    first = vllm_gateway_venv.run(_Ctx(tmp_path), args)
+    assert first.status is Status.CHANGED, first.message
+    assert venv.is_symlink() and (venv / "bin" / "python").exists()
+    assert (Path(f"{venv}.wheels") / "tinyrouter-1.0-py3-none-any.whl").is_file()
+    again = vllm_gateway_venv.run(_Ctx(tmp_path), args)
+    assert again.status is Status.OK, again.message
+    removed = vllm_gateway_venv.run(_Ctx(tmp_path), {"venv": str(venv), "state": "absent"})
+    assert removed.status is Status.CHANGED and not venv.exists()
+    assert not Path(f"{venv}.wheels").exists() and not list(venv.parent.iterdir())
+
+
+def test_install_module_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    from vllm_provision.core.results import Status
+    from vllm_provision.modules import vllm_gateway_venv
+
+    wheelhouse = tmp_path / "wheels"
+    _tiny_wheel(wheelhouse)
+    args = _args(tmp_path, wheelhouse)
+    Path(str(args["venv"])).mkdir(parents=True)
+    result = vllm_gateway_venv.run(_Ctx(tmp_path), args)
+    assert result.status is Status.FAILED and "is not a link" in result.message
+
+
+def test_install_module_names_an_empty_wheelhouse(tmp_path: Path) -> None:
+    from vllm_provision.core.errors import ProvisionError
+    from vllm_provision.modules import vllm_gateway_venv
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProvisionError, match="holds no wheel") as caught:
+        vllm_gateway_venv.run(_Ctx(tmp_path), _args(tmp_path, tmp_path / "empty"))
+    assert "docs/front-door.md" in caught.value.render()
+    with pytest.raises(ProvisionError, match="cannot read"):
+        vllm_gateway_venv.run(_Ctx(tmp_path), _args(tmp_path, tmp_path / "missing"))
+
+
+def test_a_changed_wheel_is_a_new_build(tmp_path: Path) -> None:
+    from vllm_provision.modules.vllm_gateway_venv import build_id
+
+    assert build_id("r==1", "c", {"a.whl": "1"}) != build_id("r==1", "c", {"a.whl": "2"})
+    assert build_id("r==1", "c", {"a.whl": "1"}) != build_id("r==1", "d", {"a.whl": "1"})
+    assert build_id("r==1", "c", {"a.whl": "1", "b.whl": "2"}) == build_id(
+        "r==1", "c", {"b.whl": "2", "a.whl": "1"})

@@ -82,6 +82,12 @@ class Gateway:
         return f"http://{host_port(host, self.port)}"
 
     @property
+    def requirement(self) -> str:
+        """What pip installs on the host: ``vllm-router==0.1.17`` (the release whose flags
+        :meth:`argv` writes)."""
+        return f"{ROUTER_DISTRIBUTION}=={ROUTER_VERSION}"
+
+    @property
     def executable(self) -> str:
         """The ``vllm-router`` console script in the venv (``[console_scripts]`` of the wheel:
         ``vllm-router = vllm_router.launch_router:main``)."""
