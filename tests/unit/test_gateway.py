@@ -57,8 +57,20 @@ def test_defaults_and_workers(tmp_path: Path) -> None:
     assert gateway.policy == "power_of_two"
     assert (gateway.health_check_interval_s, gateway.health_check_timeout_s,
             gateway.health_failure_threshold, gateway.request_timeout_s) == (2, 5, 2, 3600)
-    assert gateway.wheelhouse == (tmp_path / "wheels" / "gateway").absolute()
+    assert gateway.wheelhouse == str((tmp_path / "wheels" / "gateway").absolute())
     assert gateway.local_url == "http://127.0.0.1:30000"
+
+
+def test_one_replica_runs_round_robin_unless_power_of_two_is_asked(tmp_path: Path) -> None:
+    """vllm-router 0.1.17 exits with "Power-of-two policy requires at least 2 workers" (seen on
+    the lab): the default falls back with one replica, an explicit choice is refused."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = gateway_of(load_inventory(_inventory(tmp_path / "one")), "h1")
+    two = gateway_of(load_inventory(_inventory(tmp_path / "two", more=SECOND)), "h1")
+    assert (one.policy, two.policy) == ("round_robin", "power_of_two")
+    problems = _problems(_inventory(tmp_path, "vllm_gateway_policy: power_of_two"))
+    assert "needs two replicas" in problems and "at least 2 workers" in problems
 
 
 def test_argv_is_the_routers_flags(tmp_path: Path) -> None:
@@ -194,8 +206,8 @@ def test_a_new_replica_changes_the_unit(tmp_path: Path) -> None:
     the restart handler (roles/vllm_gateway/tasks/main.yml)."""
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    one = _render_unit(tmp_path / "one", more="")
-    two = _render_unit(tmp_path / "two")
+    one = _render_unit(tmp_path / "one", "vllm_gateway_policy: random", more="")
+    two = _render_unit(tmp_path / "two", "vllm_gateway_policy: random")
     assert "http://10.0.0.13:8000" not in one and "http://10.0.0.13:8000" in two
     assert two.replace(" http://10.0.0.13:8000", "") == one  # the only difference
 def _tiny_wheel(folder: Path, version: str = "1.0") -> Path:

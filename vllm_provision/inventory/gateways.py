@@ -56,8 +56,8 @@ class Gateway:
         health_check_interval_s, health_check_timeout_s, health_failure_threshold,
         request_timeout_s: the variables of the same names.
         venv: ``vllm_gateway_venv`` on the host.
-        wheelhouse: ``vllm_gateway_wheelhouse`` on the controller, resolved against the
-            inventory's folder; None when unset (refused at load).
+        wheelhouse: ``vllm_gateway_wheelhouse`` on the controller, an absolute path resolved
+            against the inventory's folder; None when unset (refused at load).
         workers: every replica's rank-0 API base URL (``http://ip:port``), in inventory order.
     """
 
@@ -71,7 +71,7 @@ class Gateway:
     health_failure_threshold: int
     request_timeout_s: int
     venv: str
-    wheelhouse: Path | None
+    wheelhouse: str | None
     workers: tuple[str, ...]
 
     @property
@@ -137,13 +137,25 @@ def workers(replicas: Sequence[Replica]) -> tuple[str, ...]:
     return tuple(urls)
 
 
-def wheelhouse_path(inventory_path: Path, value: Any) -> Path | None:
-    """``vllm_gateway_wheelhouse`` as a controller path: relative to the inventory file's
-    folder (the inventory folder itself for a directory inventory), or absolute; None unset."""
+def policy_for(chosen: Any, count: int) -> str:
+    """The ``--policy`` the router runs: ``chosen`` (``vllm_gateway_policy``) when set, else the
+    default, ``power_of_two``, with two workers or more and ``round_robin`` with one
+    (vllm-router 0.1.17 exits with "Power-of-two policy requires at least 2 workers"; an
+    explicit ``power_of_two`` with one replica is refused at load by :func:`check_gateways`)."""
+    if chosen:
+        return str(chosen)
+    default = str(variables.VARIABLES["vllm_gateway_policy"].default)
+    return default if default != "power_of_two" or count >= 2 else "round_robin"
+
+
+def wheelhouse_path(inventory_path: Path, value: Any) -> str | None:
+    """``vllm_gateway_wheelhouse`` as an absolute controller path (text, as a task argument
+    takes it): relative to the inventory file's folder (the inventory folder itself for a
+    directory inventory), or absolute; None unset."""
     if not value:
         return None
     base = inventory_path if inventory_path.is_dir() else inventory_path.parent
-    return (base / str(value)).absolute()
+    return str((base / str(value)).absolute())
 
 
 def gateway_hosts(inventory: Inventory) -> list[str]:
@@ -166,7 +178,7 @@ def gateway_of(inventory: Inventory, host_name: str) -> Gateway | None:
         bind=str(_value(values, "vllm_gateway_host")),
         port=int(_value(values, "vllm_gateway_port")),
         metrics_port=int(_value(values, "vllm_gateway_metrics_port")),
-        policy=str(_value(values, "vllm_gateway_policy")),
+        policy=policy_for(values.get("vllm_gateway_policy"), len(workers(inventory.replicas))),
         health_check_interval_s=int(_value(values, "vllm_gateway_health_check_interval_s")),
         health_check_timeout_s=int(_value(values, "vllm_gateway_health_check_timeout_s")),
         health_failure_threshold=int(_value(values, "vllm_gateway_health_failure_threshold")),
@@ -236,6 +248,14 @@ def check_gateways(tree: Tree, hosts: Mapping[str, Host],
                              f"{GATEWAYS_GROUP}")
     for host in members:
         values = hosts[host].vars if host in hosts else {}
+        if values.get("vllm_gateway_policy") == "power_of_two" and len(serving) == 1:
+            problems.add(where(host, "vllm_gateway_policy"),
+                         f"vllm_gateway_policy of gateway host {host} is power_of_two, which "
+                         f"needs two replicas; {ROUTER_DISTRIBUTION} {ROUTER_VERSION} exits with "
+                         "\"Power-of-two policy requires at least 2 workers\"",
+                         expected="round_robin, random or cache_aware with one replica",
+                         fix="remove vllm_gateway_policy (one replica: round_robin) or add a "
+                             "replica")
         if not _value(values, "vllm_gateway_wheelhouse"):
             problems.add(where(host, "vllm_gateway_wheelhouse"),
                          f"gateway host {host} has no vllm_gateway_wheelhouse: the router is "

@@ -474,7 +474,9 @@ _TABLE: tuple[Variable, ...] = (
           "(`vllm-router --prometheus-port`; the router's own default).", scope="host"),
     Variable("vllm_gateway_policy", str, "power_of_two", "How the front door picks a replica "
              "(`vllm-router --policy`): `power_of_two` sends to the less loaded of two replicas "
-             "by requests in flight, which suits streams that last minutes; `round_robin` and "
+             "by requests in flight, which suits streams that last minutes (unset with one "
+             "replica: `round_robin`, as the router refuses `power_of_two` with one worker); "
+             "`round_robin` and "
              "`random` ignore load; `cache_aware` (the router's own default) prefers the replica "
              "that saw the prompt's prefix.", "round_robin", scope="host",
              choices=("power_of_two", "round_robin", "random", "cache_aware",
