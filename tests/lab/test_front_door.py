@@ -16,8 +16,9 @@ download of vllm-router 0.1.17 and its pinned dependencies
   remedy, which ends once the router reports the worker healthy) the gateway serves again;
 - ``provision down`` stops the front door with the replica (and disables it).
 
-Cost: about 75 s on one lab instance (the first venv build on h1 about 25 s; the broker's cold
-deploy of mp not counted); docs/testing.md, "Per module".
+Cost: about 90 s on one lab instance alone (measured 89 s of tests, 2026-12-04: the first up with
+the venv build on h1 and a second up 53 s, the stop and restart 24 s, down 11 s; plus the
+broker's cold deploy of mp, 21 s); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
