@@ -37,4 +37,7 @@ fi
 # a real Prometheus and promtool for the monitoring tests: Debian's package, unpacked under
 # /var/cache/vllm-provision-lab/prometheus, never installed (lab/vllm_provision_lab/prometheus.py)
 .venv/bin/python -m vllm_provision_lab.prometheus >/dev/null
+# the front door's router as wheels for the lab hosts (no index there): vllm-router 0.1.17 and its
+# pinned dependencies, under /var/cache/vllm-provision-lab (lab/vllm_provision_lab/router_wheels.py)
+.venv/bin/python -m vllm_provision_lab.router_wheels >/dev/null
 echo "Ready: .venv/bin/provision --help"

@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ROLES = ROOT / "roles"
 # Python packages (not variables) whose names share the prefixes: this one, the lab's (lab/) and
-# the lab's stand-in package installed into the lab hosts (lab/vllm_provision_lab/gpu/guest).
-PACKAGES = {"vllm_provision", "vllm_provision_lab", *(p.name for p in
+# the lab's stand-in package installed into the lab hosts (lab/vllm_provision_lab/gpu/guest), and
+# vLLM's router the front door installs (docs/front-door.md).
+PACKAGES = {"vllm_provision", "vllm_provision_lab", "vllm_router", *(p.name for p in
                                (ROOT / "lab/vllm_provision_lab/gpu/guest").iterdir() if p.is_dir())}
 NAME = re.compile(r"`((?:vllm|ray|preflight|provision)_[a-z0-9_]*[a-z0-9])([^a-z0-9_])")
 
@@ -48,7 +49,7 @@ DEFAULTS: dict[str, Any] = {**{n: v.default for n, v in variables.VARIABLES.item
 
 def _known_name(name: str) -> bool:
     return (name in DEFAULTS or name in PACKAGES or (ROLES / name).is_dir()
-            or name in synthetic_groups() or name == "vllm_replicas"
+            or name in synthetic_groups() or name in ("vllm_replicas", "vllm_gateways")
             or find_module(name) is not None)
 
 

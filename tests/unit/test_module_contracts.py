@@ -38,6 +38,8 @@ DECLARED = {
     "template": ("src", "dest", "owner", "group", "mode", "backup", "validate", "validate_unit"),
     "vllm_fresh_followers": (),
     "vllm_gang_start": ("timeout_s", "poll_s"),
+    "vllm_gateway_venv": ("venv", "state", "wheelhouse", "requirement", "constraints", "python",
+                          "import_check", "timeout"),
     "vllm_preflight": ("skip_checks",),
     "vllm_prune": ("purge",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),
@@ -46,7 +48,7 @@ DECLARED = {
 }
 REQUIRED = {"command": {"cmd"}, "copy": {"src", "dest"}, "file": {"path"}, "http": {"url"},
             "package": {"name"},
-            "template": {"src", "dest"}, "wait_for": {"port"}}
+            "template": {"src", "dest"}, "wait_for": {"port"}, "vllm_gateway_venv": {"venv"}}
 
 
 def write_playbook(tmp_path: Path, text: str) -> Path:

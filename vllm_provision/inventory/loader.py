@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_provision.core.models import Group, Host, Inventory, Replica
 from vllm_provision.inventory import aliases
+from vllm_provision.inventory.gateways import GATEWAYS_GROUP, check_gateways
 from vllm_provision.inventory.hosts import INVALID, build_host, merge_host_vars, plain
 from vllm_provision.inventory.replicas import REPLICAS_GROUP, build_replicas, synthetic_groups
 from vllm_provision.inventory.source import Origin, Problems, Setting
@@ -132,6 +133,7 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
     replicas = build_replicas(tree, hosts, settings,
                               {g: _group_merged_vars(tree, g, group_files) for g in replica_groups},
                               problems)
+    check_gateways(tree, hosts, settings, replicas, problems)
     problems.raise_if_any()
 
     synthetic = _synthetic_groups(replicas, hosts)
@@ -141,6 +143,9 @@ def load_inventory(path: Path, extra_vars: Mapping[str, Any] | None = None) -> I
         groups[name] = Group(name, hosts=tuple(node.hosts), children=tuple(node.children),
                              vars=own)
     groups.update(synthetic)
+    # the playbooks' front-door plays name vllm_gateways: an inventory without it has it empty
+    # (an existing but empty group matches no host, as vllm_ray in an mp-only inventory)
+    groups.setdefault(GATEWAYS_GROUP, Group(GATEWAYS_GROUP))
     final_hosts: dict[str, Host] = {}
     for name, host in hosts.items():
         extra_groups = tuple(g for g in synthetic_groups() if name in synthetic[g].hosts)

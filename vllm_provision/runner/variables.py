@@ -5,7 +5,8 @@ defaults < inventory < play vars < registered < ``-e``; docs/runner-contract.md)
 only feeds it the play's and the host's levels, keeps what tasks ``register`` and adds the
 names every template sees (``inventory_hostname``, ``groups``, ``hostvars``, ``replica``,
 ``node``, ``engine``, ``facts``, ``check_mode``, ``ray_auth_token``: the controller's token of
-the host's Ray replica, ``vllm_provision.state.ray_token``, or None).
+the host's Ray replica, ``vllm_provision.state.ray_token``, or None; ``gateway``: the front door
+the host runs, ``inventory.gateways.Gateway``, or None outside ``vllm_gateways``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from vllm_provision import settings
 from vllm_provision.core.models import Host, Inventory, Node
 from vllm_provision.core.results import Status, TaskResult
+from vllm_provision.inventory.gateways import gateway_hosts, gateway_of
 from vllm_provision.modules import ModuleResult
 from vllm_provision.runner.playbook import Play, Task
 from vllm_provision.runner.templating import Templar, environment_for
@@ -73,6 +75,8 @@ class VariableResolver:
         self._groups = {name: inventory.hosts_in_group(name) for name in inventory.groups}
         self._hostvars = {name: dict(h.vars) for name, h in inventory.hosts.items()}
         self.ray_tokens = read_tokens(inventory)
+        # the front door of each host of vllm_gateways (the group is walked once)
+        self._gateways = {name: gateway_of(inventory, name) for name in gateway_hosts(inventory)}
 
     def templar_for(self, play: Play, host: Host) -> Templar:
         """Return the Templar holding ``host``'s variables for ``play`` as they are now (a
@@ -96,6 +100,7 @@ class VariableResolver:
             "ansible_check_mode": self.check_mode,
             "role_names": [],
             "ray_auth_token": token,
+            "gateway": self._gateways.get(host.name),
         }
         env = environment_for(list(play.template_dirs))
         return Templar(env, layered, host.name, fixed)

@@ -437,6 +437,19 @@ KINDS: dict[str, str] = {
     "ray_env": "env",
     # monitoring
     "vllm_alert_ttft_p99_s": "seconds",  # checked by its table entry
+    # the front door (docs/front-door.md)
+    "vllm_gateway_port": "port",
+    "vllm_gateway_host": "address",
+    "vllm_gateway_metrics_port": "port",
+    "vllm_gateway_policy": "choice",
+    "vllm_gateway_health_check_interval_s": "seconds",
+    "vllm_gateway_health_check_timeout_s": "seconds",
+    "vllm_gateway_health_failure_threshold": "count",
+    "vllm_gateway_request_timeout_s": "seconds",
+    "vllm_gateway_venv": "path",
+    "vllm_gateway_wheelhouse": "controller_path",
+    "vllm_gateway_unit_name": "unit",
+    "vllm_gateway_unit_dir": "unit_dir",
     # versions
     "vllm_version": "version",
     "torch_version": "version",

@@ -461,6 +461,49 @@ _TABLE: tuple[Variable, ...] = (
              "replica's `VllmTtftP99High` alert fires when its time-to-first-token p99 over "
              "5 minutes stays above this many seconds for 10 minutes.", "2.5",
              check=check_alert_seconds),
+    # The front door (group vllm_gateways, role vllm_gateway, docs/front-door.md): vllm-router
+    # 0.1.17's flags (vllm_router/router_args.py of its wheel). Host scope: a gateway host may
+    # also be a node of a replica, whose other nodes are no gateway.
+    _port("vllm_gateway_port", 30000, "Port the front door (`vllm-router --port`) listens on, "
+          "on every host of `vllm_gateways`; clients send their OpenAI requests here "
+          "(the router's own default).", scope="host"),
+    Variable("vllm_gateway_host", str, "0.0.0.0", "Address the front door binds "
+             "(`vllm-router --host`; the router's own default, 127.0.0.1, would serve this "
+             "host only).", "10.0.0.5", scope="host", check=check_ip_address),
+    _port("vllm_gateway_metrics_port", 29000, "Port of the front door's Prometheus metrics "
+          "(`vllm-router --prometheus-port`; the router's own default).", scope="host"),
+    Variable("vllm_gateway_policy", str, "power_of_two", "How the front door picks a replica "
+             "(`vllm-router --policy`): `power_of_two` sends to the less loaded of two replicas "
+             "by requests in flight, which suits streams that last minutes (unset with one "
+             "replica: `round_robin`, as the router refuses `power_of_two` with one worker); "
+             "`round_robin` and "
+             "`random` ignore load; `cache_aware` (the router's own default) prefers the replica "
+             "that saw the prompt's prefix.", "round_robin", scope="host",
+             choices=("power_of_two", "round_robin", "random", "cache_aware",
+                      "consistent_hash", "sticky_least_loaded")),
+    Variable("vllm_gateway_health_check_interval_s", int, 2, "Seconds between the front "
+             "door's `/health` checks of each replica (`--health-check-interval-secs`; the "
+             "router's own 60 would send to a dead replica for minutes).", "5", scope="host",
+             minimum=1, maximum=3600),
+    Variable("vllm_gateway_health_check_timeout_s", int, 5, "Seconds one `/health` check may "
+             "take (`--health-check-timeout-secs`).", "5", scope="host", minimum=1,
+             maximum=600),
+    Variable("vllm_gateway_health_failure_threshold", int, 2, "Failed checks in a row before "
+             "the front door stops sending to a replica (`--health-failure-threshold`); one "
+             "passing check takes it back (`--health-success-threshold 1`).", "3",
+             scope="host", minimum=1, maximum=100),
+    Variable("vllm_gateway_request_timeout_s", int, 3600, "Seconds one request may take "
+             "through the front door, a whole stream included (`--request-timeout-secs`; the "
+             "router's own is 1800).", "7200", scope="host", minimum=1, maximum=7 * 86400),
+    Variable("vllm_gateway_venv", str, "/opt/vllm-router", "Where the front door's venv is "
+             "on the gateway host: a link to the venv built from the wheelhouse "
+             "(`<venv>.<id>`), switched atomically.", "/opt/vllm-router", scope="host",
+             check=check_absolute_path),
+    Variable("vllm_gateway_wheelhouse", str, None, "Folder on the controller (relative to the "
+             "inventory file's folder) holding vllm-router 0.1.17 and its dependencies as "
+             "wheels for the gateway hosts' platform and Python; `up` sends them and installs "
+             "them with no index (docs/front-door.md, \"Wheels\"). Required with "
+             "`vllm_gateways`.", "wheels/gateway", scope="host"),
     # Version pins, checked by preflight on every node.
     Variable("vllm_version", str, None, "Pinned vLLM version.", "0.12.0"),
     Variable("torch_version", str, None, "Pinned torch version (with CUDA build).",
