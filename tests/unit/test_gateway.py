@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from inventory_support import llama_yaml, write_inventory
 
-from tests.unit.inventory_support import llama_yaml, write_inventory
 from vllm_provision.core.errors import InventoryError
 from vllm_provision.core.quoting import systemd_exec_quote
 from vllm_provision.inventory import load_inventory
