@@ -161,3 +161,33 @@ def test_a_from_host_get_rides_on_the_command_line_and_a_keyed_one_on_stdin() ->
         assert "X-Key" not in command and '"X-Key"' in str(stdin)
     finally:
         server.shutdown()
+
+
+def test_a_retried_from_host_get_reaches_the_host_not_the_batch() -> None:
+    """The first attempt may be answered from the play's read batch; every retry is sent (a
+    cached "still held" answered again and again would wait out the cache's age instead)."""
+    from vllm_provision.runner.prefetch import PrefetchingConnection
+    from vllm_provision.transport.base import CommandResult
+
+    answers = iter(['{"status": 200, "body": "{\\"whole\\": false}"}',
+                    '{"status": 200, "body": "{\\"whole\\": true}"}'])
+
+    class Host:
+        name, become = "h1", False
+        sent: list[str] = []
+
+        def run(self, command: str, **options: object) -> CommandResult:
+            self.sent.append(command)
+            return CommandResult(0, next(answers), "")
+
+    args = {"url": "http://127.0.0.1:29510/state", "from": "host", "until": "json['whole']",
+            "retries": 3, "delay": 0}
+    host = Host()
+    conn = PrefetchingConnection(host)
+    read = http_module.read_command(SimpleNamespace(check_mode=False), args)  # type: ignore[arg-type]
+    assert read is not None
+    conn.prefetch([read])  # the batch holds the first answer (whole: false)
+    ctx = SimpleNamespace(conn=conn, check_mode=False, test=_test)
+    result = http_module.run(ctx, args)  # type: ignore[arg-type]
+    assert result.status is Status.OK and result.data["attempts"] == 2, result.message
+    assert len(host.sent) == 2  # the batch, then the retry on the host

@@ -100,7 +100,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     for attempt in range(retries + 1):
         if attempt:
             time.sleep(delay)
-        answer = _send_remote(ctx, request) if origin == "host" else _send(request)
+        answer = (_send_remote(ctx, request, again=attempt > 0) if origin == "host"
+                  else _send(request))
         problem = _judge(ctx, answer, wanted_codes, contains, until)
         if not problem:
             return ModuleResult(Status.OK, f"{method} {url}: {answer['status']}",
@@ -176,10 +177,14 @@ def read_command(ctx: ModuleContext, args: Mapping[str, Any]) -> str | None:
     return _remote_command(request) if _inline(request) else None
 
 
-def _send_remote(ctx: ModuleContext, request: Mapping[str, Any]) -> dict[str, Any]:
+def _send_remote(ctx: ModuleContext, request: Mapping[str, Any], *,
+                 again: bool = False) -> dict[str, Any]:
+    """Make the request on the host. ``again``: a retry, which must reach the host: a command
+    with stdin is never answered from the play's read batch (runner/prefetch.py), so an inline
+    request gets an empty stdin (the script reads its argument, not stdin)."""
     command = _remote_command(request)
-    result = ctx.conn.run(command, stdin=None if _inline(request) else json.dumps(request),
-                          timeout_s=float(request["timeout"]) + 30)
+    stdin = json.dumps(request) if not _inline(request) else ("" if again else None)
+    result = ctx.conn.run(command, stdin=stdin, timeout_s=float(request["timeout"]) + 30)
     try:
         return dict(hostjson.loads(result.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
