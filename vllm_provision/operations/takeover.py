@@ -182,6 +182,7 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
     )
 
     identity = inventory_identity(inventory.path)
+    known = records or {}
     wanted = set(hosts)
     conflicts: list[Conflict] = []
     for replica in inventory.replicas:
@@ -190,8 +191,8 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
                 continue
             conn = connections[node.name]
             try:
-                if node.name in (records or {}):  # read by the run lock, under it
-                    text = (records or {})[node.name]
+                if node.name in known:  # read by the run lock, under it
+                    text = known[node.name]
                     record = None if text is None else parse_record(
                         text, f"{node.name}:{HOST_STATE_FILE}")
                 else:

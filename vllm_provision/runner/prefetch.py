@@ -374,24 +374,22 @@ class Prefetcher:
                     continue
             except Exception:  # noqa: BLE001 - cannot be known up front
                 continue
-            if spec.read_command is None and spec.lead_command is not None and (
-                    self._lead_command(play, task, host, templar, conn, spec) in leading):
-                continue  # the batch's head: it runs first, the reads after it
-            if (spec.read_command is None or task.delegate_to
-                    or (task.become is not None
-                        and task.become != getattr(conn.inner, "become", None))):
-                return commands, False
-            args = templar.render_value(task.args, f"{task.where}.{task.module}")
-            if resolved is None:
-                resolved = templar.lazy()
-            command = spec.read_command(self.context_for(play, task, host, templar, conn,
-                                                         resolved), args)
-            if not command and spec.lead_command is not None:
-                if self._lead_command(play, task, host, templar, conn, spec) in leading:
-                    continue  # the batch's head: it runs first, the reads after it
-                return commands, False  # it sends something else first (a plain command)
+            readable = (spec.read_command is not None and not task.delegate_to
+                        and task.become in (None, getattr(conn.inner, "become", None)))
+            command = None
+            if readable:
+                args = templar.render_value(task.args, f"{task.where}.{task.module}")
+                if resolved is None:
+                    resolved = templar.lazy()
+                command = spec.read_command(self.context_for(play, task, host, templar, conn,
+                                                             resolved), args)
             if command:
                 commands.append(command)
+            elif spec.lead_command is not None and (
+                    self._lead_command(play, task, host, templar, conn, spec) in leading):
+                continue  # the batch's head: it runs first, the reads after it
+            elif not readable or spec.lead_command is not None:
+                return commands, False  # it sends something else first
         return commands, True
 
     def _reads(self, play: Play, host: Host, conn: PrefetchingConnection,
@@ -485,6 +483,8 @@ class Prefetcher:
                 log.debug("%s: no prefetch for task %s", host.name, task.name, exc_info=True)
                 passed_over = True
                 continue
+            if not command and spec.lead_command is not None:
+                break  # a plain command: it sends something else first
             if command and command not in self._ahead[host.name]:
                 commands.append(command)
         return commands
