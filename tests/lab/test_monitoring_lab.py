@@ -15,9 +15,9 @@ operator's Grafana would:
   node_rank ``0`` and host ``h1``; the node exporter's ``node_systemd_unit_state`` says
   ``vllm.service`` is active on rank 0, labelled with its replica and host;
 - the generated rules run: a replica ``ghost`` added to the inventory for ``monitor`` (one node
-  at an address nobody answers) gets its not-serving and node-unreachable alerts (pending: they
-  fire after their ``for:``, which promtool's rule tests in tests/unit/test_monitor_rules.py
-  cover), and the serving replica gets none.
+  at an address nobody answers, ``vllm_alert_down_for_s: 2``, and a front door in
+  ``vllm_gateways``) gets its not-serving and node-unreachable alerts, and its front door its
+  ``VllmFrontDoorDown``, all firing after their 2 s ``for:``; the serving replica gets none.
 
 ``provision top --once`` and ``--json`` (after one completion, so the histograms have an
 observation) show the replica serving with numbers: requests, KV cache, TTFT, tokens/s, each
@@ -118,21 +118,22 @@ class Prometheus:
         return found
 
     def alerts(self) -> list[tuple[str, str, str]]:
-        """``(alertname, replica, state)`` of every alert Prometheus holds (``/api/v1/alerts``:
-        pending or firing)."""
+        """``(alertname, replica or host, state)`` of every alert Prometheus holds
+        (``/api/v1/alerts``: pending or firing)."""
         data = self.client.get("/api/v1/alerts").json()["data"]["alerts"]
-        return sorted((a["labels"]["alertname"], a["labels"].get("replica", ""), a["state"])
+        return sorted((a["labels"]["alertname"],
+                       a["labels"].get("replica", a["labels"].get("host", "")), a["state"])
                       for a in data)
 
-    def wait_alerts(self, want: set[tuple[str, str]]) -> list[tuple[str, str, str]]:
-        """Wait until the alerts held include every ``(alertname, replica)`` of ``want``, then
-        return them all."""
+    def wait_alerts(self, want: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        """Wait until the alerts held are exactly ``want`` (``(alertname, replica or host,
+        state)``), then return them."""
         held: list[tuple[str, str, str]] = []
 
         def present() -> bool:
             nonlocal held
             held = self.alerts()
-            return want <= {(name, replica) for name, replica, _ in held}
+            return set(held) == want
 
         try:
             self._until(present, UP_WITHIN_S, "holding the alerts")
@@ -156,7 +157,9 @@ class Prometheus:
             self.proc.wait()
 
 
-GHOST = "ghost"
+GHOST, GHOST_HOST = "ghost", "h99"
+# The ghost's vllm_alert_down_for_s: its alerts fire within seconds of the first scrape.
+DOWN_FOR_S = 2
 
 
 def with_ghost(inventory: Path, path: Path) -> Path:
@@ -168,8 +171,13 @@ def with_ghost(inventory: Path, path: Path) -> Path:
     [lab] = replicas.values()
     address = next(iter(lab["hosts"].values()))["ansible_host"].rsplit(".", 1)[0] + ".99"
     replicas[GHOST] = {"vars": {**lab["vars"], "vllm_backend": "mp",
-                                "vllm_pipeline_parallel_size": 1},
-                       "hosts": {"h99": {"ansible_host": address, "vllm_node_rank": 0}}}
+                                "vllm_pipeline_parallel_size": 1,
+                                "vllm_alert_down_for_s": DOWN_FOR_S},
+                       "hosts": {GHOST_HOST: {"ansible_host": address, "vllm_node_rank": 0}}}
+    # A front door on the ghost's host (never installed: monitor contacts no host), with the
+    # same short for:, so its gateway target is down and VllmFrontDoorDown fires.
+    data["all"]["children"]["vllm_gateways"] = {"hosts": {GHOST_HOST: {
+        "vllm_gateway_wheelhouse": "/nonexistent", "vllm_alert_down_for_s": DOWN_FOR_S}}}
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -231,13 +239,14 @@ def test_prometheus_scrapes_every_target_monitor_writes(replicas: ReplicaBroker,
     restarts = server.query('node_systemd_service_restart_total{name="vllm.service"}')
     assert {s["metric"]["host"] for s in restarts} >= {"h1"}, restarts
 
-    # The ghost replica's targets are down: its not-serving and node-unreachable alerts are
-    # due (pending: they fire after their `for:`, 2 minutes, which promtool's rule tests run);
-    # the serving replica has none.
-    due = server.wait_alerts({("VllmReplicaNotServing", GHOST), ("VllmNodeUnreachable", GHOST)})
-    assert {(name, replica) for name, replica, _ in due} == {
-        ("VllmReplicaNotServing", GHOST), ("VllmNodeUnreachable", GHOST)}, due
-    assert all(state in ("pending", "firing") for _, _, state in due), due
+    # The ghost replica's targets are down: its not-serving and node-unreachable alerts fire
+    # after its 2 s for:, and its front door's; the serving replica has none.
+    [gateway] = [t for t in server.targets() if t["labels"]["job"] == "gateway"]
+    assert gateway["labels"]["host"] == GHOST_HOST, gateway
+    assert gateway["scrapeUrl"].endswith(":29000/metrics"), gateway
+    want = {("VllmReplicaNotServing", GHOST, "firing"), ("VllmNodeUnreachable", GHOST, "firing"),
+            ("VllmFrontDoorDown", GHOST_HOST, "firing")}
+    assert set(server.wait_alerts(want)) == want
 
 
 def test_top_shows_the_serving_replica_with_numbers(replicas: ReplicaBroker, kind: str) -> None:

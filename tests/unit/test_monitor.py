@@ -48,7 +48,8 @@ def test_rank_0_of_every_replica_and_every_ray_node_are_targets_with_their_label
                                                    "role": "api", "host": "h3"}}]
     assert [(e["targets"], e["labels"]["role"], e["labels"]["node_rank"]) for e in ray] == [
         (["10.0.0.11:52368"], "head", "0"), (["10.0.0.12:52368"], "worker", "1")]
-    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2, "node": 0, "gpu": 0}
+    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2, "node": 0, "gpu": 0,
+                                          "gateway": 0}
 
 
 def test_the_replica_s_ray_metrics_port_and_an_api_bind_address_are_followed(tmp_path):
@@ -72,7 +73,8 @@ def test_the_files_are_written_once_and_a_second_run_changes_nothing(tmp_path):
     first = monitor.write(inventory, out)
     assert [(w.path.relative_to(out).as_posix(), w.changed) for w in first] == [
         ("targets/vllm.json", True), ("targets/ray.json", True), ("targets/node.json", True),
-        ("targets/gpu.json", True), ("rules/vllm-provision.rules.yml", True),
+        ("targets/gpu.json", True), ("targets/gateway.json", True),
+        ("rules/vllm-provision.rules.yml", True),
         ("dashboards/vllm-provision.json", True), ("prometheus.yml", True)]
     assert all(not w.changed for w in monitor.write(inventory, out))
     assert stat.S_IMODE((out / "prometheus.yml").stat().st_mode) == 0o644
@@ -91,7 +93,8 @@ def test_targets_only_leaves_prometheus_yml_alone(tmp_path):
     out.mkdir()
     (out / "prometheus.yml").write_text("# the team's own\n")
     written = monitor.write(inventory, out, config=False)
-    assert [w.path.name for w in written] == ["vllm.json", "ray.json", "node.json", "gpu.json"]
+    assert [w.path.name for w in written] == ["vllm.json", "ray.json", "node.json", "gpu.json",
+                                              "gateway.json"]
     assert (out / "prometheus.yml").read_text() == "# the team's own\n"
 
 
@@ -116,8 +119,9 @@ def test_the_command_writes_and_says_what_changed(tmp_path):
     args = ["monitor", "-i", str(tmp_path / "inventory.yml"), "--out", str(tmp_path / "p")]
     first = CliRunner().invoke(cli, args)
     assert first.exit_code == 0, first.output
-    assert first.output.count("changed ") == 7
-    assert "vllm: 1 target, ray: 2 targets, node: 0 targets, gpu: 0 targets" in first.output
+    assert first.output.count("changed ") == 8
+    assert ("vllm: 1 target, ray: 2 targets, node: 0 targets, gpu: 0 targets, gateway: 0 "
+            "targets") in first.output
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "changed" not in again.output
 
@@ -134,7 +138,8 @@ def test_every_node_s_exporters_are_targets_of_their_jobs(tmp_path):
         (["10.0.0.11:9100"], "h1", "head"), (["10.0.0.12:9100"], "h2", "worker")]
     assert [e["targets"] for e in gpu] == [["10.0.0.11:9400"], ["10.0.0.12:9400"]]
     assert {e["labels"]["replica"] for e in node + gpu} == {"llama"}
-    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2, "node": 2, "gpu": 2}
+    assert monitor.summary(inventory) == {"vllm": 2, "ray": 2, "node": 2, "gpu": 2,
+                                          "gateway": 0}
 
 
 def test_a_host_s_own_exporter_port_is_followed(tmp_path):
@@ -155,3 +160,29 @@ def test_the_scrape_interval_is_a_prometheus_duration(tmp_path):
                                       str(tmp_path / "p"), "--scrape-interval", "soon"])
     assert isinstance(result.exception, ProvisionError)  # the entry point prints it, exit 1
     assert "--scrape-interval" in str(result.exception) and not (tmp_path / "p").exists()
+
+
+GATEWAYS = """\
+    vllm_gateways:
+      vars: {vllm_gateway_wheelhouse: wheels}
+      hosts:
+        h1: {}
+        gw: {ansible_host: 10.0.5.20, vllm_gateway_host: 10.0.5.21,
+             vllm_gateway_metrics_port: 29100}
+"""
+
+
+def test_every_front_door_is_a_target_of_the_gateway_job(tmp_path):
+    """A gateway binding every interface is scraped on its host's address, one binding an
+    address on that address; its metrics port is the router's --prometheus-port."""
+    from inventory_support import llama_yaml, write_inventory
+
+    from vllm_provision.inventory import load_inventory
+
+    inventory = load_inventory(write_inventory(tmp_path, llama_yaml("mp") + GATEWAYS))
+    gateway = monitor.gateway_targets(inventory)
+    _file_sd(gateway)
+    assert gateway == [
+        {"targets": ["10.0.0.11:29000"], "labels": {"role": "gateway", "host": "h1"}},
+        {"targets": ["10.0.5.21:29100"], "labels": {"role": "gateway", "host": "gw"}}]
+    assert monitor.summary(inventory)["gateway"] == 2

@@ -426,3 +426,68 @@ def test_the_restart_alert_names_the_replica_s_own_units(tmp_path):
     [restart] = [a for a in monitor_rules.alert_rules(m, 10.0)
                  if a["alert"] == "VllmUnitRestarting"]
     assert 'name=~"llm\\\\.service|ray\\\\-head\\\\.service|' in restart["expr"]
+
+
+def test_promtool_fires_the_down_alerts_after_vllm_alert_down_for_s_and_the_front_door_s(
+        tmp_path):
+    """The specification: with vllm_alert_down_for_s 30 (for: 30s) a replica whose rank 0 went
+    down fires at 30 s, not at 15 s; a front door whose metrics went unscraped fires
+    VllmFrontDoorDown naming its host after its own 60 s, and one that answers never."""
+    promtool = _promtool()
+    names, _ = names_for("0.12.0")
+    metrics = [monitor_rules.ReplicaMetrics("quick", "0.12.0", names, None)]
+    rules = monitor_rules.rule_groups(metrics, {"quick": 5.0}, {"quick": 30},
+                                      {"gw": 60, "ok": 60})
+    [gateway_rule] = [r for r in rules["groups"][1]["rules"]
+                      if r["alert"] == "VllmFrontDoorDown" and '"gw"' in r["expr"]]
+    assert gateway_rule["for"] == "1m"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [
+            _series("up", "1 0 0 0 0 0 0 0", job="vllm", replica="quick", instance="a:1"),
+            _series("up", "1 0 0 0 0 0 0 0", job="gateway", host="gw", instance="g:29000"),
+            _series("up", "1x8", job="gateway", host="ok", instance="o:29000"),
+        ],
+        "alert_rule_test": [
+            {"eval_time": "30s", "alertname": "VllmReplicaNotServing", "exp_alerts": []},
+            {"eval_time": "45s", "alertname": "VllmReplicaNotServing", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "replica": "quick", "job": "vllm",
+                               "instance": "a:1"},
+                "exp_annotations": {
+                    "summary": "Replica quick is not serving",
+                    "description": "Prometheus has not scraped vLLM's /metrics on rank 0 of "
+                                   "replica quick for 30 seconds (target down or missing): "
+                                   "the API is down or unreachable. Run `provision status` "
+                                   "for the replica."}}]},
+            {"eval_time": "45s", "alertname": "VllmFrontDoorDown", "exp_alerts": []},
+            {"eval_time": "90s", "alertname": "VllmFrontDoorDown", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "host": "gw", "job": "gateway",
+                               "instance": "g:29000"},
+                "exp_annotations": {
+                    "summary": "The front door on gw is down",
+                    "description": "Prometheus has not scraped the router's metrics on gw for "
+                                   "1 minute: clients of that front door get no answer. See "
+                                   "`journalctl -u vllm-gateway.service` on that host "
+                                   "(docs/front-door.md)."}}]},
+        ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert "SUCCESS" in _run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
+
+
+def test_the_inventory_s_down_for_and_gateways_reach_the_rule_file(tmp_path):
+    inventory = load_llama(tmp_path, "mp", more=SMALL, vllm_alert_down_for_s=90)
+    rules = monitor_rules.rule_file(inventory, monitor_rules.replica_metrics(inventory))
+    fors = {(r["alert"], r["labels"]["replica"]): r["for"] for r in rules["groups"][1]["rules"]
+            if r["alert"] in ("VllmReplicaNotServing", "VllmNodeUnreachable")}
+    assert fors == {("VllmReplicaNotServing", "llama"): "90s",
+                    ("VllmNodeUnreachable", "llama"): "90s",
+                    ("VllmReplicaNotServing", "small"): "2m",
+                    ("VllmNodeUnreachable", "small"): "2m"}
+    assert monitor_rules.duration(3600) == "60m" and monitor_rules.spoken(60) == "1 minute"
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "two", "86401"])
+def test_a_bad_down_for_is_refused_at_load(tmp_path, value):
+    with pytest.raises(ProvisionError, match="vllm_alert_down_for_s"):
+        load_llama(tmp_path, "mp", vllm_alert_down_for_s=value)

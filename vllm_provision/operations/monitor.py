@@ -15,15 +15,18 @@ Targets (docs/monitoring.md, "Targets"):
   (``ray start --metrics-export-port``; Ray docs, "Collecting and monitoring metrics").
 - ``node`` and ``gpu``: every node's node exporter and GPU exporter, where the replica has them
   (``vllm_monitoring``, ``vllm_gpu_exporter``: :mod:`vllm_provision.settings.monitoring`).
+- ``gateway``: the front door's own metrics on every host of ``vllm_gateways``
+  (``vllm-router --prometheus-port``, ``vllm_gateway_metrics_port``; docs/front-door.md).
 
 With the configuration come the rule file (:mod:`~vllm_provision.operations.monitor_rules`,
 named in ``rule_files``) and a Grafana dashboard
 (:mod:`~vllm_provision.operations.monitor_dashboard`), both in the vLLM metric names of each
 replica's release.
 
-Every target carries the labels ``replica``, ``backend``, ``model``, ``node_rank``, ``role``
-(``api``, ``head``, ``worker``) and ``host`` (the inventory host name), so one dashboard or rule
-groups by replica across the jobs.
+Every target of a replica carries the labels ``replica``, ``backend``, ``model``, ``node_rank``,
+``role`` (``api``, ``head``, ``worker``) and ``host`` (the inventory host name), so one dashboard
+or rule groups by replica across the jobs; a front door serves every replica and carries
+``role`` ``gateway`` and ``host`` only.
 Values are data: the files are written with ``json.dumps`` and ``yaml.safe_dump``, never from a
 template, and a label value holds the inventory's text as it is.
 """
@@ -43,6 +46,7 @@ from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.files import replace_atomically
 from vllm_provision.core.models import Inventory, Node, Replica, host_port
+from vllm_provision.inventory import gateways
 from vllm_provision.operations import monitor_dashboard, monitor_rules
 from vllm_provision.settings import monitoring
 
@@ -50,7 +54,7 @@ from vllm_provision.settings import monitoring
 # ``targets/`` (relative paths in file_sd_configs are resolved against the configuration file's
 # folder: Prometheus docs, "Configuration", <file_sd_config>).
 JOBS = {"vllm": "targets/vllm.json", "ray": "targets/ray.json", "node": "targets/node.json",
-        "gpu": "targets/gpu.json"}
+        "gpu": "targets/gpu.json", "gateway": "targets/gateway.json"}
 # Prometheus' own defaults (global scrape_interval 1m) are coarse for a serving fleet; 15 s is
 # the interval of Prometheus' example configuration and of vLLM's examples/online_serving
 # /prometheus_grafana/prometheus.yaml (which uses 5 s for a single server).
@@ -122,6 +126,24 @@ def exporter_targets(inventory: Inventory, job: str) -> list[dict[str, Any]]:
                 if exporter.job == job:
                     out.append({"targets": [host_port(node.host_ip, exporter.port)],
                                 "labels": _labels(replica, node, _node_role(node))})
+    return out
+
+
+def gateway_targets(inventory: Inventory) -> list[dict[str, Any]]:
+    """The ``gateway`` job's file_sd entries: one per host of ``vllm_gateways``, the router's
+    metrics port (``vllm_gateway_metrics_port``, where ``vllm-router --prometheus-port`` serves
+    ``/metrics``) on the address it binds (``vllm_gateway_host``), or on the host's address
+    (``ansible_host``) when it binds every interface. Labels: ``role`` ``gateway`` and
+    ``host``; a front door belongs to no one replica."""
+    out = []
+    for name in gateways.gateway_hosts(inventory):
+        gateway = gateways.gateway_of(inventory, name)
+        if gateway is None:
+            continue
+        address = (inventory.hosts[name].address if gateway.bind in ("", "0.0.0.0", "::")
+                   else gateway.bind)
+        out.append({"targets": [host_port(address, gateway.metrics_port)],
+                    "labels": {"role": "gateway", "host": name}})
     return out
 
 
@@ -203,7 +225,7 @@ def all_targets(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
     """Every job's file_sd entries, by job name, in :data:`JOBS` order."""
     return {"vllm": vllm_targets(inventory), "ray": ray_targets(inventory),
             "node": exporter_targets(inventory, "node"),
-            "gpu": exporter_targets(inventory, "gpu")}
+            "gpu": exporter_targets(inventory, "gpu"), "gateway": gateway_targets(inventory)}
 
 
 def warnings(inventory: Inventory) -> list[str]:

@@ -26,6 +26,8 @@ import yaml
 from vllm_provision import settings
 from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.core.quoting import promql_string
+from vllm_provision.inventory import gateways
+from vllm_provision.settings import variables
 from vllm_provision.settings.vllm_metrics import MetricNames, names_for
 from vllm_provision.stack import lock as stack_lock
 
@@ -35,6 +37,8 @@ RULES_FILE = "rules/vllm-provision.rules.yml"
 # window vLLM's examples/observability dashboards use.
 WINDOW = "5m"
 KV_CACHE_FULL = 0.9
+# How long a target may be down before its alert fires, unless vllm_alert_down_for_s says.
+DOWN_FOR_S = int(variables.VARIABLES["vllm_alert_down_for_s"].default)
 # finished_reason values that are not a normal end (vllm/v1/engine/__init__.py FinishReason:
 # stop, length, abort, and error in later releases).
 FAILED_REASONS = "abort|error"
@@ -167,14 +171,32 @@ def _alert(replica: str, name: str, expr: str, for_: str, severity: str, summary
             "annotations": {"summary": summary, "description": description}}
 
 
-def alert_rules(m: ReplicaMetrics, ttft_p99_s: float) -> list[dict[str, Any]]:
+def duration(seconds: int) -> str:
+    """``seconds`` as a Prometheus duration of one unit: ``2m`` for 120, ``90s`` for 90
+    (Prometheus docs, "Configuration", ``<duration>``)."""
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def spoken(seconds: int) -> str:
+    """``seconds`` for an annotation's prose: ``2 minutes``, ``1 minute``, ``90 seconds``."""
+    if seconds % 60 == 0:
+        minutes = seconds // 60
+        return f"{minutes} minute" + ("s" if minutes != 1 else "")
+    return f"{seconds} second" + ("s" if seconds != 1 else "")
+
+
+def alert_rules(m: ReplicaMetrics, ttft_p99_s: float,
+                down_for_s: int = DOWN_FOR_S) -> list[dict[str, Any]]:
     """The alert rules of one replica; each has ``for:``, a ``severity`` label and
     ``summary``/``description`` annotations naming the replica with ``{{ $labels.replica }}``.
 
     Args:
         m: the replica's metric names.
         ttft_p99_s: ``vllm_alert_ttft_p99_s``, seconds (> 0, checked at inventory load).
+        down_for_s: ``vllm_alert_down_for_s``, seconds (>= 1): how long rank 0's API or a
+            node's exporter may go unscraped before its alert fires.
     """
+    down, down_words = duration(down_for_s), spoken(down_for_s)
     n = m.names
     vllm, node = selector("vllm", m.replica), selector("node", m.replica)
     ours = selector("node", m.replica, "name=~" + promql_string(name_regex(m.units))) \
@@ -182,11 +204,11 @@ def alert_rules(m: ReplicaMetrics, ttft_p99_s: float) -> list[dict[str, Any]]:
     waiting = f"sum by (replica) ({n.requests_waiting}{vllm})"
     return [
         _alert(m.replica, "VllmReplicaNotServing",
-               f"up{vllm} == 0 or absent(up{vllm})", "2m", "critical",
+               f"up{vllm} == 0 or absent(up{vllm})", down, "critical",
                "Replica {{ $labels.replica }} is not serving",
                "Prometheus has not scraped vLLM's /metrics on rank 0 of replica "
-               "{{ $labels.replica }} for 2 minutes (target down or missing): the API is down "
-               "or unreachable. Run `provision status` for the replica."),
+               f"{{{{ $labels.replica }}}} for {down_words} (target down or missing): the API "
+               "is down or unreachable. Run `provision status` for the replica."),
         _alert(m.replica, "VllmKvCacheFull",
                f"max by (replica) ({n.kv_cache_usage}{vllm}) > {KV_CACHE_FULL}", "5m",
                "warning", "Replica {{ $labels.replica }}'s KV cache is over 90% full",
@@ -210,37 +232,68 @@ def alert_rules(m: ReplicaMetrics, ttft_p99_s: float) -> list[dict[str, Any]]:
                "{{ $labels.replica }} in the last 15 minutes. See `journalctl -u "
                "{{ $labels.name }}` on that host."),
         _alert(m.replica, "VllmNodeUnreachable",
-               f"up{node} == 0", "2m", "critical",
+               f"up{node} == 0", down, "critical",
                "A node of replica {{ $labels.replica }} is unreachable",
                "The node exporter of host {{ $labels.host }} (replica {{ $labels.replica }}) "
-               "has not answered for 2 minutes: the host is down or cut off."),
+               f"has not answered for {down_words}: the host is down or cut off."),
     ]
 
 
+def gateway_alert(host: str, down_for_s: int = DOWN_FOR_S) -> dict[str, Any]:
+    """The alert of one front door host (``vllm_gateways``): ``VllmFrontDoorDown`` when
+    Prometheus has not scraped the router's metrics port (job ``gateway``) for ``down_for_s``
+    seconds (that host's ``vllm_alert_down_for_s``). Labels ``severity`` and ``host``; the host
+    name goes through :func:`~vllm_provision.core.quoting.promql_string` and
+    :func:`template_literal`, as a replica name does."""
+    match = "{job=" + promql_string("gateway") + ",host=" + promql_string(host) + "}"
+    return {"alert": "VllmFrontDoorDown",
+            "expr": f"up{match} == 0 or absent(up{match})", "for": duration(down_for_s),
+            "labels": {"severity": "critical", "host": template_literal(host)},
+            "annotations": {
+                "summary": "The front door on {{ $labels.host }} is down",
+                "description": "Prometheus has not scraped the router's metrics on "
+                               f"{{{{ $labels.host }}}} for {spoken(down_for_s)}: clients of "
+                               "that front door get no answer. See `journalctl -u "
+                               "vllm-gateway.service` on that host (docs/front-door.md)."}}
+
+
 def rule_groups(metrics: list[ReplicaMetrics], ttft_p99_s: Mapping[str, float],
-                ) -> dict[str, Any]:
+                down_for_s: Mapping[str, int] | None = None,
+                gateways: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The rule file as data (Prometheus docs, "Recording rules", "Alerting rules": ``groups``
     of ``rules``): group ``vllm-provision-recording`` holds every replica's
-    :func:`recording_rules`, ``vllm-provision-alerts`` every replica's :func:`alert_rules`.
+    :func:`recording_rules`, ``vllm-provision-alerts`` every replica's :func:`alert_rules` and
+    every front door's :func:`gateway_alert`.
 
     Args:
         metrics: :func:`replica_metrics`.
         ttft_p99_s: replica name -> its ``vllm_alert_ttft_p99_s`` (seconds).
+        down_for_s: replica name -> its ``vllm_alert_down_for_s`` (seconds); a replica not in
+            it gets :data:`DOWN_FOR_S`.
+        gateways: front door host name -> its ``vllm_alert_down_for_s``, in inventory order.
     """
     recording: list[dict[str, Any]] = []
     alerts: list[dict[str, Any]] = []
     for m in metrics:
         recording.extend(recording_rules(m))
-        alerts.extend(alert_rules(m, ttft_p99_s[m.replica]))
+        alerts.extend(alert_rules(m, ttft_p99_s[m.replica],
+                                  (down_for_s or {}).get(m.replica, DOWN_FOR_S)))
+    alerts.extend(gateway_alert(host, seconds) for host, seconds in (gateways or {}).items())
     return {"groups": [{"name": "vllm-provision-recording", "rules": recording},
                        {"name": "vllm-provision-alerts", "rules": alerts}]}
 
 
 def rule_file(inventory: Inventory, metrics: list[ReplicaMetrics]) -> dict[str, Any]:
-    """:func:`rule_groups` with each replica's ``vllm_alert_ttft_p99_s`` from its settings."""
-    thresholds = {r.name: float(settings.replica_settings(r, inventory.extra_vars)
-                                ["vllm_alert_ttft_p99_s"]) for r in inventory.replicas}
-    return rule_groups(metrics, thresholds)
+    """:func:`rule_groups` with each replica's ``vllm_alert_ttft_p99_s`` and
+    ``vllm_alert_down_for_s`` from its settings, and each front door host's
+    ``vllm_alert_down_for_s`` from its variables."""
+    values = {r.name: settings.replica_settings(r, inventory.extra_vars)
+              for r in inventory.replicas}
+    return rule_groups(
+        metrics, {name: float(v["vllm_alert_ttft_p99_s"]) for name, v in values.items()},
+        {name: int(v["vllm_alert_down_for_s"]) for name, v in values.items()},
+        {host: int(inventory.hosts[host].vars.get("vllm_alert_down_for_s") or DOWN_FOR_S)
+         for host in gateways.gateway_hosts(inventory)})
 
 
 def render_rules(inventory: Inventory, metrics: list[ReplicaMetrics]) -> str:

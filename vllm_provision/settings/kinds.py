@@ -437,6 +437,7 @@ KINDS: dict[str, str] = {
     "ray_env": "env",
     # monitoring
     "vllm_alert_ttft_p99_s": "seconds",  # checked by its table entry
+    "vllm_alert_down_for_s": "seconds",
     # the front door (docs/front-door.md)
     "vllm_gateway_port": "port",
     "vllm_gateway_host": "address",

@@ -461,6 +461,12 @@ _TABLE: tuple[Variable, ...] = (
              "replica's `VllmTtftP99High` alert fires when its time-to-first-token p99 over "
              "5 minutes stays above this many seconds for 10 minutes.", "2.5",
              check=check_alert_seconds),
+    # 2 minutes: one or two missed scrapes at 15 s are a blip, not an outage.
+    Variable("vllm_alert_down_for_s", int, 120, "`provision monitor`'s alert rules: how "
+             "many seconds rank 0's `/metrics`, a node's exporter or a front door may go "
+             "unscraped before `VllmReplicaNotServing`, `VllmNodeUnreachable` or "
+             "`VllmFrontDoorDown` fires (the alerts' `for:`).", "300", minimum=1,
+             maximum=86400),
     # The front door (group vllm_gateways, role vllm_gateway, docs/front-door.md): vllm-router
     # 0.1.17's flags (vllm_router/router_args.py of its wheel). Host scope: a gateway host may
     # also be a node of a replica, whose other nodes are no gateway.
