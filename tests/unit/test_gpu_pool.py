@@ -265,3 +265,40 @@ def test_followers_of_a_running_rank_0_are_left_alone_and_check_mode_says_what_i
     checked = vllm_fresh_followers.run(ctx, {})  # type: ignore[arg-type]
     assert checked.status is Status.SKIPPED and "would stop h2 vllm.service" in checked.message
     assert log == []
+
+
+def test_fresh_followers_reads_rank_0_from_the_play_s_batch_and_nothing_elsewhere() -> None:
+    """Its read_command is exactly the first command run sends on the master, so the play's
+    batch carries it (runner/prefetch.py) and a run whose rank 0 runs sends nothing live; a
+    follower has none (run skips there)."""
+    from vllm_provision.modules import vllm_fresh_followers
+    from vllm_provision.runner.prefetch import PrefetchingConnection
+
+    ctx, log = ctx_for([False], [False])
+    sent: list[str] = []
+    master = ctx.connections["h1"]
+    master.active = True
+    inner_run = master.run
+
+    def counted(command: str, **kwargs: Any) -> Result:
+        sent.append(command)
+        return inner_run(command, **kwargs)
+
+    master.run = counted  # type: ignore[method-assign]
+    command = vllm_fresh_followers.read_command(ctx, {})  # type: ignore[arg-type]
+    assert command == "systemctl is-active -- vllm.service"
+    batched = PrefetchingConnection(master)
+    batched.prefetch([command])
+    assert sent == [command]
+    ctx.connections["h1"] = batched  # type: ignore[assignment]
+    result = vllm_fresh_followers.run(ctx, {})  # type: ignore[arg-type]
+    assert result.status is Status.OK and "rank 0 runs" in result.message
+    assert sent == [command] and log == []  # answered from the batch
+
+    class FollowerCtx(Ctx):
+        @property
+        def node(self) -> Node:
+            return self.replica.nodes[1]
+
+    follower = FollowerCtx(ctx.replica, ctx.connections, ctx.vars)
+    assert vllm_fresh_followers.read_command(follower, {}) is None  # type: ignore[arg-type]

@@ -35,9 +35,23 @@ RUNNING = ("active", "activating", "reloading")
 
 def _state(ctx: ModuleContext, host: str, unit: str) -> str:
     """``systemctl is-active`` of ``unit`` on ``host`` (``inactive`` when it cannot say)."""
-    result = ctx.connections[host].run(shell_join(["systemctl", "is-active", "--", unit]),
-                                       timeout_s=60)
+    result = ctx.connections[host].run(_unit_state_command(unit), timeout_s=60)
     return (result.stdout or "").strip() or "inactive"
+
+
+def _unit_state_command(unit: str) -> str:
+    """``systemctl is-active -- UNIT``, the command :func:`_state` sends."""
+    return shell_join(["systemctl", "is-active", "--", unit])
+
+
+def read_command(ctx: ModuleContext, args: Any) -> str | None:
+    """The read-only first command of :func:`run` on the master (the module read protocol,
+    vllm_provision.modules, "read_command"): rank 0's ``systemctl is-active``, so the play's
+    batch of reads carries it and a run whose rank 0 runs sends nothing of its own; None on
+    any other host (``run`` skips there)."""
+    if ctx.replica is None or ctx.node is None or ctx.node.rank != 0:
+        return None
+    return _unit_state_command(str(settings.layered(ctx.vars)["vllm_unit_name"]))
 
 
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
