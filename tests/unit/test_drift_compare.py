@@ -205,3 +205,45 @@ def test_managed_files_name_the_unit_and_env_file_of_every_mp_node() -> None:
         # `provision drift` and removed by `down --purge` like every other installed file
         assert {"/usr/local/lib/vllm-provision/vllm_watchdog.py",
                 "/usr/local/lib/vllm-provision/vllm_watchdog_rules.py"} <= paths
+
+
+class _Writes:
+    """A host connection that records what it was asked to write."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.written = name, []
+
+    def run(self, command: str, stdin: str | None = None, **_: object) -> object:
+        self.written.append(json.loads(stdin or "null"))
+        return type("R", (), {"ok": True, "stdout": "", "stderr": "", "exit_code": 0})()
+
+
+def test_an_equal_record_is_not_written_again_but_a_changed_one_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A no-change up writes no record: a copy equal but for time and controller is left (its
+    time is when the content last changed); a host whose copy differs, is missing or cannot be
+    read is written, and so is the controller's when it differs."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    inventory = _inventory()
+    old = _record()
+    later = {**old, "time": "2025-02-02T00:00:00Z", "controller": "another-laptop"}
+    assert state.same_record(json.dumps({**old, "host": "h1"}), {**later, "host": "h1"})
+    assert not state.same_record(json.dumps({**old, "host": "h1"}), {**later, "host": "h2"})
+    assert not state.same_record("{", later) and not state.same_record(None, later)
+    path = state.write_controller_record(inventory.path, old)
+    stamp = path.stat().st_mtime_ns
+    conns = {"h1": _Writes("h1"), "h2": _Writes("h2")}
+    found = {"h1": json.dumps({**old, "host": "h1"}), "h2": None}
+    state.save_record(inventory, later, conns, found=found,  # type: ignore[arg-type]
+                      previous=old)
+    assert conns["h1"].written == [] and conns["h2"].written == [{**later, "host": "h2"}]
+    assert path.stat().st_mtime_ns == stamp and state.read_controller_record(
+        inventory.path) == old
+    changed = _record(max_model_len=4096)
+    state.save_record(inventory, changed, conns, found=found,  # type: ignore[arg-type]
+                      previous=old)
+    assert conns["h1"].written == [{**changed, "host": "h1"}]
+    assert state.read_controller_record(inventory.path) == changed
+    # without what the run read (no run lock), every copy is written
+    state.save_record(inventory, changed, conns)  # type: ignore[arg-type]
+    assert len(conns["h1"].written) == 2

@@ -36,7 +36,8 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
                     phases: Mapping[str, Mapping[str, Any]] | None = None,
                     started_at: datetime | None = None) -> tuple[Path, dict[str, Any]]:
     """After a verified ``provision up``: hash the installed files on every node (one round trip
-    each), then write the record on every node and on the controller; return the controller path
+    each), then write the record on every node and on the controller, where it changed
+    (:func:`~vllm_provision.state.save_record`); return the controller path
     and, by replica name, what the record says of its starts (:func:`serving_record`).
 
     Args:
@@ -89,7 +90,9 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         ensure_held = getattr(factory, "ensure_held", None)
         if ensure_held is not None:  # the run lock's check point before writing on the nodes
             ensure_held(*connections)
-        path, write_errors = save_record(inventory, record, connections)
+        path, write_errors = save_record(inventory, record, connections,
+                                         found=getattr(factory, "records", None),
+                                         previous=previous or None)
         problems += [p for exc in write_errors.values() for p in exc.problems]
     finally:
         close_all(connections)

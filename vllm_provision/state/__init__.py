@@ -17,6 +17,9 @@ replica
 began (UTC): ``provision status`` shows failures since then as the current ones. Both are None
 when never measured.
 
+A copy equal to the new record but for ``time`` and ``controller`` is not written again
+(:func:`save_record`): ``time`` is when the record's content last changed.
+
 Every copy holds the whole record (all hosts), so drift can fall back on any host's copy when
 the controller's is missing. The record holds no secret: the API key only as ``api_key_set``,
 installed files only as sha256 digests.
@@ -491,9 +494,48 @@ def read_host_record(conn: Connection, path: str = HOST_STATE_FILE) -> dict[str,
     return parse_record(text, f"{getattr(conn, 'name', 'host')}:{path}")
 
 
+# Keys a rewrite of an otherwise equal record would only refresh: when the record was written
+# and from which controller. A record equal but for these is not written again.
+VOLATILE_KEYS = ("time", "controller")
+
+
+def same_record(old: Any, new: Mapping[str, Any]) -> bool:
+    """Whether ``old`` (a parsed record, a record's JSON text, or None) holds what ``new`` holds
+    but for :data:`VOLATILE_KEYS`: the comparison is of their JSON forms, so a tuple and a list
+    of the same items are equal. An unreadable ``old`` is never the same."""
+    if isinstance(old, str):
+        try:
+            old = hostjson.loads(old)
+        except json.JSONDecodeError:
+            return False
+    if not isinstance(old, dict):
+        return False
+
+    def kept(record: Mapping[str, Any]) -> Any:
+        return json.loads(json.dumps({k: v for k, v in record.items() if k not in VOLATILE_KEYS},
+                                     sort_keys=True, default=str))
+
+    return bool(kept(old) == kept(new))
+
+
 def save_record(inventory: Inventory, record: Mapping[str, Any],
-                connections: Mapping[str, Connection]) -> tuple[Path, dict[str, ProvisionError]]:
-    """Write the record on every connected host, then on the controller.
+                connections: Mapping[str, Connection], *,
+                found: Mapping[str, Any] | None = None,
+                previous: Mapping[str, Any] | None = None,
+                ) -> tuple[Path, dict[str, ProvisionError]]:
+    """Write the record on every connected host, then on the controller; a copy that already
+    holds the same record (:func:`same_record`: equal but for when and from where it was
+    written) is left as it is, so an ``up`` that changed nothing writes no record (as Terraform
+    leaves its state alone after an apply with no changes). The record's ``time`` is thus when
+    its content last changed.
+
+    Args:
+        inventory: the inventory ``up`` ran with (its path keys the controller's copy).
+        record: the record (:func:`build_record`).
+        connections: host name -> its connection.
+        found: host name -> that host's copy as the run read it under its run lock (text, or
+            None when it had none; ``LendingFactory.records``); a host absent is written.
+        previous: the controller's copy before this run (None: written).
 
     Returns:
         ``(controller path, errors by host)``: hosts whose copy could not be written.
@@ -503,8 +545,13 @@ def save_record(inventory: Inventory, record: Mapping[str, Any],
     """
     errors: dict[str, ProvisionError] = {}
     for name, conn in connections.items():
+        mine = {**record, "host": name}
+        if found is not None and same_record(found.get(name), mine):
+            continue
         try:
-            write_host_record(conn, {**record, "host": name})
+            write_host_record(conn, mine)
         except (UnreachableError, ProvisionError) as exc:
             errors[name] = exc
+    if previous is not None and same_record(previous, record):
+        return controller_state_path(inventory.path), errors
     return write_controller_record(inventory.path, record), errors
