@@ -57,6 +57,11 @@ def fmt_ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
 
+def fmt_delta(value: float | None) -> str:
+    """A difference in seconds as signed milliseconds with two decimals, ``-`` for None."""
+    return "-" if value is None else f"{value * 1000:+.2f}"
+
+
 def print_result(result: dict[str, Any]) -> None:
     """The human report of a bench result."""
     cond, client, server = result["conditions"], result["client"], result["server"]
@@ -82,6 +87,14 @@ def print_result(result: dict[str, Any]) -> None:
     echo("placement:")
     for line in placement_lines(cond["placement"]):
         echo(f"  {line}")
+    door = result.get("front_door")
+    if door:
+        c, added = door["client"], door["added"]
+        echo(f"front door {door['host']} ({door['url']}): completed {c['completed']}/"
+             f"{c['requests']}, failed {door['failed']}, errors {c['errors'] or 'none'}")
+        echo(f"  added against direct: TTFT p50 {fmt_delta(added['ttft_p50_s'])} p99 "
+             f"{fmt_delta(added['ttft_p99_s'])} ms, end-to-end p50 "
+             f"{fmt_delta(added['e2e_p50_s'])} p99 {fmt_delta(added['e2e_p99_s'])} ms")
 
 
 def placement_lines(placement: dict[str, Any]) -> list[str]:
@@ -99,7 +112,8 @@ def placement_lines(placement: dict[str, Any]) -> list[str]:
 
 @click.command("bench", epilog=examples(
     'provision bench -i inventory.yml --requests 50 --concurrency 4 --plot bench.png',
-    'provision bench -i inventory.yml --rate 2 --seed 7 --out bench.json --json'))
+    'provision bench -i inventory.yml --rate 2 --seed 7 --out bench.json --json',
+    'provision bench -i inventory.yml --requests 50 --concurrency 1 --front-door gw1'))
 @shared_options(HOST_OPTIONS)
 @replica_option("The replica to benchmark")
 @click.option("--requests", type=click.IntRange(1, 100000), default=100, show_default=True)
@@ -119,16 +133,23 @@ def placement_lines(placement: dict[str, Any]) -> list[str]:
               help="Write a PNG of the TTFT, ITL and end-to-end CDFs (needs the plot extra).")
 @click.option("--out", "out_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the result as JSON to this file.")
+@click.option("--front-door", "front_door", metavar="HOST", default=None,
+              help="After the direct run, send the same requests through the front door on "
+                   "HOST (a host of vllm_gateways) and report its failed requests and the "
+                   "latency it adds (docs/front-door.md).")
 def command(replica_name: str | None, requests: int, concurrency: int, rate: float | None,
             prompt_tokens: int, max_tokens: int, seed: int, read_timeout: float,
-            plot_path: Path | None, out_path: Path | None, **kwargs: Any) -> None:
+            plot_path: Path | None, out_path: Path | None, front_door: str | None,
+            **kwargs: Any) -> None:
     """Benchmark the replica with streamed completions and record the conditions.
 
     Reports client-side completion rate, TTFT, ITL and end-to-end latency (p50/p90/p99),
     output tokens/s and errors by kind; the deltas of vLLM's /metrics histograms over the run
     beside them; the model, dtype, sizes, backend, vLLM version, hosts, seeded inputs and GPU
     placement; the last ``up``'s start to serving. The result is stored in the controller's
-    state folder for ``provision record``. Exit 0 when every request completed, 3 otherwise.
+    state folder for ``provision record``. With ``--front-door HOST`` the same requests then
+    go through the front door, and its failed requests and added latency are reported. Exit 0
+    when every request completed (both runs), 3 otherwise.
     """
     from rich.progress import Progress
 
@@ -146,6 +167,11 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
         except ImportError:
             raise ProvisionError.single("--plot", "matplotlib is not installed",
                                         fix="pip install 'vllm-provision[plot]'") from None
+    door = None
+    if front_door is not None:
+        from vllm_provision.inventory.gateways import client_url
+
+        door = (front_door, client_url(inv, front_door))
     vars_ = dict(replica.master.host.vars)
     connections = connect(opts, replica)
     try:
@@ -156,13 +182,14 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
         start_s = state.last_start_s(record).get(replica.name)
         starts = state.recorded_starts(record).get(replica.name, {})
         with Progress(transient=True, disable=opts.json) as progress:
-            task = progress.add_task(f"bench {replica.name}", total=requests)
+            task = progress.add_task(f"bench {replica.name}",
+                                     total=requests * (2 if door else 1))
             result = bench.run(replica, vars_, requests=requests, concurrency=concurrency,
                                rate=rate, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                                seed=seed, placement=placement, start_to_serving_s=start_s,
                                starts=starts, read_timeout_s=read_timeout,
                                progress=lambda n: progress.update(task, completed=n),
-                               route=route)
+                               route=route, front_door=door)
     finally:
         close_all(connections)
     stored = store.update(inv.path, bench=result)
@@ -175,4 +202,5 @@ def command(replica_name: str | None, requests: int, concurrency: int, rate: flo
     else:
         print_result(result)
         echo(f"stored: {stored}" + (f"; plot: {plot_path}" if plot_path else ""))
-    raise SystemExit(0 if result["client"]["completed"] == requests else 3)
+    failed = result.get("front_door", {}).get("failed", 0)
+    raise SystemExit(0 if result["client"]["completed"] == requests and not failed else 3)

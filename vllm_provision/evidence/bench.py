@@ -119,11 +119,25 @@ def agreement(client: Mapping[str, Any], server: Mapping[str, Any]) -> dict[str,
     return out
 
 
+def added_latency(direct: Mapping[str, Any], through: Mapping[str, Any]) -> dict[str, Any]:
+    """What the front door adds: for TTFT and end-to-end latency, the front door run's p50 and
+    p99 minus the direct run's (seconds, rounded to the microsecond; None where either run has
+    no completed request). Both runs send the same seeded inputs (:func:`run`)."""
+    out: dict[str, Any] = {}
+    for key in ("ttft_s", "e2e_s"):
+        for q in ("p50", "p99"):
+            a, b = (direct.get(key) or {}).get(q), (through.get(key) or {}).get(q)
+            out[f"{key.removesuffix('_s')}_{q}_s"] = (None if a is None or b is None
+                                                     else round(b - a, 6))
+    return out
+
+
 def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: int,
         rate: float | None, prompt_tokens: int, max_tokens: int, seed: int,
         placement: dict[str, Any], start_to_serving_s: float | None,
         starts: Mapping[str, Any] | None = None, read_timeout_s: float = 60.0,
-        progress: Callable[[int], None] | None = None, route: Any = None) -> dict[str, Any]:
+        progress: Callable[[int], None] | None = None, route: Any = None,
+        front_door: tuple[str, str] | None = None) -> dict[str, Any]:
     """Run the benchmark against ``replica``'s rank 0 and return the result (module doc).
 
     Args:
@@ -131,9 +145,16 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
         requests, concurrency, rate (requests/s, None: as fast as the concurrency allows),
         prompt_tokens (words), max_tokens, seed: the load (:mod:`~vllm_provision.evidence.load`).
         placement, start_to_serving_s, starts: read before, recorded in the conditions.
-        progress: called with the number of finished requests after each one.
+        progress: called with the number of finished requests after each one (both runs
+            count with a front door).
         route: how the controller reaches rank 0 (``vllm_api_via``,
             :func:`~vllm_provision.transport.tunnel.route_for`); None: direct.
+        front_door: ``(host, base URL)`` of a front door (``vllm_gateways``,
+            :func:`vllm_provision.inventory.gateways.client_url`): after the direct run, the
+            same seeded requests go through it (reached directly from the controller) and the
+            result gains ``front_door``: its host and URL, its client numbers (failed requests
+            by kind among them) and :func:`added_latency` against the direct run. The
+            ``/metrics`` agreement stays the direct run's.
 
     Raises:
         ProvisionError: rank 0's ``/version`` or ``/metrics`` did not answer.
@@ -167,13 +188,23 @@ def run(replica: Any, vars_: Mapping[str, Any], *, requests: int, concurrency: i
     after = scrape(replica.api_url, model, route=route)
     client = load.client_summary(results, wall)
     server = histogram_deltas(before, after)
+    extra: dict[str, Any] = {}
+    if front_door is not None:
+        host, url = front_door
+        through, through_wall = load.run_load(url + "/v1/completions", model, prompts,
+                                              max_tokens, concurrency, offsets, headers,
+                                              read_timeout_s, on_done=done)
+        summary = load.client_summary(through, through_wall)
+        extra["front_door"] = {"host": host, "url": url, "client": summary,
+                               "failed": summary["requests"] - summary["completed"],
+                               "added": added_latency(client, summary)}
     return {"kind": "bench", "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "conditions": conditions(replica, vars_, version, placement, inputs,
                                      start_to_serving_s,
                                      route.describe if route is not None else "direct",
                                      starts),
             "client": client, "server": server, "agreement": agreement(client, server),
-            "requests": [r.as_dict() for r in results]}
+            "requests": [r.as_dict() for r in results], **extra}
 
 
 def plot(result: Mapping[str, Any], path: Path) -> None:

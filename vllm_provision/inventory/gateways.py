@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_provision import settings as settings_chain
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory, Replica, host_port, hosts_under
 from vllm_provision.inventory.source import Problems, Setting
 from vllm_provision.inventory.tree import Tree
@@ -80,6 +81,12 @@ class Gateway:
         reached on the loopback address)."""
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.bind, self.bind)
         return f"http://{host_port(host, self.port)}"
+
+    def reached_at(self, host_address: str) -> str:
+        """The address another machine (the controller, a Prometheus server) reaches this front
+        door on: ``vllm_gateway_host`` when it names one address, else ``host_address`` (the
+        host's ``ansible_host``) when the router binds every interface."""
+        return host_address if self.bind in ("", "0.0.0.0", "::") else self.bind
 
     @property
     def requirement(self) -> str:
@@ -195,6 +202,25 @@ def _loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+def client_url(inventory: Inventory, host_name: str) -> str:
+    """The front door on ``host_name`` as a client reaches it: ``http://ADDRESS:PORT``
+    (:meth:`Gateway.reached_at` the host's address, ``vllm_gateway_port``).
+
+    Raises:
+        ProvisionError: ``host_name`` is not a host of ``vllm_gateways``, naming the inventory
+            and the hosts that are.
+    """
+    gateway = gateway_of(inventory, host_name)
+    if gateway is None:
+        hosts = gateway_hosts(inventory)
+        raise ProvisionError.single(
+            str(inventory.path), f"{host_name!r} runs no front door",
+            expected="a host of vllm_gateways: " + (", ".join(hosts) or "(the group is empty)"),
+            fix="name a host of vllm_gateways (docs/front-door.md)")
+    address = gateway.reached_at(inventory.hosts[host_name].address)
+    return f"http://{host_port(address, gateway.port)}"
 
 
 def check_gateways(tree: Tree, hosts: Mapping[str, Host],

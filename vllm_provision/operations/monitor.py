@@ -140,8 +140,7 @@ def gateway_targets(inventory: Inventory) -> list[dict[str, Any]]:
         gateway = gateways.gateway_of(inventory, name)
         if gateway is None:
             continue
-        address = (inventory.hosts[name].address if gateway.bind in ("", "0.0.0.0", "::")
-                   else gateway.bind)
+        address = gateway.reached_at(inventory.hosts[name].address)
         out.append({"targets": [host_port(address, gateway.metrics_port)],
                     "labels": {"role": "gateway", "host": name}})
     return out
