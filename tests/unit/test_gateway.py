@@ -82,6 +82,9 @@ def test_argv_is_the_routers_flags(tmp_path: Path) -> None:
     assert flags["--port"] == "8080" and flags["--policy"] == "round_robin"
     assert flags["--request-timeout-secs"] == "7200"
     assert flags["--health-success-threshold"] == "1"
+    # the circuit breaker lets a replica that serves again back within seconds (Gateway.argv)
+    assert (flags["--cb-failure-threshold"], flags["--cb-success-threshold"],
+            flags["--cb-timeout-duration-secs"]) == ("3", "1", "3")
     assert argv[-2:] == ["--worker-urls", "http://10.0.0.11:8000"]
 
 
@@ -93,7 +96,8 @@ def test_argv_flags_exist_in_the_router_release() -> None:
                 "--health-check-timeout-secs", "--health-failure-threshold",
                 "--health-success-threshold", "--request-timeout-secs",
                 "--worker-startup-timeout-secs", "--worker-startup-check-interval",
-                "--log-level"}
+                "--log-level", "--cb-failure-threshold", "--cb-success-threshold",
+                "--cb-timeout-duration-secs"}
     from vllm_provision.inventory.gateways import Gateway
 
     gateway = Gateway("g", "0.0.0.0", 1, 2, "random", 1, 1, 1, 1, "/v", None, ("http://a:1",))

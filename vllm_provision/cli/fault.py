@@ -42,6 +42,19 @@ def parse_target(replica: Any, text: str) -> tuple[Any, str]:
     return node, unit or units[0]
 
 
+def front_door_line(seen: dict[str, Any]) -> str:
+    """One line of what the front door did (:mod:`vllm_provision.evidence.front_door`)."""
+    down = ("never stopped sending to it" if seen["marked_down_s"] is None
+            else f"stopped sending to it {seen['marked_down_s']} s after the fault")
+    up = ("did not call it healthy again" if seen["marked_up_s"] is None
+          else f"called it healthy {seen['marked_up_s']} s after it served again")
+    up += ("" if seen.get("sent_again_s") is None
+           else f" and sent it requests again {seen['sent_again_s']} s after")
+    return (f"front door {seen['host']} ({seen['url']}): {seen['failed']} of "
+            f"{seen['requests']} requests failed ({seen['failed_pct']} %"
+            f"{', ' + str(seen['failures']) if seen['failures'] else ''}); it {down}, {up}")
+
+
 @click.command("fault", epilog=examples(
     'provision fault -i inventory.yml --kill h2 --streams 3',
     'provision fault -i inventory.yml --kill h1:vllm.service --signal TERM'))
@@ -67,10 +80,14 @@ def parse_target(replica: Any, text: str) -> tuple[Any, str]:
               show_default=True, help="Seconds to poll for a new success before giving up.")
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=60.0,
               show_default=True, help="Seconds without a byte before a stream counts as hung.")
+@click.option("--front-door", "front_door", metavar="HOST", default=None,
+              help="Also keep a steady load going through the front door on HOST (a host of "
+                   "vllm_gateways) and report its failed requests and when the router stopped "
+                   "and resumed sending to the replica (docs/evidence.md).")
 def command(replica_name: str | None, target: str, signal: str, streams: int,
             max_tokens: int, reboot: bool, partition_s: float | None,
             partition_command: str | None, heal_command: str | None, bound_s: float,
-            read_timeout: float, **kwargs: Any) -> None:
+            read_timeout: float, front_door: str | None, **kwargs: Any) -> None:
     """Hit one node of a serving replica and measure how traffic returns.
 
     Starts K streamed completions, applies the fault once they generate (through the same
@@ -78,7 +95,9 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
     reports the time from the fault to the first new success, each stream's fate, start
     limits hit, and systemd's and the watchdog's journal lines with their times. The result is
     stored for ``provision record``. Holds the run lock on every node of the replica, as
-    `provision up` does. Exit 0 when the replica served again, 3 otherwise.
+    `provision up` does. With ``--front-door HOST``, a steady load also goes through the front
+    door, and its failed requests and the router's view of the replica are reported. Exit 0
+    when the replica served again, 3 otherwise.
     """
     from vllm_provision.cli.bench import pick_replica
     from vllm_provision.evidence import fault, store
@@ -97,6 +116,11 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
                                     fix="add --heal-command (or --partition-command)")
     argv = (fault.partition_commands(node.host, partition_command, heal_command)
             if partition_s is not None else None)
+    door = None
+    if front_door is not None:
+        from vllm_provision.inventory.gateways import client_url
+
+        door = (front_door, client_url(inv, front_door))
     options = opts.connection_options()
     hosts = [n.host for n in replica.nodes]
     with runlock.locked_run(hosts, options, "fault",
@@ -108,7 +132,8 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
                                unit=unit, signal=signal, streams=streams,
                                max_tokens=max_tokens, reboot=reboot, partition_s=partition_s,
                                partition_argv=argv, bound_s=bound_s,
-                               read_timeout_s=read_timeout, held=factory.ensure_held)
+                               read_timeout_s=read_timeout, held=factory.ensure_held,
+                               front_door=door)
         finally:
             close_all(connections)
     result["conditions"] = {"replica": replica.name, "backend": replica.backend,
@@ -135,6 +160,8 @@ def command(replica_name: str | None, target: str, signal: str, streams: int,
         for i, item in enumerate(result["streams"]):
             echo(f"  stream {i}: {fault.describe_fate(item)}")
         echo(f"start limit hit: {', '.join(result['start_limit_hit']) or 'none'}")
+        if "front_door" in result:
+            echo(front_door_line(result["front_door"]))
         for event in result["events"]:
             when = "-" if event["t_s"] is None else f"{event['t_s']:+.1f} s"
             echo(f"  {when:>9} {event['host']:<6} {event['source']:<8} {event['message']}")

@@ -237,7 +237,8 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
         partition_argv: tuple[list[str], list[str]] | None = None,
         bound_s: float = 300.0, read_timeout_s: float = 60.0,
         poll_interval_s: float = 0.5,
-        held: Callable[[str], None] | None = None) -> dict[str, Any]:
+        held: Callable[[str], None] | None = None,
+        front_door: tuple[str, str] | None = None) -> dict[str, Any]:
     """Run the experiment (module doc) and return its result.
 
     Args:
@@ -250,6 +251,11 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
         bound_s: give up polling after this many seconds. read_timeout_s: a stream silent this
             long is ``hung``. poll_interval_s: pause between two polls.
         held: the run lock's check point (:func:`apply`), or None.
+        front_door: ``(host, base URL)`` of a front door in front of the replica: a steady load
+            goes through it from before the fault until the router takes the replica back
+            (or :data:`~vllm_provision.evidence.front_door.TAKE_BACK_BOUND_S` after it serves
+            again), and the result gains ``front_door``
+            (:class:`~vllm_provision.evidence.front_door.FrontDoorWatch`).
 
     Raises:
         ProvisionError: the streams did not start generating within 60 s (the replica does not
@@ -300,14 +306,29 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
         raise ProvisionError.single(replica.api_url, "a stream failed before the fault: "
                                     f"{failed[0].error} {failed[0].detail[:120]}",
                                     fix="run the fault on a serving replica")
+    watch = None
+    if front_door is not None:
+        from vllm_provision.evidence.front_door import FrontDoorWatch
+
+        watch = FrontDoorWatch(front_door[0], front_door[1], replica.api_url, model,
+                               headers=headers, read_timeout_s=read_timeout_s)
+        watch.start()
     try:
         applied, fault_epoch, fault_clock, healer = apply(
             connections[node.name], node, unit, signal, reboot=reboot, partition_s=partition_s,
             partition_argv=partition_argv, held=held)
     except BaseException:
         client.close()  # the streams end with an error; the run reports why it stopped
+        if watch is not None:
+            watch.stop()
         raise
     recovery = poll(client, url, model, headers, fault_clock, bound_s, poll_interval_s)
+    seen_by_front_door = None
+    if watch is not None:
+        if recovery["recovered_s"] is not None:
+            watch.wait_taken_back(fault_clock + recovery["recovered_s"])
+        watch.stop()
+        seen_by_front_door = watch.result(fault_clock, recovery["recovered_s"])
     for thread in threads:
         thread.join(timeout=read_timeout_s + max_tokens * 1.0)
     if healer is not None:
@@ -341,7 +362,8 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
                        "signal": None if reboot or partition_s is not None else signal,
                        "reboot": reboot, "partition_s": partition_s, "applied": applied},
             "streams": fates, "recovery": recovery, "start_limit_hit": sorted(set(limited)),
-            "events": events}
+            "events": events,
+            **({"front_door": seen_by_front_door} if seen_by_front_door is not None else {})}
 
 
 def poll(client: Any, url: str, model: str, headers: Mapping[str, str], fault_clock: float,

@@ -108,6 +108,12 @@ class Gateway:
         within it (seen with 0.1.17: ``Timeout 3s waiting for hosts [...] to become
         healthy``), and systemd starts it again; ``up`` starts it once the replicas serve.
         ``--health-success-threshold 1``: one passing check takes a replica back.
+        The circuit breaker (per worker; ``router_args.py`` ``cb_*``): ``--cb-failure-threshold
+        3`` (the router's 10 let a request spend all 5 of its retries on a dead replica, whose
+        empty queue ``power_of_two`` keeps choosing, and answer 500), ``--cb-timeout-duration-secs
+        3`` and ``--cb-success-threshold 1`` (with the router's 60 s and 3, a replica that
+        served again got no request for up to a minute although ``/workers`` called it
+        healthy; both seen on the lab with ``provision fault --front-door``, docs/evidence.md).
         """
         return [
             self.executable,
@@ -120,6 +126,9 @@ class Gateway:
             "--health-check-timeout-secs", str(self.health_check_timeout_s),
             "--health-failure-threshold", str(self.health_failure_threshold),
             "--health-success-threshold", "1",
+            "--cb-failure-threshold", "3",
+            "--cb-success-threshold", "1",
+            "--cb-timeout-duration-secs", "3",
             "--request-timeout-secs", str(self.request_timeout_s),
             "--worker-startup-timeout-secs", "600",
             "--worker-startup-check-interval", "2",
