@@ -54,6 +54,9 @@ def test_the_summary_times_the_router_s_decisions_against_the_fault_and_the_reco
     result = {"kind": "fault", "time": "2026-12-04T00:00:00Z",
               "target": {"host": "h1", "rank": 0, "unit": "vllm.service", "signal": "KILL",
                          "reboot": False, "partition_s": None, "applied": "x"},
+              "conditions": {"replica": "a", "backend": "mp", "model": "/m",
+                             "tensor_parallel_size": 4, "pipeline_parallel_size": 1,
+                             "hosts": ["h1"]},
               "streams": [], "recovery": {}, "start_limit_hit": [], "events": [],
               "front_door": seen, "stored": "/tmp/x.json"}
     json_schemas.validate("fault", result)
