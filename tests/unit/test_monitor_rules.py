@@ -276,12 +276,12 @@ def _series(metric: str, values: str, **labels: str) -> dict[str, str]:
     return {"series": f"{metric}{{{matchers}}}", "values": values}
 
 
-def _not_serving(replica: str, **more: str) -> dict:
+def _not_serving(replica: str, down_for: str = "2 minutes", **more: str) -> dict:
     return {"exp_labels": {"severity": "critical", "replica": replica, "job": "vllm", **more},
             "exp_annotations": {
                 "summary": f"Replica {replica} is not serving",
                 "description": f"Prometheus has not scraped vLLM's /metrics on rank 0 of replica "
-                               f"{replica} for 2 minutes (target down or missing): the API is "
+                               f"{replica} for {down_for} (target down or missing): the API is "
                                "down or unreachable. Run `provision status` for the replica."}}
 
 
@@ -451,15 +451,8 @@ def test_promtool_fires_the_down_alerts_after_vllm_alert_down_for_s_and_the_fron
         ],
         "alert_rule_test": [
             {"eval_time": "30s", "alertname": "VllmReplicaNotServing", "exp_alerts": []},
-            {"eval_time": "45s", "alertname": "VllmReplicaNotServing", "exp_alerts": [{
-                "exp_labels": {"severity": "critical", "replica": "quick", "job": "vllm",
-                               "instance": "a:1"},
-                "exp_annotations": {
-                    "summary": "Replica quick is not serving",
-                    "description": "Prometheus has not scraped vLLM's /metrics on rank 0 of "
-                                   "replica quick for 30 seconds (target down or missing): "
-                                   "the API is down or unreachable. Run `provision status` "
-                                   "for the replica."}}]},
+            {"eval_time": "45s", "alertname": "VllmReplicaNotServing",
+             "exp_alerts": [_not_serving("quick", "30 seconds", instance="a:1")]},
             {"eval_time": "45s", "alertname": "VllmFrontDoorDown", "exp_alerts": []},
             {"eval_time": "90s", "alertname": "VllmFrontDoorDown", "exp_alerts": [{
                 "exp_labels": {"severity": "critical", "host": "gw", "job": "gateway",
