@@ -306,3 +306,50 @@ def test_a_change_in_a_later_play_makes_its_reads_live_again(tmp_path: Path) -> 
     assert by_task["Config"] == "changed" and by_task["Config is private"] == "changed"
     assert (tmp_path / "h1" / "a.conf").stat().st_mode & 0o777 == 0o600
     assert fakes["h1"].commands[-2].startswith("stat -c")  # live, after the template's write
+
+
+PEER_PLAYS = """
+- hosts: all
+  tasks:
+    - name: Hold (a write leads the first play's batch)
+      command: "echo held >> {{ root }}/holds"
+      changed_when: false
+- hosts: h1
+  tasks:
+    - name: Read every node from the master
+      peer_probe: {}
+"""
+
+
+def test_a_read_the_master_sends_a_follower_rides_in_the_follower_s_first_batch(
+        tmp_path: Path) -> None:
+    """A module that reads other hosts first (``peer_read_commands``, as ``vllm_wait_ready``
+    reads every node) has the follower's read carried by the follower's earlier batch, though
+    the follower is not in its play: one round trip per host for the whole run, and the
+    answer is the follower's own."""
+    from vllm_provision.core.results import Status
+    from vllm_provision.modules import ModuleResult, register_module
+
+    def reads(ctx: object, args: object) -> dict[str, str]:
+        return {n.name: f"cat {n.host.vars['root']}/state"
+                for n in ctx.replica.nodes}  # type: ignore[attr-defined]
+
+    def probe(ctx: object, args: object) -> ModuleResult:
+        seen = {name: ctx.connections[name].run(command).stdout.strip()  # type: ignore[attr-defined]
+                for name, command in reads(ctx, args).items()}
+        return ModuleResult(Status.OK, "", data={"seen": seen})
+
+    register_module("peer_probe", probe,
+                    read_command=lambda ctx, args: reads(ctx, args)[ctx.host.name],
+                    peer_read_commands=reads)
+    path = write_playbook(tmp_path, PEER_PLAYS, "peer.yml")
+    inventory = make_inventory(tmp_path)
+    for name in ("h1", "h2"):
+        (tmp_path / name / "state").write_text(f"state of {name}\n")
+    fakes: dict[str, FakeHost] = {}
+    runner, summary = run(inventory, path, fakes=fakes)
+    assert summary["failed"] == 0
+    [probed] = [r for r in runner.outcome.results if r.task == "Read every node from the master"]
+    assert probed.data == {"seen": {"h1": "state of h1", "h2": "state of h2"}}
+    assert [len(fakes[n].commands) for n in ("h1", "h2")] == [1, 1]
+    assert "/h2/state" in fakes["h2"].commands[0] and "echo held" in fakes["h2"].commands[0]

@@ -401,3 +401,30 @@ def test_the_waits_budgets_read_the_variables_as_the_inventory_leaves_them(
     chosen = vllm_wait_ready.budgets_for(ctx, replica, settings.layered(  # type: ignore[arg-type]
         {"vllm_phase_budgets_s": {"compiling": "5"}, "vllm_load_rate_mib_s": 1000}))
     assert chosen["compiling"].seconds == 5.0 and chosen["loading weights"].seconds == 61.4
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_the_first_poll_is_what_the_batches_carry_and_every_later_poll_reads_now(
+        tmp_path: Path, backend: str) -> None:
+    """The readiness wait's first poll sends each node exactly the command its module declares
+    (read_command on the master, peer_read_commands for every node), so a replica that already
+    serves is seen from the batches; every later poll's command differs (its number), so a
+    batch's answer is never taken for a later state of the node."""
+    from vllm_provision.output.phases import JournalTail
+
+    commands: list[tuple[str, str]] = []
+    ctx, replica = _ctx(tmp_path, backend, {}, commands)
+    ctx.replica, ctx.check_mode, ctx.host = replica, False, replica.master.host
+    declared = vllm_wait_ready.peer_read_commands(ctx, {})
+    assert set(declared) == {"h1", "h2"}
+    assert vllm_wait_ready.read_command(ctx, {}) == declared["h1"]
+    tail = JournalTail()
+    vllm_wait_ready.observe_units(ctx, replica, tail, poll=1)
+    assert dict(commands) == declared
+    commands.clear()
+    vllm_wait_ready.observe_units(ctx, replica, tail, poll=2)
+    assert all(command.endswith("; : poll 2") for _, command in commands), commands
+    assert not set(dict(commands).values()) & set(declared.values())
+    ctx.check_mode = True
+    assert vllm_wait_ready.peer_read_commands(ctx, {}) == {}
+    assert vllm_wait_ready.read_command(ctx, {}) is None

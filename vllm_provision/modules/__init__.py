@@ -17,6 +17,12 @@ its task is the first of the play (or of a refill) to send anything, the runner 
 head of the batch, once, so the reads of the tasks after it (which would run after it anyway)
 share its round trip; ``run`` then gets its answer. Return None when ``run`` may not send it
 first (check mode, standard input, its own timeout).
+A module whose ``run`` first READS other hosts through ``ctx.connections`` (``vllm_wait_ready``
+reads every node of the replica from the master) may define ``peer_read_commands(ctx, args) ->
+Mapping[str, str]``: host name -> exactly the first command it sends there. A host that is not
+in the task's play gets its command in the batch that carries the reads of the plays ahead
+(``runner/prefetch.py``), so ``run`` finds the answer there. Its own host's command comes from
+``read_command`` as usual.
 """
 
 from __future__ import annotations
@@ -108,6 +114,8 @@ class ModuleSpec:
         read_command: its read-only first command, for batching (module docstring).
         lead_command: the command its ``run`` always sends first, for the head of a batch
             (module docstring).
+        peer_read_commands: the first read it sends to each other host, for their batches
+            (module docstring).
     """
 
     name: str
@@ -116,18 +124,24 @@ class ModuleSpec:
     arguments: ArgumentSpec | None = field(default=None)
     read_command: Callable[..., str | None] | None = field(default=None)
     lead_command: Callable[..., str | None] | None = field(default=None)
+    peer_read_commands: Callable[..., Mapping[str, str]] | None = field(default=None)
 
 
 def register_module(name: str, run: ModuleFunction, *, runs_on: str = "host",
-                    arguments: ArgumentSpec | None = None) -> None:
+                    arguments: ArgumentSpec | None = None,
+                    read_command: Callable[..., str | None] | None = None,
+                    peer_read_commands: Callable[..., Mapping[str, str]] | None = None,
+                    ) -> None:
     """Make ``run`` available as task key ``name`` (tests, plugins); overrides a file module.
 
     Args:
         name: the task key. run: ``run(ctx, args) -> ModuleResult``.
         runs_on: ``host`` (once per host) or ``controller`` (once per play batch).
         arguments: the declaration its arguments are checked against; None: not checked.
+        read_command, peer_read_commands: its reads for batching (module docstring).
     """
-    _REGISTERED[name] = ModuleSpec(name, run, runs_on, arguments)
+    _REGISTERED[name] = ModuleSpec(name, run, runs_on, arguments, read_command,
+                                   peer_read_commands=peer_read_commands)
     _SPEC_CACHE.pop(name, None)
 
 
@@ -153,7 +167,8 @@ def find_module(name: str) -> ModuleSpec | None:
         spec = ModuleSpec(name, run, getattr(module, "RUNS_ON", "host"),
                           getattr(module, "ARGUMENT_SPEC", None),
                           getattr(module, "read_command", None),
-                          getattr(module, "lead_command", None))
+                          getattr(module, "lead_command", None),
+                          getattr(module, "peer_read_commands", None))
     _SPEC_CACHE[name] = spec
     return spec
 

@@ -22,6 +22,7 @@ Example task::
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Mapping
@@ -80,21 +81,52 @@ def phase_units(replica: Replica, vars_: Mapping[str, Any]) -> dict[str, list[st
             for node in replica.nodes}
 
 
-def observe_units(ctx: ModuleContext, replica: Replica, tail: JournalTail | None = None,
-                  view: progress.Wait | None = None) -> Observation:
-    """One ``systemctl show`` per node; the master's clock comes with it.
-
-    With ``tail``, the same command also reads each node's new vLLM journal lines
-    (:class:`~vllm_provision.output.phases.JournalTail`: no extra round trip); with ``view``, each
-    node's row shows its unit states and phase.
-    """
-    states: list[UnitState] = []
-    master_now = None
-    journal = phase_units(replica, ctx.vars) if tail is not None else {}
-    for host, units in replica_units(replica, ctx.vars).items():
+def poll_commands(replica: Replica, vars_: Mapping[str, Any], tail: JournalTail | None,
+                  poll: int = 1) -> dict[str, str]:
+    """Host name -> the command one poll sends it: ``systemctl show`` of its units and the
+    clock (:func:`~vllm_provision.transport.api.show_command`), with ``tail`` also its new
+    vLLM journal lines. The first poll's commands are known before the run (a fresh
+    :class:`~vllm_provision.output.phases.JournalTail`), so a batch of reads may carry them
+    (:func:`read_command`, :func:`peer_read_commands`); every later poll ends with its number
+    (``; : poll N``, a no-op), so it is never answered from a batch: it reads the node now."""
+    journal = phase_units(replica, vars_) if tail is not None else {}
+    out = {}
+    for host, units in replica_units(replica, vars_).items():
         command = show_command(units)
         if tail is not None and journal.get(host):
             command += "; " + tail.command(host, journal[host])
+        out[host] = command if poll <= 1 else f"{command}; : poll {poll}"
+    return out
+
+
+def peer_read_commands(ctx: ModuleContext, args: Any) -> dict[str, str]:
+    """The first poll's command for every node (the module read protocol,
+    vllm_provision.modules, "peer_read_commands"): the followers' batches carry them, so a
+    replica that already serves is seen without a round trip of its own; none in check mode
+    or off a replica (``run`` polls nothing there)."""
+    replica = ctx.replica
+    if replica is None or ctx.check_mode:
+        return {}
+    return poll_commands(replica, ctx.vars, JournalTail())
+
+
+def read_command(ctx: ModuleContext, args: Any) -> str | None:
+    """The first poll's command on the master itself (the module read protocol,
+    vllm_provision.modules, "read_command"); None in check mode or off a replica."""
+    return peer_read_commands(ctx, args).get(ctx.host.name)
+
+
+def observe_units(ctx: ModuleContext, replica: Replica, tail: JournalTail | None = None,
+                  view: progress.Wait | None = None, poll: int = 1) -> Observation:
+    """One ``systemctl show`` per node (:func:`poll_commands`); the master's clock comes with it.
+
+    With ``tail``, the same command also reads each node's new vLLM journal lines
+    (:class:`~vllm_provision.output.phases.JournalTail`: no extra round trip); with ``view``, each
+    node's row shows its unit states and phase. ``poll``: the poll's number, from 1.
+    """
+    states: list[UnitState] = []
+    master_now = None
+    for host, command in poll_commands(replica, ctx.vars, tail, poll).items():
         result = ctx.connections[host].run(command, timeout_s=30)
         shown, lines = split_output(result.stdout)
         host_states, now = parse_show(host, shown)
@@ -248,6 +280,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     model = served_model(replica)
 
     tail = JournalTail()
+    polls = itertools.count(1)
     journal_hosts = [host for host, units in phase_units(replica, ctx.vars).items() if units]
     budgets = budgets_for(ctx, replica, own)
     watch = StallWatch(journal_hosts, stall_s, time.monotonic(), budgets)
@@ -264,7 +297,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                        [node.name for node in replica.nodes]) as view:
         try:
             ready = wait_ready(
-                observe=lambda: observe_units(ctx, replica, tail, view),
+                observe=lambda: observe_units(ctx, replica, tail, view, next(polls)),
                 journal=lambda state: read_journal(ctx, replica, state),
                 endpoint=Endpoint.for_replica(replica, route=api_route(ctx, replica)),
                 model=model, timeout_s=timeout_s,

@@ -331,6 +331,9 @@ class Prefetcher:
             return []
         for later, hosts in self._plays[index + 1:]:
             if host.name not in hosts:
+                peer = [c for c in self._peer_reads(later, hosts, host.name) if c not in seen]
+                found.extend(peer)
+                seen.update(peer)
                 continue
             try:
                 reads, complete = self._plain_reads(later, host, conn)
@@ -342,6 +345,38 @@ class Prefetcher:
             seen.update(reads)
             if not complete:
                 break
+        return found
+
+    def _peer_reads(self, play: Play, hosts: frozenset[str], name: str) -> list[str]:
+        """The first reads that ``play``'s tasks, running on other hosts, send to host ``name``
+        (a module's ``peer_read_commands``, vllm_provision.modules): ``vllm_wait_ready`` on the
+        master reads every node. A task that sends ``name`` anything live before them drops
+        its cache, so such a read is never answered stale, only wasted."""
+        found: list[str] = []
+        for other in sorted(hosts):
+            host = self.state.inventory.hosts.get(other)
+            conn = self.state.connections.get(other)
+            if host is None or not isinstance(conn, PrefetchingConnection):
+                continue
+            try:
+                templar = self.templar_for(play, host)
+                resolved: Mapping[str, Any] | None = None
+                for task in play.tasks:
+                    spec = find_module(task.module)
+                    if spec is None or spec.peer_read_commands is None or task.delegate_to \
+                            or spec.runs_on != "host":
+                        continue
+                    if task.when and not templar.test(list(task.when), f"{task.where}.when"):
+                        continue
+                    args = templar.render_value(task.args, f"{task.where}.{task.module}")
+                    if resolved is None:
+                        resolved = templar.lazy()
+                    ctx = self.context_for(play, task, host, templar, conn, resolved)
+                    command = spec.peer_read_commands(ctx, args).get(name)
+                    if command and command not in found:
+                        found.append(command)
+            except Exception:  # noqa: BLE001 - an optimisation only
+                log.debug("%s: no peer reads from %s", name, other, exc_info=True)
         return found
 
     def _reads_only(self, play: Play, host: Host, conn: PrefetchingConnection) -> bool:
