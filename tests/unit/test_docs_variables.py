@@ -48,7 +48,9 @@ DEFAULTS: dict[str, Any] = {**{n: v.default for n, v in variables.VARIABLES.item
 
 
 def _known_name(name: str) -> bool:
+    # vllm_router_*: the router's own metric names (docs/monitoring.md), not variables
     return (name in DEFAULTS or name in PACKAGES or (ROLES / name).is_dir()
+            or name.startswith("vllm_router_")
             or name in synthetic_groups() or name in ("vllm_replicas", "vllm_gateways")
             or find_module(name) is not None)
 

@@ -292,7 +292,8 @@ def rule_file(inventory: Inventory, metrics: list[ReplicaMetrics]) -> dict[str, 
     return rule_groups(
         metrics, {name: float(v["vllm_alert_ttft_p99_s"]) for name, v in values.items()},
         {name: int(v["vllm_alert_down_for_s"]) for name, v in values.items()},
-        {host: int(inventory.hosts[host].vars.get("vllm_alert_down_for_s") or DOWN_FOR_S)
+        {host: int(settings.layered(inventory.hosts[host].vars,
+                                    extra_vars=inventory.extra_vars)["vllm_alert_down_for_s"])
          for host in gateways.gateway_hosts(inventory)})
 
 
