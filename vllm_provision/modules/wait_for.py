@@ -1,7 +1,9 @@
 """Wait until a TCP port is open (or closed), probed from the host or from the controller.
 
 From the host (the default, like Ansible's wait_for) the probe is bash's ``/dev/tcp`` on the
-target, one round trip for the whole wait.
+target, one round trip for the whole wait. Its first probe alone is a read a batch may carry
+(:func:`read_command`): when the batch holds its answer and the port is already in the state
+waited for, no command of its own is sent; otherwise the wait runs on the host as usual.
 
 ``ok`` when the port reached the state (nothing was changed); ``failed`` on timeout; ``skipped``
 in check mode, which never waits (the real run starts what a playbook waits for). Example::
@@ -40,6 +42,31 @@ ARGUMENT_SPEC = ArgumentSpec("wait_for", (
 _POLL_S = 1.0
 
 
+def _probe(address: str, port: int, per_probe: float, want_open: bool) -> str:
+    """One probe of ``address:port`` from the host: exit 0 when the port is in the state
+    waited for, 1 otherwise (the address is its own argv word, never part of a script)."""
+    return (f"if timeout {per_probe:g} bash -c 'exec 3<>\"/dev/tcp/$1/$2\"' wait_for "
+            f"{quote(address)} {port} 2>/dev/null; then r=0; else r=1; fi; "
+            f"[ $r = {'0' if want_open else '1'} ]")
+
+
+def read_command(ctx: ModuleContext, args: Any) -> str | None:
+    """One probe (:func:`_probe`), the read a batch may carry (the module read protocol,
+    vllm_provision.modules, "read_command"); None from the controller, with a ``delay``, in
+    check mode, or for arguments that do not validate (``run`` reports those)."""
+    try:
+        values = ARGUMENT_SPEC.validate(args)
+    except ProvisionError:
+        return None
+    if values["from"] != "host" or float(values["delay"]) > 0 or ctx.check_mode:
+        return None
+    address = values["host"] or "127.0.0.1"
+    if check_ssh_host(address) is not None:
+        return None
+    return _probe(address, values["port"], float(values["connect_timeout"]),
+                  values["state"] == "started")
+
+
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Wait for the port; see the module docstring.
 
@@ -71,6 +98,10 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             if time.monotonic() >= deadline:
                 return _timed_out(address, port, state, timeout)
             time.sleep(_POLL_S)
+    probe = _probe(address, port, per_probe, want_open)
+    holds = getattr(ctx.conn, "holds", None)
+    if delay == 0 and holds is not None and holds([probe]) and ctx.conn.run(probe).ok:
+        return _reached(address, port, state)  # the batch's answer: already there
     wanted = "0" if want_open else "1"
     script = (
         f"sleep {delay:g}; end=$(( $(date +%s) + {int(timeout)} )); "
