@@ -13,8 +13,6 @@ Example task::
 
 from __future__ import annotations
 
-import base64
-import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -292,45 +290,10 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
                        address])
 
 
-def inline_snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
-    """:func:`snapshot_command` with the script on the command line instead of stdin, as one
-    base64 word (``python -c 'exec(base64...)'``: no control character in any word), so a
-    batch of reads may carry it (:func:`read_command`). Only the wait's first read uses it, and
-    only from a batch; every other read goes live with the script on stdin."""
-    encoded = base64.b64encode(SNAPSHOT_SCRIPT.encode()).decode()
-    words = shlex.split(snapshot_command(replica, vars_))
-    at = words.index("-")
-    return shell_join([*words[:at], "-c",
-                       f"import base64; exec(base64.b64decode('{encoded}'))",
-                       *words[at + 1:]])
-
-
-def read_command(ctx: ModuleContext, args: Any) -> str | None:
-    """The wait's first read of the cluster, on the head (the module read protocol,
-    vllm_provision.modules, "read_command"): :func:`inline_snapshot_command`; None off the
-    head of a Ray replica or in check mode (``run`` reads nothing there)."""
-    replica = ctx.replica
-    if (replica is None or not backends.of(replica).ray_cluster or ctx.check_mode
-            or ctx.host.name != replica.master.name):
-        return None
-    return inline_snapshot_command(replica, ctx.vars)
-
-
-def read_snapshot(ctx: ModuleContext, replica: Replica, *, first: bool = False
-                  ) -> tuple[RaySnapshot | None, str]:
+def read_snapshot(ctx: ModuleContext, replica: Replica) -> tuple[RaySnapshot | None, str]:
     """Run the snapshot on the head (its connection, else the task's); see
-    :func:`read_head_snapshot`. ``first``: the wait's first read, answered from the batch
-    when one holds it (:func:`read_command`)."""
+    :func:`read_head_snapshot`."""
     conn = ctx.connections.get(replica.master.name, ctx.conn)
-    if first:
-        inline = inline_snapshot_command(replica, ctx.vars)
-        holds = getattr(conn, "holds", None)
-        if holds is not None and holds([inline]):
-            result = conn.run(inline)
-            if result.exit_code == 0:
-                snapshot = parse_snapshot(result.stdout)
-                if snapshot is not None:
-                    return snapshot, ""
     return read_head_snapshot(conn, replica, ctx.vars)
 
 
@@ -417,10 +380,8 @@ def _poll_cluster(ctx: ModuleContext, replica: Replica, expected: Mapping[str, f
     Ray has it yet. Raises ProvisionError after ``timeout_s``."""
     started = time.monotonic()
     ips = {node.host_ip: node.name for node in replica.nodes}
-    first = True
     while True:
-        snapshot, error = read_snapshot(ctx, replica, first=first)
-        first = False
+        snapshot, error = read_snapshot(ctx, replica)
         if snapshot is None:
             gaps = [f"Ray's API did not answer on {replica.master.name}: {error}"]
             view.update(replica.master.name, phase="Ray's API does not answer yet")
