@@ -14,6 +14,7 @@ from vllm_provision.core.results import Status
 from vllm_provision.modules import wait_for
 from vllm_provision.transport.base import CommandResult
 
+
 class Batched:
     """A connection whose batch holds ``held`` (command -> answer); records what it sends."""
 
