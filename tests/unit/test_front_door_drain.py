@@ -101,3 +101,36 @@ def test_replica_records_with_front_door_steps_fit_the_upgrade_schema(
     record["front_door"][0]["action"] = "drained"
     with pytest.raises(jsonschema.ValidationError, match="drained"):
         jsonschema.validate(record, item)
+
+
+# --- vllm_gateway_workers: the next up puts back what a cut-short drain left out -------------
+
+def _module(check_mode: bool, url: str, workers: list[str]) -> Any:
+    from types import SimpleNamespace
+
+    from vllm_provision.modules import vllm_gateway_workers
+    from vllm_provision.transport.local import LocalConnection
+
+    ctx = SimpleNamespace(conn=LocalConnection(), check_mode=check_mode,
+                          host=SimpleNamespace(name="h3"))
+    return vllm_gateway_workers.run(ctx, {"url": url, "workers": workers, "timeout": 5})
+
+
+def test_up_puts_back_the_workers_the_running_router_lacks() -> None:
+    with serving(FakeRouter({B: True})) as fake:
+        url = f"http://127.0.0.1:{fake.port}"
+        would = _module(True, url, [A, B])
+        assert (would.status.value, would.data["missing"]) == ("changed", [A])
+        assert fake.calls == []  # check mode sends nothing
+        done = _module(False, url, [A, B])
+        assert (done.status.value, done.data["added"]) == ("changed", [A])
+        assert set(fake.workers) == {A, B}
+        assert _module(False, url, [A, B]).status.value == "ok"
+        fake.workers.pop(A)
+        fake.unhealthy_add.add(A)  # not healthy in time: named, not a failure
+        late = _module(False, url, [A, B])
+        assert late.status.value == "ok" and "not added" in late.message
+        assert "HTTP 400" in late.data["not_added"][A]
+    dead = _module(False, url, [A])
+    assert dead.status.value == "failed" and "did not answer GET /workers" in dead.message
+    assert _module(True, url, [A]).status.value == "skipped"
