@@ -85,7 +85,7 @@ def test_every_shipped_module_declares_its_arguments() -> None:
 
 
 def _required_values(spec: ArgumentSpec) -> dict[str, Any]:
-    samples = {"str": "/x", "int": 1, "float": 1.0}
+    samples = {"str": "/x", "int": 1, "float": 1.0, "list": ["/x"]}
     return {a.name: samples[a.kinds[0]] for a in spec.arguments if a.required}
 
 
