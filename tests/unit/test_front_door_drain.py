@@ -113,7 +113,8 @@ def _module(check_mode: bool, url: str, workers: list[str]) -> Any:
 
     ctx = SimpleNamespace(conn=LocalConnection(), check_mode=check_mode,
                           host=SimpleNamespace(name="h3"))
-    return vllm_gateway_workers.run(ctx, {"url": url, "workers": workers, "timeout": 5})
+    return vllm_gateway_workers.run(ctx, {"url": url, "workers": workers, "timeout": 5,
+                                          "wait": 1})
 
 
 def test_up_puts_back_the_workers_the_running_router_lacks() -> None:

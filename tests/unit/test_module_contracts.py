@@ -40,7 +40,7 @@ DECLARED = {
     "vllm_gang_start": ("timeout_s", "poll_s"),
     "vllm_gateway_venv": ("venv", "state", "wheelhouse", "requirement", "constraints", "python",
                           "import_check", "timeout"),
-    "vllm_gateway_workers": ("url", "workers", "timeout"),
+    "vllm_gateway_workers": ("url", "workers", "timeout", "wait"),
     "vllm_preflight": ("skip_checks",),
     "vllm_prune": ("purge",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),

@@ -15,6 +15,9 @@ time is named in the message and ``data.not_added`` but does not fail the task: 
 does not serve already fails its own wait, and an upgrade's batch must not fail a good
 replica's node over another's.
 
+It runs right after the router's start, before the readiness wait (a router holding no worker
+is never ready), so it waits up to ``wait`` seconds for a router that does not answer yet.
+
 ``changed`` when it added a worker (in check mode: when one is missing, nothing sent); ``ok``
 when none was missing; ``failed`` when the router did not answer ``GET /workers`` (``skipped``
 in check mode). Example::
@@ -44,6 +47,8 @@ ARGUMENT_SPEC = ArgumentSpec("vllm_gateway_workers", (
              required=True),
     Argument("timeout", "float", "seconds one addition may wait for the worker's health check",
              default=20.0, minimum=1),
+    Argument("wait", "float", "seconds to wait for a router that does not answer yet (just "
+             "started); none in check mode", default=120.0, minimum=0),
 ))
 
 _SCRIPT = r"""
@@ -59,7 +64,13 @@ def call(method, path, timeout, url=None):
         return e.code, e.read().decode("utf-8", "replace")
     except Exception as e:
         return -1, str(e)
-status, body = call("GET", "/workers", 10)
+import time
+deadline = time.monotonic() + req["wait"]
+while True:  # a router just started listens once its workers answer: wait for it
+    status, body = call("GET", "/workers", 10)
+    if status != -1 or time.monotonic() >= deadline:
+        break
+    time.sleep(1)
 out = {"status": status, "body": body[:300], "missing": [], "added": [], "not_added": {}}
 if status == 200:
     try:
@@ -93,10 +104,11 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     timeout = float(values["timeout"])
     loader = ("import base64; exec(base64.b64decode('"
               + base64.b64encode(_SCRIPT.encode()).decode() + "'))")
+    wait = 0.0 if ctx.check_mode else float(values["wait"])
     request = {"url": url.rstrip("/"), "workers": workers, "timeout": timeout,
-               "check": ctx.check_mode}
+               "check": ctx.check_mode, "wait": wait}
     result = ctx.conn.run(f"python3 -c {quote(loader)}", stdin=json.dumps(request),
-                          timeout_s=30 + timeout * max(1, len(workers)))
+                          timeout_s=30 + wait + timeout * max(1, len(workers)))
     try:
         answer = dict(hostjson.loads(result.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
