@@ -14,11 +14,18 @@ download of vllm-router 0.1.17 and its pinned dependencies
   worker unhealthy within 10 s (a check every 2 s, 2 failures) and answers a completion with
   503 (no healthy worker), itself still running; after ``provision restart`` (the operator's
   remedy, which ends once the router reports the worker healthy) the gateway serves again;
+- ``provision status`` shows the router's view of the replica (``front door h1: healthy``);
+- ``provision upgrade`` of the replica keeps it in the router (its only healthy worker: removed,
+  the router would answer 503 to everything) and says so per gateway in ``--json``; a worker
+  removed by hand (``POST /remove_worker``, as an upgrade cut short leaves it) is put back by
+  the next ``provision up`` without restarting the router;
 - ``provision down`` stops the front door with the replica (and disables it).
 
-Cost: about 90 s on one lab instance alone (measured 89 s of tests, 2026-12-04: the first up with
-the venv build on h1 and a second up 53 s, the stop and restart 24 s, down 11 s; plus the
-broker's cold deploy of mp, 21 s); docs/testing.md, "Per module".
+Cost: about 100 s on one lab instance alone (measured 89 s of tests, 2026-12-04: the first up
+with the venv build on h1 and a second up 53 s, the stop and restart 24 s, down 11 s; plus the
+broker's cold deploy of mp, 21 s; the status, upgrade and restore tests added 10.4 s, measured
+2026-12-04 with h1's router venv already built: the module took 58 s then);
+docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
