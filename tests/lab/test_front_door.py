@@ -14,11 +14,18 @@ download of vllm-router 0.1.17 and its pinned dependencies
   worker unhealthy within 10 s (a check every 2 s, 2 failures) and answers a completion with
   503 (no healthy worker), itself still running; after ``provision restart`` (the operator's
   remedy, which ends once the router reports the worker healthy) the gateway serves again;
+- ``provision status`` shows the router's view of the replica (``front door h1: healthy``);
+- ``provision upgrade`` of the replica keeps it in the router (its only healthy worker: removed,
+  the router would answer 503 to everything) and says so per gateway in ``--json``; a worker
+  removed by hand (``POST /remove_worker``, as an upgrade cut short leaves it) is put back by
+  the next ``provision up`` without restarting the router;
 - ``provision down`` stops the front door with the replica (and disables it).
 
-Cost: about 90 s on one lab instance alone (measured 89 s of tests, 2026-12-04: the first up with
-the venv build on h1 and a second up 53 s, the stop and restart 24 s, down 11 s; plus the
-broker's cold deploy of mp, 21 s); docs/testing.md, "Per module".
+Cost: about 100 s on one lab instance alone (measured 89 s of tests, 2026-12-04: the first up
+with the venv build on h1 and a second up 53 s, the stop and restart 24 s, down 11 s; plus the
+broker's cold deploy of mp, 21 s; the status, upgrade and restore tests added 10.4 s, measured
+2026-12-04 with h1's router venv already built: the module took 58 s then);
+docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -119,6 +127,50 @@ def test_up_installs_the_front_door_and_completions_pass_through_it(front):
                                   state_home=front["state"], timeout=300)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert json.loads(again.stdout)["changed"] == 0, again.stdout[-2000:]
+
+
+def test_status_shows_what_the_front_door_thinks_of_the_replica(front):
+    run = lab_support.provision("status", "-i", front["inventory"], "--json",
+                                state_home=front["state"], timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    document = json.loads(run.stdout)
+    [info] = document["replicas"]
+    assert info["front_door"]["h1"]["state"] == "healthy", info["front_door"]
+    assert isinstance(info["front_door"]["h1"]["load"], int)
+    assert document["gateways"]["h1"]["error"] is None
+    text = lab_support.provision("status", "-i", front["inventory"],
+                                 state_home=front["state"], timeout=120)
+    assert "front door h1: healthy (load " in text.stdout, text.stdout[-2000:]
+
+
+def test_upgrade_keeps_the_only_worker_in_and_up_puts_back_a_removed_one(front):
+    # one replica: the router's only healthy worker is left in (removing it would answer
+    # every request with 503 until it is back), and the upgrade goes on
+    run = lab_support.provision("upgrade", "-i", front["inventory"], "--yes", "--json",
+                                "--drain-timeout", "5", state_home=front["state"], timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [entry] = json.loads(run.stdout)["replicas"]
+    assert entry["outcome"] == "upgraded", entry
+    assert [(s["gateway"], s["phase"], s["action"]) for s in entry["front_door"]] == [
+        ("h1", "drain", "kept")], entry["front_door"]
+    assert "only healthy worker" in entry["front_door"][0]["detail"]
+    # a drain cut short leaves the worker out of the running router; the next up puts it
+    # back without restarting the router (module vllm_gateway_workers)
+    worker = f"http://{front['gateway'].split('//')[1].rsplit(':', 1)[0]}:8000"
+    pid = front["lab"].ssh("h1", f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+    removed = urllib.request.Request(
+        f"{front['gateway']}/remove_worker?url={urllib.parse.quote(worker, safe='')}",
+        data=b"", method="POST")
+    with urllib.request.urlopen(removed, timeout=10) as answer:  # noqa: S310 (lab URL)
+        assert answer.status == 200
+    assert json.loads(_request(f"{front['gateway']}/workers")[1])["workers"] == []
+    up = lab_support.provision("up", "-i", front["inventory"], "--json",
+                               state_home=front["state"], timeout=300)
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    [back] = json.loads(_request(f"{front['gateway']}/workers")[1])["workers"]
+    assert (back["url"], back["is_healthy"]) == (worker, True)
+    assert front["lab"].ssh("h1", f"systemctl show -p MainPID --value {UNIT}"
+                            ).stdout.strip() == pid  # the same router process
 
 
 def test_a_stopped_replica_is_an_error_at_the_gateway_and_serves_after_restart(front):

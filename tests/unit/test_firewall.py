@@ -177,3 +177,59 @@ def test_a_per_host_watchdog_port_is_peer_only_on_every_node(tmp_path):
     assert "tcp dport { 29501, 29510, 29611 } drop" in text
     assert [p.low for p in firewall.exposed_ports(replica) if p.what == "watchdog port"] == [
         29510, 29611]
+
+
+# --- the front door on a firewalled node (docs/front-door.md) --------------------------------
+
+GATEWAY_ON_H1 = """\
+    vllm_gateways:
+      vars: {vllm_gateway_wheelhouse: wheels}
+      hosts:
+        h1: {vllm_gateway_port: 30100, vllm_gateway_metrics_port: 29100}
+"""
+
+
+def _gateway_node_table(tmp_path: Path, **extra: object) -> str:
+    """The firewall template rendered for h1, rank 0 and a host of vllm_gateways, with the
+    ``gateway`` the runner gives a gateway host (runner/variables.py)."""
+    from test_monitoring_exporters import _render
+
+    from vllm_provision.inventory.gateways import gateway_of
+
+    inventory = load_inventory(write_inventory(
+        tmp_path, llama_yaml("mp", vllm_firewall="nftables", **extra) + GATEWAY_ON_H1))
+    [replica] = inventory.replicas
+    return _render(replica, "vllm_firewall", "firewall.nft.j2",
+                   gateway=gateway_of(inventory, "h1"))
+
+
+def test_a_gateway_node_opens_the_gateway_port_and_its_metrics_port_to_prometheus(tmp_path):
+    lines = _gateway_node_table(tmp_path, vllm_metrics_allow_from="[10.9.0.0/24]").splitlines()
+    assert "\t\ttcp dport 30100 accept" in lines
+    assert "\t\ttcp dport 29100 ip saddr @peers4 accept" in lines
+    assert "\t\ttcp dport 29100 ip saddr @metrics4 accept" in lines
+    # both before the peer-only drop, the metrics port closed to everyone else
+    drop = lines.index("\t\ttcp dport { 29501, 29510 } drop")
+    assert lines.index("\t\ttcp dport 30100 accept") < drop
+    assert lines.index("\t\ttcp dport 29100 ip saddr @metrics4 accept") < \
+        lines.index("\t\ttcp dport 29100 drop") < drop
+    assert ("# Front door port 30100: from any source; its metrics port 29100: from the peers "
+            "and 10.9.0.0/24.") in lines
+
+
+def test_a_gateway_node_without_metrics_sources_leaves_both_ports_open(tmp_path):
+    text = _gateway_node_table(tmp_path)
+    assert "\t\ttcp dport 30100 accept\n\t\ttcp dport 29100 accept\n" in text
+    assert "29100 drop" not in text and "30100 drop" not in text
+    [replica] = load(tmp_path, "mp").replicas
+    assert "Front door" not in firewall.ruleset(replica)  # not a gateway host: no rule
+
+
+@pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None
+                    or os.geteuid() != 0, reason="needs nft(8), unshare(1) and root")
+def test_a_gateway_node_table_passes_nft_check(tmp_path):
+    path = tmp_path / "gateway.nft"
+    path.write_text(_gateway_node_table(tmp_path, vllm_metrics_allow_from="[10.9.0.0/24]"))
+    done = subprocess.run(["unshare", "-n", "nft", "-c", "-f", str(path)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

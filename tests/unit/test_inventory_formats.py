@@ -180,7 +180,11 @@ def test_inventory_graph_and_host(tmp_path: Path) -> None:
                                           "[site:children]\nweb\n")
     code, graph = _invoke("-i", str(path), "--graph")
     assert code == 0 and graph.splitlines() == [
-        "@all:", "  |--@ungrouped:", "  |--@site:", "  |  |--@web:", "  |  |  |--w1"], graph
+        "@all:", "  |--@ungrouped:", "  |--@site:", "  |  |--@web:", "  |  |  |--w1",
+        "  |--@vllm_gateways:"], graph  # the front door's group, listed though undefined
+    defined = write_file(tmp_path / "gw.ini", "[vllm_gateways]\n[web]\nw1\n")
+    code, graph = _invoke("-i", str(defined), "--graph")
+    assert code == 0 and graph.count("@vllm_gateways:") == 1, graph  # defined: once
     code, host = _invoke("-i", str(path), "--host", "w1")
     assert code == 0 and json.loads(host) == {"vllm_api_key": "********", "x": 1}
     code, output = _invoke("-i", str(path), "--host", "nope")

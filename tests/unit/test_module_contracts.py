@@ -40,6 +40,7 @@ DECLARED = {
     "vllm_gang_start": ("timeout_s", "poll_s"),
     "vllm_gateway_venv": ("venv", "state", "wheelhouse", "requirement", "constraints", "python",
                           "import_check", "timeout"),
+    "vllm_gateway_workers": ("url", "workers", "timeout", "wait"),
     "vllm_preflight": ("skip_checks",),
     "vllm_prune": ("purge",),
     "vllm_verify": ("prompt", "max_tokens", "expect_version"),
@@ -48,7 +49,8 @@ DECLARED = {
 }
 REQUIRED = {"command": {"cmd"}, "copy": {"src", "dest"}, "file": {"path"}, "http": {"url"},
             "package": {"name"},
-            "template": {"src", "dest"}, "wait_for": {"port"}, "vllm_gateway_venv": {"venv"}}
+            "template": {"src", "dest"}, "wait_for": {"port"}, "vllm_gateway_venv": {"venv"},
+            "vllm_gateway_workers": {"url", "workers"}}
 
 
 def write_playbook(tmp_path: Path, text: str) -> Path:
@@ -83,7 +85,7 @@ def test_every_shipped_module_declares_its_arguments() -> None:
 
 
 def _required_values(spec: ArgumentSpec) -> dict[str, Any]:
-    samples = {"str": "/x", "int": 1, "float": 1.0}
+    samples = {"str": "/x", "int": 1, "float": 1.0, "list": ["/x"]}
     return {a.name: samples[a.kinds[0]] for a in spec.arguments if a.required}
 
 

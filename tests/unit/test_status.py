@@ -242,3 +242,45 @@ def test_deployment_times_reads_the_record() -> None:
                            "old": {"deployed_at": None}}}
     assert status.deployment_times(record) == {"llama": 1764410000.0}
     assert status.deployment_times(None) == {}
+
+
+# --- the front door ------------------------------------------------------------------------------
+
+def test_front_door_view_per_replica_in_json_and_text_one_bad_gateway_apart(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        health: dict[str, int | None]) -> None:
+    from inventory_support import llama_yaml, write_inventory
+
+    from vllm_provision.cli import json_schemas
+    from vllm_provision.inventory import load_inventory
+    from vllm_provision.transport import router
+
+    gateways = ("    vllm_gateways:\n      vars: {vllm_gateway_wheelhouse: wheels}\n"
+                "      hosts:\n        h3: {ansible_host: 10.0.0.13}\n"
+                "        h4: {ansible_host: 10.0.0.14}\n")
+    inventory = load_inventory(write_inventory(tmp_path, llama_yaml("mp") + gateways))
+    nodes = {"h1": FakeNode("h1"), "h2": FakeNode("h2"), "h3": FakeNode("h3"),
+             "h4": FakeNode("h4", error=REFUSED)}
+    monkeypatch.setattr(CommonOptions, "load_inventory", lambda self: inventory)
+    monkeypatch.setattr(connection, "HostConnection",
+                        lambda host, options=None: nodes[host.name])
+    url = inventory.replicas[0].api_url
+    monkeypatch.setattr(router.RouterClient, "workers", lambda self, timeout_s=10.0: {
+        url: router.WorkerView(url, True, 2)})
+    run = _status("--json")
+    assert run.exit_code == 0, run.output  # a gateway it cannot reach changes no exit code
+    document = json.loads(run.stdout)
+    json_schemas.validate("status", document)
+    (info,) = document["replicas"]
+    assert info["front_door"] == {
+        "h3": {"state": "healthy", "load": 2, "error": None},
+        "h4": {"state": "unknown", "load": None, "error": f"h4: {REFUSED}"}}
+    assert document["gateways"]["h3"]["workers"] == [{"url": url, "is_healthy": True,
+                                                       "load": 2}]
+    broken = json.loads(run.stdout)
+    broken["replicas"][0]["front_door"]["h3"]["state"] = "drained"
+    with pytest.raises(Exception, match="drained"):
+        json_schemas.validate("status", broken)
+    text = _status()
+    assert "  front door h3: healthy (load 2)" in text.stdout.splitlines()
+    assert f"  front door h4: unknown (h4: {REFUSED})" in text.stdout.splitlines()

@@ -159,11 +159,17 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     ``--history`` adds the older ones. The watchdog's state is read only while it runs, with
     its age.
 
+    With a front door (group ``vllm_gateways``), each replica shows what every gateway's
+    router thinks of it (``front door h1: healthy (load 0)``, ``unhealthy``, ``absent``),
+    read from the router's ``GET /workers`` through the gateway host's SSH connection; a
+    gateway that cannot be read shows ``unknown`` with the reason and changes no exit code.
+
     Exit code: 0 when every replica serves, 3 otherwise (as ``systemctl status``), 1 on an
     invalid inventory or when a node is unreachable (the report is printed first).
     """
     from vllm_provision import state
     from vllm_provision.state.recovery import describe_probe
+    from vllm_provision.transport import router
     from vllm_provision.transport.connection import close_all, open_connections
 
     opts = CommonOptions.from_kwargs(kwargs)
@@ -178,18 +184,23 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
     starts = state.recorded_starts(record)
     as_json = opts.json
     hosts = {node.name: node.host for replica in inv.replicas for node in replica.nodes}
+    gateways = router.front_doors(inv)
+    hosts.update({g.host: inv.hosts[g.host] for g in gateways})
     connections, errors = open_connections(hosts.values(), opts.connection_options())
     unreachable = {host: one_line(error) for host, error in errors.items()}
     try:
         replicas = [replica_status(replica, connections, dict(replica.master.host.vars),
                                    unreachable, deployed_at=deployed.get(replica.name))
                     for replica in inv.replicas]
+        doors = router.read_front_doors(gateways, connections, unreachable)
     finally:
         close_all(connections)
-    for info in replicas:  # the state record's last cold and warm start (docs/deploy.md)
-        info["starts"] = starts.get(info["replica"], {})
+    for info, replica in zip(replicas, inv.replicas, strict=True):
+        info["starts"] = starts.get(info["replica"], {})  # the state record's (docs/deploy.md)
+        info["front_door"] = router.replica_view(replica.api_url, doors)
     if as_json:
-        echo(json.dumps({"replicas": replicas}))
+        echo(json.dumps({"replicas": replicas,
+                         "gateways": {h: read.to_json() for h, read in doors.items()}}))
     else:
         for info in replicas:
             if info["down"]:  # stopped on purpose or not: nothing else to read
@@ -227,6 +238,8 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
                 probe = describe_probe(watchdog.get("probe"), watchdog.get("age_s") or 0.0)
                 if probe:
                     echo(f"  completion probe on {host}: {probe}")
+            for host, seen in info["front_door"].items():
+                echo("  " + router.describe_view(host, seen))
             echo(f"{info['replica']}: {info['verdict']}")
     if any(info["unreachable"] for info in replicas):
         sys.exit(1)

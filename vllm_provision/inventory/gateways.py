@@ -76,11 +76,15 @@ class Gateway:
     workers: tuple[str, ...]
 
     @property
+    def local_host(self) -> str:
+        """The router's address as the gateway host reaches it: the bind address, but the
+        loopback address for an all-interfaces bind (``0.0.0.0``, ``::``, empty)."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.bind, self.bind)
+
+    @property
     def local_url(self) -> str:
-        """The router's base URL as the gateway host reaches it (an all-interfaces bind is
-        reached on the loopback address)."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.bind, self.bind)
-        return f"http://{host_port(host, self.port)}"
+        """The router's base URL as the gateway host reaches it (:attr:`local_host`)."""
+        return f"http://{host_port(self.local_host, self.port)}"
 
     def reached_at(self, host_address: str) -> str:
         """The address another machine (the controller, a Prometheus server) reaches this front

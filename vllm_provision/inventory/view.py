@@ -106,7 +106,11 @@ def ansible_host(hostvars: Mapping[str, Any]) -> dict[str, Any]:
 
 def ansible_graph(tree: Tree, top: str = "all") -> str:
     """``ansible-inventory --graph``: ``@group:`` lines, children before hosts, ``  |--``
-    indentation per level."""
+    indentation per level. From ``all``, the front door's group (``vllm_gateways``,
+    docs/front-door.md) is listed even when the inventory does not define it, empty, so the
+    graph shows where a gateway host goes."""
+    from vllm_provision.inventory.gateways import GATEWAYS_GROUP
+
     lines: list[str] = []
 
     def visit(name: str, depth: int) -> None:
@@ -119,6 +123,8 @@ def ansible_graph(tree: Tree, top: str = "all") -> str:
                 lines.append("  |" * (depth + 1) + "--" + host)
 
     visit(top, 0)
+    if top == "all" and GATEWAYS_GROUP not in tree.groups:
+        lines.append(f"  |--@{GATEWAYS_GROUP}:")
     return "\n".join(lines)
 
 

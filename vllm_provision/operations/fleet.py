@@ -261,6 +261,9 @@ class ReplicaOutcome:
         serving: it answered a completion at the end of its step.
         timings: seconds of each step (``drain``, ``apply``, ``rollback``, ``undrain``).
         hooks: the drain hook calls. drain: the ``/metrics`` wait, when it ran.
+        front_door: each gateway's drain and undrain
+            (:mod:`vllm_provision.operations.front_door`): ``gateway``, ``phase``, ``ok``,
+            ``action``, ``detail``, ``duration_s``.
     """
 
     name: str
@@ -275,6 +278,7 @@ class ReplicaOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     hooks: list[dict[str, Any]] = field(default_factory=list)
     drain: dict[str, Any] | None = None
+    front_door: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The replica's entry of ``upgrade --json`` (``replicas``)."""
@@ -283,7 +287,7 @@ class ReplicaOutcome:
                 "restarted": self.restarted, "vllm_version": self.vllm_version,
                 "serving": self.serving,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()},
-                "hooks": self.hooks, "drain": self.drain}
+                "hooks": self.hooks, "drain": self.drain, "front_door": self.front_door}
 
 
 def recap(outcomes: Sequence[ReplicaOutcome]) -> dict[str, list[str]]:

@@ -1,6 +1,7 @@
 """The rolling upgrade operation behind ``provision upgrade`` (docs/upgrade.md).
 
-Per batch of replicas: drain (the hook, then in-flight requests to end), keep each node's unit
+Per batch of replicas: drain (the hook, the front door's routers: ``operations/front_door.py``,
+then in-flight requests to end), keep each node's unit
 and env files, apply the inventory with ``playbooks/up.yml`` limited to the batch (install,
 restart in order, wait until it serves, one completion and ``/version``), undrain. A replica
 whose new version does not serve is put back from its kept files and restarted in order with
@@ -21,14 +22,14 @@ from vllm_provision import resources
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Inventory
 from vllm_provision.core.results import Status, TaskResult
-from vllm_provision.operations import approval, fleet
+from vllm_provision.operations import approval, fleet, front_door
 from vllm_provision.operations.deploy import guard_ownership, record_good_up, replica_results
 from vllm_provision.runner import managed
 from vllm_provision.runner.engine import Runner, RunOptions
 from vllm_provision.runner.playbook import load_playbook
 from vllm_provision.settings.masking import Masker
 from vllm_provision.state import ray_token
-from vllm_provision.transport import runlock
+from vllm_provision.transport import router, runlock
 from vllm_provision.transport.connection import ConnectionOptions
 from vllm_provision.transport.tunnel import route_for
 
@@ -134,6 +135,7 @@ def run(request: Upgrade, reporter: Any, *, echo: Callable[[str], None],
                     break
         finally:
             capacity = probe.stop()
+            upgrade.close()
         recorded = (_record_upgrade(upgrade, started_wall, warn)
                     if all(e.outcome == fleet.UPGRADED for e in entries) else {})
     summary = {"serial": request.size, "max_fail": request.max_fail, "duration_s": round(
@@ -178,6 +180,27 @@ class _Upgrade:
         self.restart_plays = load_playbook(resources.playbook("restart"))
         # host -> facts from each batch's preflight, for the state record written at the end
         self.facts: dict[str, Any] = {}
+        # the front door's routers (vllm_gateways), reached through the gateway hosts' own
+        # connections; a gateway outside the lock (--limit) gets one of its own, closed at the end
+        self.doors = front_door.FrontDoors(router.front_doors(self.inventory), self.gateway)
+        self.own: dict[str, Any] = {}
+
+    def gateway(self, host_name: str) -> Any:
+        """An open connection to the gateway host ``host_name`` (the lock's, or one of its
+        own). Raises ProvisionError when it cannot be reached."""
+        conn = self.own.get(host_name)
+        if conn is None:
+            conn = self.factory(self.inventory.hosts[host_name])
+            conn.open()
+            if host_name not in self.factory.opened:
+                self.own[host_name] = conn
+        return conn
+
+    def close(self) -> None:
+        """Close the gateway connections opened outside the lock."""
+        for conn in self.own.values():
+            conn.close()
+        self.own.clear()
 
     def run(self, plays: Sequence[Any], names: Sequence[str], *, check: bool = False) -> Any:
         """Run ``plays`` limited to the replicas ``names`` (their groups) under ``--limit``."""
@@ -246,6 +269,25 @@ class _Upgrade:
                     + " ".join((result.stderr or result.stdout).split())[:300])
         return None
 
+    def front_door(self, entry: fleet.ReplicaOutcome, phase: str, echo: Any) -> None:
+        """Drain or undrain ``entry`` at every front door (``phase``: ``drain`` or
+        ``undrain``), keep each gateway's record, and print one line per gateway."""
+        if not self.doors:
+            return
+        started = time.monotonic()
+        steps = (self.doors.drain(entry.endpoint) if phase == "drain"
+                 else self.doors.undrain(entry.endpoint, entry.front_door))
+        entry.front_door.extend(steps)
+        if phase == "undrain":
+            entry.timings["undrain"] = time.monotonic() - started
+        for step in steps:
+            echo(f"replica {entry.name}: {phase} at " + front_door.describe(step))
+
+    def undrain(self, entry: fleet.ReplicaOutcome, echo: Any) -> None:
+        """Put a serving (or untouched) replica back: the front doors, then the hook."""
+        self.front_door(entry, "undrain", echo)
+        self.hook_call(entry, "undrain")
+
     def hook_call(self, entry: fleet.ReplicaOutcome, phase: str) -> bool:
         """Call the drain hook (when there is one) and keep its result; True when it passed."""
         if not self.hook:
@@ -288,6 +330,7 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
                 entry.hooks[-1]["output"] or f"exit {entry.hooks[-1]['exit_code']}")
             failed += 1
             continue
+        upgrade.front_door(entry, "drain", echo)
         if upgrade.drain_timeout_s > 0:
             entry.drain = fleet.wait_idle(entry.endpoint, upgrade.drain_timeout_s,
                                           route=upgrade.route(by_name[entry.name]))
@@ -295,7 +338,7 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
         entry.timings["drain"] = time.monotonic() - started
         if error:
             entry.outcome, entry.reason = fleet.NOT_UPGRADED, f"keeping its files failed: {error}"
-            upgrade.hook_call(entry, "undrain")
+            upgrade.undrain(entry, echo)
             failed += 1
             continue
         ready.append(entry)
@@ -319,7 +362,7 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
             reason = _failure_reason(outcome.results, _replica_hosts(replica))
             _roll_back(upgrade, entry, replica, reason, echo)
         if entry.serving:
-            upgrade.hook_call(entry, "undrain")
+            upgrade.undrain(entry, echo)
     return failed
 
 

@@ -111,14 +111,17 @@ def make_environment(search_path: list[Path] | None = None) -> jinja2.Environmen
 
 
 def _nftables_ruleset(replica: Any, allow_from: Any = (), metrics_from: Any = (),
-                      exporters: Any = (), metrics_port: Any = None) -> str:
+                      exporters: Any = (), metrics_port: Any = None, gateway: Any = None) -> str:
     """``exporters``: the four monitoring variables' values, in
-    :func:`~vllm_provision.settings.monitoring.exporter_ports`' order."""
+    :func:`~vllm_provision.settings.monitoring.exporter_ports`' order; ``gateway``: the host's
+    front door (``inventory.gateways.Gateway``) or None."""
     from vllm_provision.settings import firewall, monitoring
 
     ports = monitoring.exporter_ports(*exporters) if exporters else []
     return firewall.ruleset(replica, allow_from or (), metrics_from or (), ports,
-                            metrics_port if isinstance(metrics_port, int) else None)
+                            metrics_port if isinstance(metrics_port, int) else None,
+                            (gateway.port, gateway.metrics_port) if gateway is not None
+                            else None)
 
 
 def _to_bool(value: Any) -> bool:

@@ -104,7 +104,8 @@ def _sorted_networks(items: Iterable[Any]) -> list[Network]:
 
 
 def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iterable[Any] = (),
-            exporters: Sequence[tuple[str, int]] = (), metrics_port: int | None = None) -> str:
+            exporters: Sequence[tuple[str, int]] = (), metrics_port: int | None = None,
+            gateway: tuple[int, int] | None = None) -> str:
     """The nft file that installs our table on a node of ``replica``.
 
     Args:
@@ -122,6 +123,13 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iter
             they accept the replica's nodes and ``metrics_from`` only; without it, any source.
         metrics_port: Ray's metrics agent port (``ray_metrics_export_port``); it matters only
             where it is a peer-only port (a Ray replica).
+        gateway: ``(vllm_gateway_port, vllm_gateway_metrics_port)`` when the node is a host
+            of ``vllm_gateways`` (docs/front-door.md), else None. The gateway port is accepted
+            from any source (there is no ``vllm_gateway_allow_from``: the front door is the
+            clients' address, as the API port without ``vllm_api_allow_from``); the router's
+            metrics port, with ``metrics_from``, from the peers and ``metrics_from`` only, else
+            from any source. Both rules come before the peer-only drop, so neither port is
+            closed by a range of the replica's.
 
     Returns:
         the text of an ``nft -f`` file: one transaction that replaces ``inet vllm_provision``
@@ -154,6 +162,9 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iter
         + ".",
         *([f"# Metrics ports {_elements(peer_metrics + exporter_list)}: from the peers and "
            f"{_elements(metrics)}."] if peer_metrics or exporter_list else []),
+        *([f"# Front door port {gateway[0]}: from any source; its metrics port {gateway[1]}: "
+           + (f"from the peers and {_elements(metrics)}." if metrics else "from any source.")]
+          if gateway else []),
         "# One transaction (nft -f): create-if-absent, delete, define: replaces our table only.",
         f"table {FAMILY} {TABLE}",
         f"delete table {FAMILY} {TABLE}",
@@ -175,6 +186,14 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iter
         "\t\ttype filter hook input priority filter; policy accept;",
         '\t\tiifname "lo" accept',
     ]
+    if gateway:
+        lines.append(f"\t\ttcp dport {gateway[0]} accept")
+        if metrics:
+            lines += _accept(str(gateway[1]), [("peers4", peers4), ("peers6", peers6),
+                                               ("metrics4", metrics4), ("metrics6", metrics6)])
+            lines.append(f"\t\ttcp dport {gateway[1]} drop")
+        else:
+            lines.append(f"\t\ttcp dport {gateway[1]} accept")
     lines += _accept(port_set, [("peers4", peers4), ("peers6", peers6)])
     lines += _accept(_elements(peer_metrics), [("metrics4", metrics4), ("metrics6", metrics6)])
     lines.append(f"\t\ttcp dport {port_set} drop")
