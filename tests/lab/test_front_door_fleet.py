@@ -16,11 +16,14 @@ GPUs each), and the front door on h1 (``vllm_gateways``, the lab's download of v
   are reported; their goals, 5 s each, are bench/README.md's), and a client of the front door
   loses only streams that were in flight on ``a`` (``incomplete``), never a request the router
   could have sent elsewhere (no 500 after retries on a dead replica);
+- ``provision upgrade --serial 1`` with an engine argument changed on both replicas, under a
+  steady load through the front door: each replica is removed from the router before it
+  restarts and added back once it serves, and no request through the front door fails;
 - ``provision down`` takes the fleet and the front door down, and the broker is told.
 
-Cost: about 40 s on one lab instance alone (measured 2026-12-04: 38 s; up of both replicas and
-the router's venv 13 s, bench 2 x 20 requests 9 s, fault 13 s, down 3 s); docs/testing.md, "Per
-module".
+Cost: about 60 s on one lab instance alone (measured 2026-12-04: 57 s; up of both replicas and
+the router's venv 13 s, bench 2 x 20 requests 9 s, fault 13 s, the upgrade 19 s, down 3 s);
+docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -128,3 +131,41 @@ def test_a_killed_replica_is_routed_around_and_taken_back(fleet: dict[str, Any])
     assert seen["failed"] <= 2, seen  # the load's 2 lanes: at most one stream each on `a`
     assert seen["marked_down_s"] is not None and seen["marked_down_s"] > 0, seen
     assert seen["marked_up_s"] is not None and seen["sent_again_s"] is not None, seen
+
+
+def test_a_rolling_upgrade_behind_the_front_door_loses_no_request(fleet: dict[str, Any]) -> None:
+    """``upgrade --serial 1`` under a steady load through the front door: each replica is
+    removed from the router before it restarts and added back once it serves, so every
+    request through the front door completes (docs/upgrade.md, "The front door")."""
+    from vllm_provision.evidence.front_door import FrontDoorWatch
+
+    lab = fleet["lab"]
+    address = lab.config.address("h1")
+    watch = FrontDoorWatch("h1", f"http://{address}:30000", f"http://{address}:8000",
+                           "/srv/models/lab-model", read_timeout_s=30)
+    # an engine argument changed on both replicas: each one restarts in its turn
+    path = Path(fleet["inventory"])
+    data = yaml.safe_load(path.read_text())
+    for replica in data["all"]["children"]["vllm_replicas"]["children"].values():
+        replica["vars"]["vllm_extra_args"] = ["--max-num-seqs", "64"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    watch.start()
+    try:
+        done = provision(fleet["state"], "upgrade", "-i", fleet["inventory"], "--serial", "1",
+                         "--yes", "--json", "--drain-timeout", "10", timeout=600)
+    finally:
+        watch.stop()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    json_schemas.validate("upgrade", summary)
+    steps = {entry["name"]: [(s["gateway"], s["phase"], s["action"]) for s in
+                             entry["front_door"]] for entry in summary["replicas"]}
+    assert steps == {name: [("h1", "drain", "removed"), ("h1", "undrain", "added")]
+                     for name in ("a", "b")}, steps
+    assert all(entry["outcome"] == "upgraded" and entry["restarted"] for entry in
+               summary["replicas"]), summary["replicas"]
+    seen = watch.result(0.0, None)
+    assert seen["requests"] >= 20 and seen["failed"] == 0, seen
+    for name, master in (("a", "h1"), ("b", "h2")):  # both run the new argument now
+        unit = lab.ssh(master, "systemctl cat vllm.service").stdout
+        assert "--max-num-seqs" in unit, (name, unit[-500:])
