@@ -276,3 +276,24 @@ def test_skip_names_match_exactly_or_as_prefix():
     assert is_skipped("parity.nccl", ["parity"])
     assert is_skipped("host.shm", ["host.shm"])
     assert not is_skipped("host.shm_extra", ["host.shm"])
+
+
+def test_a_gpu_node_that_also_runs_the_front_door_needs_a_core_for_the_router() -> None:
+    """vLLM's 2 + N processes on rank 0 (N on a follower) and the router: fewer logical CPUs
+    is a warning naming the fix; enough is ok; a node outside vllm_gateways is not asked."""
+    nodes = tuple(Node(Host(f"h{i + 1}", f"10.0.0.{11 + i}",
+                            groups=("all", "vllm_replicas", "llama", "vllm_gateways")),
+                       i, f"10.0.0.{11 + i}") for i in range(2))
+    replica = Replica("llama", "mp", nodes,  # type: ignore[arg-type]
+                      EngineArgs(model="/srv/models/m", tensor_parallel_size=4,
+                                 pipeline_parallel_size=2))
+    facts = {"h1": make_facts("h1", "10.0.0.11", cpu_count=6),
+             "h2": make_facts("h2", "10.0.0.12", cpu_count=5)}
+    found = {f.host: f for f in check_replica(replica, facts, settings_for(replica))
+             if f.check == "host.front_door_cpus"}
+    assert found["h1"].severity is Severity.WARNING  # 2 + 4 + 1 = 7 > 6
+    assert found["h1"].expected == ">= 7 cores (vLLM's 6 processes and the router)"
+    assert "front door on a host that runs no replica" in found["h1"].fix
+    assert found["h2"].severity is Severity.OK  # a follower: 4 + 1 = 5
+    plain = check_replica(make_replica(), clean_facts(), settings_for(make_replica()))
+    assert not [f for f in plain if f.check == "host.front_door_cpus"]

@@ -214,6 +214,39 @@ def check_memory(node: Node, facts: HostFacts, model_share_bytes: int) -> list[F
                     expected=f">= {need} MiB", actual=have)]
 
 
+def check_front_door_cpus(node: Node, facts: HostFacts, gpus: int) -> list[Finding]:
+    """A node that also runs the front door (``vllm_gateways``) has a core for the router
+    beside vLLM's own processes.
+
+    vLLM runs at least 2 + N processes on a node that serves the API (its API server, its
+    engine core's busy loop and one worker per GPU) and N on a headless follower, and asks for
+    that many physical cores: "Using fewer physical CPU cores than processes will cause
+    contention" (vLLM docs/configuration/optimization.md, "CPU Resources for GPU
+    Deployments"). The router (vllm-router, docs/front-door.md) is one more busy process. Only
+    logical CPUs are known (``os.cpu_count``), so fewer of them than processes is a warning,
+    never an error: the router and vLLM then take turns on the same cores.
+
+    Args:
+        node: the node (a host of ``vllm_gateways``). facts: its facts.
+        gpus: the GPUs vLLM uses on it (its share of TP x PP).
+    """
+    processes = gpus + (2 if node.rank == 0 else 0)
+    need = processes + 1
+    if not facts.cpu_count:
+        return []
+    item = "CPUs for vLLM and the front door"
+    if facts.cpu_count < need:
+        return [Finding("host.front_door_cpus", Severity.WARNING, node.name, item,
+                        expected=f">= {need} cores (vLLM's {processes} processes and the "
+                                 "router)", actual=f"{facts.cpu_count} logical CPUs",
+                        fix=f"put the front door on a host that runs no replica, or on one "
+                            f"with more cores than {node.name}",
+                        source="vLLM docs/configuration/optimization.md, CPU Resources for "
+                               "GPU Deployments")]
+    return [Finding("host.front_door_cpus", Severity.OK, node.name, item,
+                    expected=f">= {need} cores", actual=f"{facts.cpu_count} logical CPUs")]
+
+
 # -- registered checks (checks/context.py): what run.py runs, in this order ------------------
 
 @check("host.cpu_device", order=60, scope="node")
@@ -238,6 +271,17 @@ def _foreign_gpu_processes(scope: NodeScope) -> list[Finding]:
     planned, leaving = scope.units
     return check_foreign_gpu_processes(scope.node, scope.facts, planned,
                                        shared_pool_wait(scope.replica), leaving=leaving)
+
+
+@check("host.front_door_cpus", order=138, scope="node")
+def _front_door_cpus(scope: NodeScope) -> list[Finding]:
+    """A GPU node that also runs the front door has a core for the router (a warning)."""
+    from vllm_provision.inventory.gateways import GATEWAYS_GROUP
+
+    if not scope.of.gpu or GATEWAYS_GROUP not in scope.node.host.groups:
+        return []
+    return check_front_door_cpus(scope.node, scope.facts,
+                                 scope.replica.engine.world_size // scope.replica.nnodes)
 
 
 @check("host.venv", order=140, scope="node")
