@@ -239,13 +239,15 @@ def test_a_read_that_fails_is_answered_with_its_exit_code(tmp_path: Path) -> Non
     assert answer.exit_code != 0 and "No such file" in answer.stderr and len(inner.sent) == 1
 
 
-THREE_PLAYS = """
+HOLD_PLAY = """
 - hosts: all
   tasks:
     - name: Hold (a write leads the first play's batch)
       command: "echo held >> {{ root }}/holds"
       changed_when: false
-- hosts: all
+"""
+
+THREE_PLAYS = HOLD_PLAY + """- hosts: all
   tasks:
     - name: Which folder the venv is (read only)
       command: {cmd: "echo venv-a", read_only: true}
@@ -308,13 +310,7 @@ def test_a_change_in_a_later_play_makes_its_reads_live_again(tmp_path: Path) -> 
     assert fakes["h1"].commands[-2].startswith("stat -c")  # live, after the template's write
 
 
-PEER_PLAYS = """
-- hosts: all
-  tasks:
-    - name: Hold (a write leads the first play's batch)
-      command: "echo held >> {{ root }}/holds"
-      changed_when: false
-- hosts: h1
+PEER_PLAYS = HOLD_PLAY + """- hosts: h1
   tasks:
     - name: Read every node from the master
       peer_probe: {}
