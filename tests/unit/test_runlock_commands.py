@@ -358,3 +358,22 @@ def test_the_holder_answers_each_heartbeat_line(tmp_path: Path) -> None:
     finally:
         lock.release()
     assert answer == b"beat\nbeat\n"
+
+
+def test_a_holder_ended_by_our_own_closed_connection_says_why_the_connection_was_closed(
+        tmp_path: Path) -> None:
+    """When this run gave a connection up (a command past its time limit closes it, and the
+    lock's holder ends with it), the lost lock names that reason, not only the holder's rules:
+    the operator reads the timeout, not a riddle about heartbeats."""
+    lock, hosts, _ = _lock(tmp_path, ("h1",))
+    try:
+        hosts["h1"].broken = ("an operation on 10.0.0.11:22 timed out after 30 s; the "
+                              "connection is considered lost")
+        hosts["h1"].channels[0].end()
+        with pytest.raises(RunLockLost) as lost:
+            lock.ensure_held("h1")
+    finally:
+        lock.release()
+    message = lost.value.problems[0].message
+    assert ("this run closed its connection to the host (an operation on 10.0.0.11:22 timed "
+            "out after 30 s") in message and "holder process there" in message

@@ -242,6 +242,13 @@ class HostConnection:
         return policy
 
     @property
+    def broken(self) -> str | None:
+        """Why this connection was given up (an operation past its time limit, a silent host,
+        a lost transport), or None while it is usable; the run lock names it when the
+        connection's end took its holder with it."""
+        return self._broken
+
+    @property
     def is_open(self) -> bool:
         """True when the SSH transport is up and no operation timed out."""
         return (self._fabric is not None and self._broken is None

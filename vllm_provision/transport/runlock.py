@@ -308,9 +308,9 @@ class RunLock:
             for name in list(self.channels):
                 beat = self._beats.get(name)
                 if beat is not None and not beat.lost:
-                    self._tend(beat, send)
+                    self._tend(name, beat, send)
 
-    def _tend(self, beat: _Beat, send: bool) -> None:
+    def _tend(self, name: str, beat: _Beat, send: bool) -> None:
         channel = beat.channel
         try:
             while channel.recv_ready():
@@ -327,7 +327,7 @@ class RunLock:
                 for _ in range(min(answered, len(beat.sent))):
                     beat.confirmed, beat.confirmed_wall = beat.sent.popleft()
         if _holder_ended(channel):
-            self._mark_lost(beat, self._ended_reason())
+            self._mark_lost(beat, self._ended_reason(name))
             return
         if send:
             try:
@@ -344,8 +344,14 @@ class RunLock:
             if not beat.lost:
                 beat.lost, beat.lost_wall = reason, time.time() if wall is None else wall
 
-    @staticmethod
-    def _ended_reason() -> str:
+    def _ended_reason(self, name: str) -> str:
+        """Why host ``name``'s holder ended: the connection this run gave up, when it did (its
+        end takes the holder with it: an operation past its time limit, a silent host), else
+        the holder's own rules."""
+        broken = getattr(self._connections.get(name), "broken", None)
+        if isinstance(broken, str) and broken:
+            return (f"this run closed its connection to the host ({broken}), which ended the "
+                    "lock's holder process there, so any other run may take the lock")
         return (f"its holder process on the host ended (it gives the lock up {GIVE_UP_S} s "
                 "after the last heartbeat it received, and when the connection drops or the "
                 "host restarts), so any other run may take the lock")
@@ -368,7 +374,7 @@ class RunLock:
         if not beat.lost:
             now = self._clock()
             if _holder_ended(beat.channel):
-                self._mark_lost(beat, self._ended_reason())
+                self._mark_lost(beat, self._ended_reason(name))
             elif now - beat.confirmed > LOST_AFTER_S:
                 failed = f"; sending it failed: {beat.send_error}" if beat.send_error else ""
                 self._mark_lost(beat, (
