@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.core import hostjson
+from vllm_provision.evidence.stats import metric_sum
 
 # How often the router's /workers is read (seconds): a tenth of its 2 s health checks' period
 # at the lab's settings is fine enough to time its decisions.
@@ -174,16 +175,8 @@ class FrontDoorWatch:
 
 def finished_count(text: str) -> float | None:
     """The sum of every :data:`FINISHED` series in a Prometheus text page, or None when it has
-    none (pure)."""
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(FINISHED + "{") or line.startswith(FINISHED + " "):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                found = True
-            except (IndexError, ValueError):
-                continue
-    return total if found else None
+    none (pure; :func:`vllm_provision.evidence.stats.metric_sum`)."""
+    return metric_sum(text, FINISHED)
 
 
 def sent_again(counts: list[tuple[float, float]], served_clock: float) -> float | None:

@@ -20,6 +20,34 @@ HISTOGRAMS = {"ttft_s": "vllm:time_to_first_token_seconds",
 QUANTILES = (50, 90, 99)
 
 
+def metric_sum(text: str, name: str) -> float | None:
+    """The sum of every sample of metric ``name`` in a Prometheus text exposition (one per
+    label set: model, engine, finished reason), or None when the body has none. Series whose
+    names only start with ``name`` (``<name>_created``, another metric) are not counted.
+
+    Args:
+        text: the body of ``GET /metrics`` (Prometheus text format 0.0.4: ``name{labels} value``).
+        name: the metric's full name, e.g. ``vllm:num_requests_running``.
+    """
+    total: float | None = None
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        if rest and rest[0] not in "{ ":
+            continue  # another metric whose name starts the same
+        if "}" in rest:
+            rest = rest.rsplit("}", 1)[1]
+        words = rest.split()
+        if not words:
+            continue
+        try:
+            total = (total or 0.0) + float(words[0])
+        except ValueError:
+            continue
+    return total
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0-100) of ``values`` by linear interpolation between closest
     ranks (numpy's default, "linear"); None for no values."""

@@ -217,6 +217,13 @@ def _loopback(address: str) -> bool:
         return False
 
 
+def front_doors(inventory: Inventory) -> list[Gateway]:
+    """The inventory's front doors (:func:`gateway_of` of every host of ``vllm_gateways``), in
+    inventory order; none without the group."""
+    return [g for g in (gateway_of(inventory, h) for h in gateway_hosts(inventory))
+            if g is not None]
+
+
 def client_url(inventory: Inventory, host_name: str) -> str:
     """The front door on ``host_name`` as a client reaches it: ``http://ADDRESS:PORT``
     (:meth:`Gateway.reached_at` the host's address, ``vllm_gateway_port``).

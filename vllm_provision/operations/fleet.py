@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.quoting import quote
+from vllm_provision.evidence.stats import metric_sum
 
 if TYPE_CHECKING:
     from vllm_provision.transport.tunnel import ApiRoute
@@ -64,28 +65,13 @@ def batches(names: Sequence[str], size: int) -> list[list[str]]:
 
 def parse_running(text: str) -> float | None:
     """The sum of every ``vllm:num_requests_running`` sample in a Prometheus text exposition
-    (one per model/engine label set), or None when the metric is absent.
+    (one per model/engine label set), or None when the metric is absent
+    (:func:`vllm_provision.evidence.stats.metric_sum`).
 
     Args:
         text: the body of ``GET /metrics`` (Prometheus text format 0.0.4: ``name{labels} value``).
     """
-    total: float | None = None
-    for line in text.splitlines():
-        if not line.startswith(RUNNING_METRIC):
-            continue
-        rest = line[len(RUNNING_METRIC):]
-        if rest and rest[0] not in "{ ":
-            continue  # another metric whose name starts the same
-        if "}" in rest:
-            rest = rest.rsplit("}", 1)[1]
-        words = rest.split()
-        if not words:
-            continue
-        try:
-            total = (total or 0.0) + float(words[0])
-        except ValueError:
-            continue
-    return total
+    return metric_sum(text, RUNNING_METRIC)
 
 
 def hook_argv(command: str, phase: str, name: str, endpoint: str) -> list[str]:

@@ -135,15 +135,10 @@ def gateway_targets(inventory: Inventory) -> list[dict[str, Any]]:
     ``/metrics``) on the address it binds (``vllm_gateway_host``), or on the host's address
     (``ansible_host``) when it binds every interface. Labels: ``role`` ``gateway`` and
     ``host``; a front door belongs to no one replica."""
-    out = []
-    for name in gateways.gateway_hosts(inventory):
-        gateway = gateways.gateway_of(inventory, name)
-        if gateway is None:
-            continue
-        address = gateway.reached_at(inventory.hosts[name].address)
-        out.append({"targets": [host_port(address, gateway.metrics_port)],
-                    "labels": {"role": "gateway", "host": name}})
-    return out
+    return [{"targets": [host_port(gateway.reached_at(inventory.hosts[gateway.host].address),
+                                   gateway.metrics_port)],
+             "labels": {"role": "gateway", "host": gateway.host}}
+            for gateway in gateways.front_doors(inventory)]
 
 
 def prometheus_config(scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:

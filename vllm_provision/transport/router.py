@@ -38,7 +38,7 @@ from typing import Any
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.text import printable
-from vllm_provision.inventory.gateways import Gateway, gateway_hosts, gateway_of
+from vllm_provision.inventory.gateways import Gateway, front_doors
 
 # The answer of POST /add_worker for a worker the router already holds (vllm-router 0.1.17).
 ALREADY_EXISTS = "already exists"
@@ -256,13 +256,6 @@ class RouterClient:
             self.gateway.host, f"the front door on {self.gateway.host} answered {what} with "
             f"HTTP {status}: {printable(' '.join(text.split()))[:300]}",
             expected="HTTP 200 (vllm-router 0.1.17)")
-
-
-def front_doors(inventory: Any) -> list[Gateway]:
-    """The inventory's front doors (:func:`~vllm_provision.inventory.gateways.gateway_of` of
-    every host of ``vllm_gateways``), in inventory order; none without the group."""
-    return [g for g in (gateway_of(inventory, h) for h in gateway_hosts(inventory))
-            if g is not None]
 
 
 def read_front_doors(gateways: Sequence[Gateway], connections: Mapping[str, Any],
