@@ -92,6 +92,13 @@ def _wait_for(condition, timeout_s: float = 10) -> bool:  # type: ignore[no-unty
      "--headless"),
     (["--tokenizer", "/srv/models/no-such-tokenizer"],
      "Incorrect path_or_model_id: '/srv/models/no-such-tokenizer'"),
+    # vLLM's EngineArgs.create_engine_config (vllm/engine/arg_utils.py) and serve.py
+    (["-dp", "4", "--data-parallel-hybrid-lb"],
+     "data_parallel_size_local must be set to use data_parallel_hybrid_lb."),
+    (["-dp", "4", "-dpl", "2", "--data-parallel-hybrid-lb", "--headless"],
+     "data_parallel_hybrid_lb is not applicable in headless mode"),
+    (["-tp", "4", "-dp", "4", "-dpl", "2", "--headless"],
+     "local_world_size (8) must be less than or equal to the number of visible devices (4)"),
 ])
 def test_vllm_rejects_what_vllm_rejects(host, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     proc = host("h1", "serve", "model", *args)
@@ -141,6 +148,39 @@ def test_mp_pair_serves_only_after_both_joined_then_dies_like_vllm(host) -> None
     assert _get(port, "/health") == 200  # nothing notices without traffic
     assert _complete(port, body, auth)[0] == 500
     assert rank0.wait(timeout=10) == 0  # exits with status 0: Restart=on-failure won't fire
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_data_parallel_nodes_meet_on_the_rpc_port_and_fail_together(host, hybrid: bool) -> None:  # type: ignore[no-untyped-def]
+    """Internal layout: rank 0 serves only once the headless node's engines joined on the RPC
+    port, and a dead member fails rank 0's next request (the group's lockstep). Hybrid: the
+    other node serves its own API too, and fails its next request once rank 0 is gone."""
+    port, port1, rpc = _free_port(), _free_port(), _free_port()
+    common = ["serve", "model", "-tp", "2", "-dp", "4", "-dpl", "2", "--data-parallel-address",
+              "127.0.0.1", "--data-parallel-rpc-port", str(rpc), "--served-model-name", "tiny"]
+    if hybrid:
+        common.append("--data-parallel-hybrid-lb")
+    rank0 = host("h1", *common, "--data-parallel-start-rank", "0", "--port", str(port))
+    time.sleep(1.0)
+    assert _get(port, "/health") == 0  # no HTTP port while waiting for the other engines
+    other = (["--port", str(port1)] if hybrid else ["--headless"])
+    rank1 = host("h2", *common, "--data-parallel-start-rank", "2", *other)
+    assert _wait_for(lambda: _get(port, "/health") == 200)
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+    assert _complete(port, body, {})[0] == 200
+    if hybrid:
+        assert _wait_for(lambda: _get(port1, "/health") == 200)
+        assert _complete(port1, body, {})[0] == 200
+        os.killpg(rank0.pid, signal.SIGKILL)
+        rank0.wait()
+        assert _wait_for(lambda: _complete(port1, body, {})[0] == 500)
+        assert rank1.wait(timeout=10) == 0
+    else:
+        os.killpg(rank1.pid, signal.SIGKILL)
+        rank1.wait()
+        time.sleep(0.3)
+        assert _complete(port, body, {})[0] == 500
+        assert rank0.wait(timeout=10) == 0
 
 
 def test_nccl_mismatch_never_serves(host) -> None:  # type: ignore[no-untyped-def]

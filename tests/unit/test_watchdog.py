@@ -100,6 +100,9 @@ def test_connected_to_reads_the_cgroups_established_sockets(tmp_path: Path) -> N
     assert not wd.connected_to(unit, "10.213.6.11", 29502, str(proc))
     assert not wd.connected_to("/system.slice/none.service", "10.213.6.11", 29501, str(proc))
     assert wd.connected_to(unit, "rank0.example", 29501, str(proc))  # a name: not judged
+    # port 0 (data parallel): any established connection to the address joins
+    assert wd.connected_to(unit, "10.213.6.11", 0, str(proc))
+    assert not wd.connected_to(unit, "10.213.6.12", 0, str(proc))
 
 
 

@@ -281,7 +281,7 @@ def _front_door_cpus(scope: NodeScope) -> list[Finding]:
     if not scope.of.gpu or GATEWAYS_GROUP not in scope.node.host.groups:
         return []
     return check_front_door_cpus(scope.node, scope.facts,
-                                 scope.replica.engine.world_size // scope.replica.nnodes)
+                                 scope.replica.gpus_per_node)
 
 
 @check("host.venv", order=140, scope="node")

@@ -284,7 +284,7 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
         pp_indices(num_layers, 0, engine.pipeline_parallel_size, partition)
     except ValueError as exc:
         raise CannotEstimate(f"VLLM_PP_LAYER_PARTITION {partition_text!r}: {exc}") from None
-    local = max(1, engine.world_size // max(1, replica.nnodes))
+    local = max(1, replica.gpus_per_node)
     overhead = overhead_mib * MIB
     stages = []
     for stage in range(pp):

@@ -22,8 +22,9 @@ from vllm_provision.core.models import Replica
 
 
 def local_world_size(replica: Replica) -> int:
-    """GPU workers per node: world size / nnodes (mp: ``world_size // nnodes``)."""
-    return replica.engine.world_size // max(1, replica.nnodes)
+    """GPU workers per node: world size / nnodes (mp: ``world_size // nnodes``); with data
+    parallel, TP x PP x engines per node (:attr:`Replica.gpus_per_node`)."""
+    return replica.gpus_per_node
 
 
 def check_default_backend(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:
@@ -70,6 +71,15 @@ def check_parallel_sizes(replica: Replica) -> list[Finding]:
     engine = replica.engine
     tp, pp, world, n = (engine.tensor_parallel_size, engine.pipeline_parallel_size,
                         engine.world_size, replica.nnodes)
+    if replica.data_parallel and tp >= 1 and pp >= 1:
+        local = replica.dp_size_local
+        return [Finding("topology.world_size", Severity.OK, "*", "world size",
+                        expected="TP x PP per engine, on one node; engines = nodes x engines "
+                                 "per node",
+                        actual=f"{engine.data_parallel_size} engines of {tp} x {pp} = {world} "
+                               f"GPUs: {n} nodes x {local} engines x {world} = "
+                               f"{n} x {replica.gpus_per_node} GPUs",
+                        source="vLLM docs, Data Parallel Deployment")]
     if tp < 1 or pp < 1:
         return [Finding("topology.world_size", Severity.ERROR, "*", "parallel sizes",
                         expected="tensor and pipeline parallel sizes >= 1",
@@ -114,10 +124,16 @@ def check_gpus_per_node(replica: Replica, gpu_counts: Mapping[str, int]) -> list
         if have < need:
             findings.append(Finding(
                 "topology.gpus", Severity.ERROR, node.name, "GPUs on the node",
-                expected=f">= {need} (world size {replica.engine.world_size} / {replica.nnodes} "
-                         "nodes)",
+                expected=(f">= {need} ({replica.dp_size_local} data-parallel engines x TP x PP "
+                          f"{replica.engine.world_size})" if replica.data_parallel else
+                          f">= {need} (world size {replica.engine.world_size} / "
+                          f"{replica.nnodes} nodes)"),
                 actual=str(have),
-                fix=f"lower TP x PP to {replica.nnodes} x {have}, or use nodes with {need} GPUs",
+                fix=(f"lower vllm_data_parallel_size_local or TP x PP so that their product "
+                     f"is at most {have}, or use nodes with {need} GPUs"
+                     if replica.data_parallel else
+                     f"lower TP x PP to {replica.nnodes} x {have}, or use nodes with {need} "
+                     "GPUs"),
                 source="vLLM local_world_size assertion (PR #28873)"))
         else:
             findings.append(Finding("topology.gpus", Severity.OK, node.name, "GPUs on the node",

@@ -258,7 +258,7 @@ def _layout(replica: Replica) -> known.Layout:
     return known.Layout(backend=replica.backend, nodes=replica.nnodes,
                         tensor_parallel=engine.tensor_parallel_size,
                         pipeline_parallel=engine.pipeline_parallel_size,
-                        gpus_per_node=engine.world_size // max(1, replica.nnodes),
+                        gpus_per_node=replica.gpus_per_node,
                         options=frozenset(options))
 
 

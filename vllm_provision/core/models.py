@@ -68,7 +68,13 @@ class EngineArgs:
     Sizes are counts; ports are TCP ports; ``max_model_len`` is in tokens;
     ``gpu_memory_utilization`` is a fraction of each GPU's total memory.
     ``api_key`` is a secret: it is rendered only into the 0600 environment file, never into a
-    unit or output.
+    unit or output. ``data_parallel_size`` > 1 makes a data-parallel replica
+    (docs/serving.md): ``data_parallel_size`` engines of TP x PP GPUs each,
+    ``data_parallel_size_local`` of them on every node (None: the size over the node count),
+    laid out ``internal`` (one API server on rank 0, the other nodes ``--headless``) or
+    ``hybrid`` (an API server on every node); ``data_parallel_rpc_port`` is rank 0's
+    handshake port (vLLM's ``--data-parallel-rpc-port``, default 29550 as vLLM's
+    ``ParallelConfig.data_parallel_rpc_port``).
     """
 
     model: str
@@ -82,10 +88,14 @@ class EngineArgs:
     master_port: int = 29501
     extra_args: tuple[str, ...] = ()
     api_key: str | None = None
+    data_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    data_parallel_layout: str = "internal"
+    data_parallel_rpc_port: int = 29550
 
     @property
     def world_size(self) -> int:
-        """TP x PP: the number of GPU workers of the replica."""
+        """TP x PP: the GPU workers of one engine (of the replica, without data parallel)."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
@@ -166,17 +176,62 @@ class Replica:
 
     @property
     def master_addr(self) -> str:
-        """Rank 0's cluster address: ``--master-addr`` (mp) or the Ray head address."""
+        """Rank 0's cluster address: ``--master-addr`` (mp), ``--data-parallel-address`` (data
+        parallel) or the Ray head address."""
         return self.master.host_ip
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether the replica is data parallel (``vllm_data_parallel_size`` > 1)."""
+        return self.engine.data_parallel_size > 1
+
+    @property
+    def dp_size_local(self) -> int:
+        """Data-parallel engines per node: ``vllm_data_parallel_size_local``, else the size over
+        the node count (at least 1); 1 without data parallel."""
+        if not self.data_parallel:
+            return 1
+        return self.engine.data_parallel_size_local or max(
+            1, self.engine.data_parallel_size // self.nnodes)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPU workers each node runs: TP x PP x engines per node with data parallel (each
+        engine's TP x PP group is on one node), else TP x PP over the nodes (the mp executor's
+        ``world_size // nnodes``, vllm/v1/executor/multiproc_executor.py)."""
+        if self.data_parallel:
+            return self.engine.world_size * self.dp_size_local
+        return self.engine.world_size // max(1, self.nnodes)
+
+    @property
+    def hybrid(self) -> bool:
+        """A data-parallel replica laid out ``hybrid``: an API server on every node."""
+        return self.data_parallel and self.engine.data_parallel_layout == "hybrid"
+
+    @property
+    def api_nodes(self) -> tuple[Node, ...]:
+        """The nodes that serve the OpenAI API: every node of a hybrid replica, else rank 0."""
+        return self.nodes if self.hybrid else (self.master,)
+
+    def node_api_url(self, node: Node) -> str:
+        """``node``'s OpenAI API base URL, ``http://host:port``, as :attr:`api_url` for rank 0:
+        an all-interfaces bind is reached on the node's cluster IP."""
+        host = self.engine.api_host
+        if host in ("0.0.0.0", "::", ""):
+            host = node.host_ip
+        return f"http://{host_port(host, self.engine.api_port)}"
+
+    @property
+    def api_urls(self) -> tuple[str, ...]:
+        """Every API base URL of the replica (:attr:`api_nodes`, by rank): the front door's
+        workers for it; rank 0's :attr:`api_url` alone unless hybrid data parallel."""
+        return tuple(self.node_api_url(node) for node in self.api_nodes)
 
     @property
     def api_url(self) -> str:
         """rank 0's OpenAI API base URL, ``http://host:port``: an all-interfaces bind
         (``0.0.0.0``, ``::``, empty) is reached on rank 0's cluster IP; IPv6 in brackets."""
-        host = self.engine.api_host
-        if host in ("0.0.0.0", "::", ""):
-            host = self.master.host_ip
-        return f"http://{host_port(host, self.engine.api_port)}"
+        return self.node_api_url(self.master)
 
 
 class _GroupLike(Protocol):

@@ -42,6 +42,11 @@ RENDERED_OPTIONS = {
     "--distributed-executor-backend": "it comes from vllm_backend",
     "--master-addr": "it is rank 0's vllm_host_ip",
     "--data-parallel-address": "it is rank 0's vllm_host_ip",
+    "--data-parallel-start-rank": "it is the node rank x vllm_data_parallel_size_local",
+    "--data-parallel-rank": "one endpoint per engine is one replica per engine here: declare "
+                            "replicas behind the front door (docs/serving.md)",
+    "--data-parallel-external-lb": "one endpoint per engine is one replica per engine here: "
+                                   "declare replicas behind the front door (docs/serving.md)",
 }
 # Options that have a variable: one source for each value.
 VARIABLE_OPTIONS = {
@@ -52,6 +57,10 @@ VARIABLE_OPTIONS = {
     "--gpu-memory-utilization": "vllm_gpu_memory_utilization",
     "--host": "vllm_api_host", "--port": "vllm_api_port", "--master-port": "vllm_master_port",
     "--model": "vllm_model",
+    "--data-parallel-size": "vllm_data_parallel_size",
+    "--data-parallel-size-local": "vllm_data_parallel_size_local",
+    "--data-parallel-rpc-port": "vllm_data_parallel_rpc_port",
+    "--data-parallel-hybrid-lb": "vllm_data_parallel_layout",
 }
 
 

@@ -148,12 +148,14 @@ def _value(values: Mapping[str, Any], name: str) -> Any:
 
 
 def workers(replicas: Sequence[Replica]) -> tuple[str, ...]:
-    """Every serving replica's rank-0 API base URL (``Replica.api_url``), in order, each once:
-    the replicas whose backend serves the OpenAI API (``Backend.serves_openai``)."""
+    """Every serving replica's API base URLs (``Replica.api_urls``: rank 0's, or every node's
+    of a hybrid data-parallel replica), in order, each once: the replicas whose backend serves
+    the OpenAI API (``Backend.serves_openai``)."""
     urls: list[str] = []
     for replica in replicas:
-        if replica.backend_type.serves_openai and replica.api_url not in urls:
-            urls.append(replica.api_url)
+        if not replica.backend_type.serves_openai:
+            continue
+        urls += [url for url in replica.api_urls if url not in urls]
     return tuple(urls)
 
 

@@ -204,6 +204,76 @@ def _check_conflicts(replica: str, members: list[str],
     return ok
 
 
+def _check_data_parallel(replica: str, agreed: Mapping[str, Any], backend: str, nnodes: int,
+                         values: Mapping[str, Setting], problems: Problems, where: str) -> bool:
+    """Refuse a data-parallel layout vLLM would not start or would start wrong; False when a
+    problem was recorded.
+
+    Rules (docs/serving.md, "Data parallel"): data parallel is rendered for the mp backend
+    only (vLLM's Ray data parallel, ``--data-parallel-backend ray``, is not a layout here);
+    the size is the engines per node times the nodes (vLLM starts ``--data-parallel-size-local``
+    engines on each node from its ``--data-parallel-start-rank`` and waits for all of them,
+    ``vllm/v1/engine/utils.py``); ``hybrid`` needs a size above 1.
+    """
+    size = agreed["vllm_data_parallel_size"]
+    local = agreed["vllm_data_parallel_size_local"]
+    layout = agreed["vllm_data_parallel_layout"]
+
+    def at(name: str) -> str:
+        setting = values.get(name)
+        return setting.origin.where if setting is not None else where
+
+    if size == 1:
+        if layout == "hybrid":
+            problems.add(at("vllm_data_parallel_layout"),
+                         f"replica {replica!r} sets vllm_data_parallel_layout: hybrid without "
+                         "data parallel", expected="vllm_data_parallel_size > 1 with a layout",
+                         actual="vllm_data_parallel_size: 1",
+                         fix="set vllm_data_parallel_size (engines in all) or remove the layout")
+            return False
+        if local not in (None, 1):
+            problems.add(at("vllm_data_parallel_size_local"),
+                         f"replica {replica!r} sets vllm_data_parallel_size_local: {local} "
+                         "without data parallel",
+                         expected="vllm_data_parallel_size = local size x nodes",
+                         actual="vllm_data_parallel_size: 1",
+                         fix=f"set vllm_data_parallel_size: {local * nnodes} or remove "
+                             "vllm_data_parallel_size_local")
+            return False
+        return True
+    if backend != "mp":
+        problems.add(at("vllm_data_parallel_size"),
+                     f"replica {replica!r} is data parallel (vllm_data_parallel_size: {size}) "
+                     f"on the {backend} backend", expected="vllm_backend: mp (or unset) for a "
+                     "data-parallel replica", actual=f"vllm_backend: {backend}",
+                     fix="set vllm_backend: mp (each engine's TP x PP stays on one node), or "
+                         "declare one replica per engine behind the front door")
+        return False
+    if local is None and size % nnodes:
+        problems.add(at("vllm_data_parallel_size"),
+                     f"vllm_data_parallel_size {size} of replica {replica!r} does not divide "
+                     f"over its {nnodes} nodes", expected=f"a multiple of {nnodes} (the same "
+                     "engines on every node)", actual=str(size),
+                     fix=f"set vllm_data_parallel_size to {nnodes * max(1, size // nnodes)} "
+                         f"or {nnodes * (size // nnodes + 1)}")
+        return False
+    if local is not None and local * nnodes != size:
+        problems.add(at("vllm_data_parallel_size_local"),
+                     f"replica {replica!r}: vllm_data_parallel_size {size} is not "
+                     f"vllm_data_parallel_size_local {local} x {nnodes} nodes ({local * nnodes}); "
+                     "vLLM would wait for engines no node starts"
+                     if local * nnodes < size else
+                     f"replica {replica!r}: vllm_data_parallel_size {size} is not "
+                     f"vllm_data_parallel_size_local {local} x {nnodes} nodes ({local * nnodes}); "
+                     "the last nodes' start ranks would be past the size",
+                     expected="vllm_data_parallel_size = vllm_data_parallel_size_local x nodes",
+                     actual=f"{size} and {local} x {nnodes}",
+                     fix=f"set vllm_data_parallel_size: {local * nnodes}, or remove "
+                         "vllm_data_parallel_size_local")
+        return False
+    return True
+
+
 def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                    settings: Mapping[str, Mapping[str, Setting]],
                    group_vars: Mapping[str, Any], problems: Problems) -> tuple[Replica, ...]:
@@ -338,6 +408,9 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
             backend, backend_reason = choice.backend_choice(
                 agreed["vllm_tensor_parallel_size"] * agreed["vllm_pipeline_parallel_size"],
                 len(nodes))
+        if not _check_data_parallel(name, agreed, backend, len(nodes), settings[members[0]],
+                                    problems, group_where):
+            continue
         replicas.append(Replica(name=name, backend=backend,
                                 nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
                                 engine=EngineArgs(**engine_values), vars=replica_vars,

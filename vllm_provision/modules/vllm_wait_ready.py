@@ -55,7 +55,7 @@ from vllm_provision.transport.api import (
     show_command,
     wait_ready,
 )
-from vllm_provision.transport.tunnel import ApiRoute, route_for
+from vllm_provision.transport.tunnel import ApiRoute, route_for, route_to_node
 
 ARGUMENT_SPEC = ArgumentSpec("vllm_wait_ready", (
     Argument("timeout_s", "float", "seconds to wait in all",
@@ -229,6 +229,47 @@ def api_route(ctx: ModuleContext, replica: Replica) -> ApiRoute:
     return route_for(replica, ctx.connections.get(replica.master.name))
 
 
+def wait_api_servers(ctx: ModuleContext, replica: Replica, model: str, deadline: float,
+                     poll_s: float) -> None:
+    """Wait until every API server of a hybrid data-parallel replica besides rank 0's answers
+    ``/health`` 200 and lists ``model`` (each node serves its own engines; rank 0's serving
+    says nothing of theirs). Nothing for other replicas.
+
+    Raises:
+        ProvisionError: a node's API server did not serve by ``deadline`` (``time.monotonic``
+            seconds), naming each such node and what it answered.
+    """
+    pending = {node.name: node for node in replica.api_nodes if node.rank != 0}
+    seen: dict[str, str] = {}
+    while pending:
+        for name, node in list(pending.items()):
+            route = route_to_node(replica, node, ctx.connections.get(name))
+            endpoint = Endpoint(route.base_url, replica.engine.api_key, route=route)
+            code = endpoint.health()
+            if code != 200:
+                seen[name] = f"/health {code}" if code else "no answer on the API port"
+                continue
+            try:
+                models = endpoint.served_models()
+            except ProvisionError as exc:
+                seen[name] = exc.problems[0].message
+                continue
+            if model in models:
+                del pending[name]
+            else:
+                seen[name] = f"/v1/models lists {models}"
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise ProvisionError([Problem(
+                name, f"the API server of node {name} (hybrid data parallel) did not serve",
+                expected=f"/health 200 and {model!r} in /v1/models",
+                actual=printable(seen.get(name, "")),
+                fix=f"read its journal (provision logs -i INV --host {name}); raise "
+                    "vllm_ready_timeout_s if it needs longer") for name in pending])
+        time.sleep(poll_s)
+
+
 def served_model(replica: Replica) -> str:
     """The id ``/v1/models`` lists: ``--served-model-name`` or else the model path."""
     return replica.engine.served_model_name or replica.engine.model
@@ -293,6 +334,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
             sys.stderr.flush()
         return stall_problem(ctx, replica, watch, now)
 
+    started = time.monotonic()
     with progress.wait(f"replica {replica.name}: waiting until rank 0 serves",
                        [node.name for node in replica.nodes]) as view:
         try:
@@ -313,6 +355,8 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                     if stopped else "")
             raise ProvisionError([replace(first, fix=first.fix + note),
                                   *exc.problems[1:]]) from None
+        if replica.hybrid:
+            wait_api_servers(ctx, replica, model, started + timeout_s, values["poll_s"])
         view.finish("already serving" if ready.already_serving else "serving")
     if ready.already_serving:
         message = "already serving"

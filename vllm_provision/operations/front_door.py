@@ -37,10 +37,11 @@ ONLY_HEALTHY = ("left in: the only healthy worker of this front door (vllm-route
 
 
 def _step(gateway: str, phase: str, ok: bool, action: str, detail: str,
-          started: float) -> dict[str, Any]:
-    """One gateway's record of one phase (``upgrade --json``: ``replicas[].front_door``)."""
-    return {"gateway": gateway, "phase": phase, "ok": ok, "action": action, "detail": detail,
-            "duration_s": round(time.monotonic() - started, 3)}
+          started: float, worker: str) -> dict[str, Any]:
+    """One gateway's record of one phase for one worker URL (``upgrade --json``:
+    ``replicas[].front_door``)."""
+    return {"gateway": gateway, "worker": worker, "phase": phase, "ok": ok, "action": action,
+            "detail": detail, "duration_s": round(time.monotonic() - started, 3)}
 
 
 class FrontDoors:
@@ -75,16 +76,16 @@ class FrontDoors:
                 workers = client.workers()
                 if url not in workers:
                     out.append(_step(gateway.host, "drain", True, "absent",
-                                     "not in its worker list", started))
+                                     "not in its worker list", started, url))
                 elif router.only_healthy(url, workers):
                     out.append(_step(gateway.host, "drain", True, "kept", ONLY_HEALTHY,
-                                     started))
+                                     started, url))
                 else:
                     out.append(_step(gateway.host, "drain", True, "removed",
-                                     client.remove(url), started))
+                                     client.remove(url), started, url))
             except ProvisionError as exc:
                 out.append(_step(gateway.host, "drain", False, "failed",
-                                 " ".join(p.message for p in exc.problems)[:400], started))
+                                 " ".join(p.message for p in exc.problems)[:400], started, url))
         return out
 
     def undrain(self, url: str, drained: Sequence[dict[str, Any]],
@@ -94,7 +95,8 @@ class FrontDoors:
         ``timeout_s`` per gateway). One record per such gateway: ``action`` ``added`` (``ok``)
         or ``failed`` with the reason."""
         removed = [g for g in self.gateways
-                   if any(d["gateway"] == g.host and d["action"] == "removed" for d in drained)]
+                   if any(d["gateway"] == g.host and d["action"] == "removed"
+                          and d.get("worker", url) == url for d in drained)]
 
         def one(gateway: Gateway) -> dict[str, Any]:
             started = time.monotonic()
@@ -104,15 +106,15 @@ class FrontDoors:
                 while True:
                     seen = client.workers().get(url)
                     if seen is not None and seen.healthy:
-                        return _step(gateway.host, "undrain", True, "added", said, started)
+                        return _step(gateway.host, "undrain", True, "added", said, started, url)
                     if time.monotonic() - started >= timeout_s:
                         return _step(gateway.host, "undrain", False, "failed",
                                      f"{gateway.host}: not reported healthy within "
-                                     f"{timeout_s:g} s after {said!r}", started)
+                                     f"{timeout_s:g} s after {said!r}", started, url)
                     time.sleep(0.5)
             except ProvisionError as exc:
                 return _step(gateway.host, "undrain", False, "failed",
-                             " ".join(p.message for p in exc.problems)[:400], started)
+                             " ".join(p.message for p in exc.problems)[:400], started, url)
 
         if not removed:
             return []

@@ -86,15 +86,17 @@ def _node_role(node: Node) -> str:
 
 
 def vllm_targets(inventory: Inventory) -> list[dict[str, Any]]:
-    """The ``vllm`` job's file_sd entries: one per replica whose backend serves the OpenAI API,
-    rank 0's API address (``Replica.api_url``: an all-interfaces bind is reached on rank 0's
-    cluster IP)."""
+    """The ``vllm`` job's file_sd entries: one per API server of every replica whose backend
+    serves the OpenAI API: rank 0's API address (``Replica.node_api_url``: an all-interfaces
+    bind is reached on the node's cluster IP), and every node's of a hybrid data-parallel
+    replica (each serves the metrics of its own engines)."""
     out = []
     for replica in inventory.replicas:
         if not replica.backend_type.serves_openai:
             continue
-        host_port = replica.api_url.removeprefix("http://")
-        out.append({"targets": [host_port], "labels": _labels(replica, replica.master, "api")})
+        for node in replica.api_nodes:
+            host_port = replica.node_api_url(node).removeprefix("http://")
+            out.append({"targets": [host_port], "labels": _labels(replica, node, "api")})
     return out
 
 

@@ -275,8 +275,12 @@ class _Upgrade:
         if not self.doors:
             return
         started = time.monotonic()
-        steps = (self.doors.drain(entry.endpoint) if phase == "drain"
-                 else self.doors.undrain(entry.endpoint, entry.front_door))
+        replica = next((r for r in self.inventory.replicas if r.name == entry.name), None)
+        steps = []
+        # every API server of the replica: one, or every node's of a hybrid data-parallel one
+        for url in (replica.api_urls if replica is not None else (entry.endpoint,)):
+            steps += (self.doors.drain(url) if phase == "drain"
+                      else self.doors.undrain(url, entry.front_door))
         entry.front_door.extend(steps)
         if phase == "undrain":
             entry.timings["undrain"] = time.monotonic() - started

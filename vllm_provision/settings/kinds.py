@@ -353,6 +353,10 @@ KINDS: dict[str, str] = {
     "vllm_tensor_parallel_size": "count",
     "vllm_pipeline_parallel_size": "count",
     "vllm_max_model_len": "count",
+    "vllm_data_parallel_size": "count",
+    "vllm_data_parallel_size_local": "count",
+    "vllm_data_parallel_layout": "choice",
+    "vllm_data_parallel_rpc_port": "port",
     "vllm_gpu_memory_utilization": "fraction",  # checked by check_fraction
     "vllm_api_host": "address",
     "vllm_api_via": "choice",

@@ -300,6 +300,23 @@ _TABLE: tuple[Variable, ...] = (
              "stage).", "4", engine_field="tensor_parallel_size", minimum=1),
     Variable("vllm_pipeline_parallel_size", int, 1, "`--pipeline-parallel-size` (pipeline "
              "stages).", "2", engine_field="pipeline_parallel_size", minimum=1),
+    Variable("vllm_data_parallel_size", int, 1, "Data-parallel engines of the replica "
+             "(`--data-parallel-size`), each of TP x PP GPUs on one node; more than 1 makes a "
+             "data-parallel replica (mp backend; docs/serving.md).", "4",
+             engine_field="data_parallel_size", minimum=1),
+    Variable("vllm_data_parallel_size_local", int, None, "Data-parallel engines on each node "
+             "(`--data-parallel-size-local`); default: the size over the node count, which must "
+             "then divide it. Size = local size x nodes.", "2",
+             engine_field="data_parallel_size_local", minimum=1),
+    Variable("vllm_data_parallel_layout", str, "internal", "How a data-parallel replica "
+             "serves: `internal`, one API server on rank 0 spreading requests over every "
+             "engine, the other nodes `--headless`; `hybrid`, an API server on every node for "
+             "its own engines (`--data-parallel-hybrid-lb`), each a worker of the front door "
+             "(vLLM docs, \"Data Parallel Deployment\"; docs/serving.md).", "hybrid",
+             choices=("internal", "hybrid"), engine_field="data_parallel_layout"),
+    _port("vllm_data_parallel_rpc_port", 29550, "Data parallel: rank 0's handshake port for "
+          "the other nodes' engines (`--data-parallel-rpc-port`; vLLM's default 29550).",
+          engine_field="data_parallel_rpc_port"),
     Variable("vllm_max_model_len", int, None, "`--max-model-len`, in tokens.", "8192",
              engine_field="max_model_len", minimum=1),
     Variable("vllm_gpu_memory_utilization", float, 0.9, "`--gpu-memory-utilization`: the "
@@ -320,8 +337,9 @@ _TABLE: tuple[Variable, ...] = (
     _port("vllm_master_port", 29501, "mp: TCP store port on rank 0 (`--master-port`).",
           engine_field="master_port"),
     Variable("vllm_extra_args", list, [], "More `vllm serve` arguments, one list item per word. "
-             "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, nor options "
-             "that have a variable here.", "[--max-num-seqs, '64']", engine_field="extra_args"),
+             "Not: --nnodes, --node-rank, --headless, --distributed-executor-backend, the "
+             "data-parallel options, nor options that have a variable here.",
+             "[--max-num-seqs, '64']", engine_field="extra_args"),
     Variable("vllm_api_key", str, None, "API key clients must send (`VLLM_API_KEY` in the 0600 "
              "env file, never in the unit or output); at least 8 characters.",
              "s3cr3t-k3y-0f-32-chars", secret=True, check=check_secret,

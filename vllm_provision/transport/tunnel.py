@@ -395,6 +395,32 @@ def route_for(replica: Replica, connection: Any = None, *, via: str | None = Non
                     opener=lambda timeout: forward(destination, port, timeout))
 
 
+def route_to_node(replica: Replica, node: Any, connection: Any = None) -> ApiRoute:
+    """The route to ``node``'s own API server (every node of a hybrid data-parallel replica
+    serves one, docs/serving.md), on the path chosen for the replica (:func:`choice_for`):
+    direct to :meth:`Replica.node_api_url`, or a forwarded channel of ``connection`` (the run's
+    connection to ``node``).
+
+    Raises:
+        ProvisionError: ``ssh`` was chosen and no connection to ``node`` was given.
+    """
+    chosen = choice_for(replica)
+    url = replica.node_api_url(node)
+    if chosen.via == "direct":
+        return ApiRoute(url, "direct", node.name, chosen)
+    forward = getattr(connection, "open_forward", None)
+    if forward is None:
+        raise ProvisionError.single(
+            node.name, f"the replica's API is reached through SSH ({chosen.reason}), but there "
+            f"is no SSH connection to {node.name} here", expected="an open connection to it",
+            fix="check that the node is reachable over SSH (provision status), or set "
+                "vllm_api_via: direct")
+    destination = tunnel_destination(replica.engine.api_host)
+    port = replica.engine.api_port
+    return ApiRoute(url, "ssh", node.name, chosen,
+                    opener=lambda timeout: forward(destination, port, timeout))
+
+
 def forget() -> None:
     """Forget every choice of this process (tests)."""
     with _CHOSEN_LOCK:

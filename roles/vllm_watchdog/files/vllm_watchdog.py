@@ -154,8 +154,9 @@ def cgroup_pids(cgroup: str, proc: str = "/proc") -> list[str]:
 
 def connected_to(cgroup: str, host: str, port: int, proc: str = "/proc") -> bool:
     """True when a process of ``cgroup`` holds an ESTABLISHED TCP connection to ``host:port``
-    (``/proc/net/tcp`` and ``tcp6``, state 01; proc(5)). A ``host`` that is not an IP address
-    cannot be compared: True (the caller then keeps the age rules alone)."""
+    (``/proc/net/tcp`` and ``tcp6``, state 01; proc(5)); ``port`` 0: to any port of ``host``
+    (a data-parallel engine's ZMQ sockets to rank 0, on ports rank 0 chose). A ``host`` that is
+    not an IP address cannot be compared: True (the caller then keeps the age rules alone)."""
     try:
         wanted = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
@@ -174,7 +175,8 @@ def connected_to(cgroup: str, host: str, port: int, proc: str = "/proc") -> bool
             if len(fields) < 10 or fields[3] != "01" or fields[9] not in inodes:
                 continue
             try:
-                if _proc_address(fields[2]) == (wanted, port):
+                address, remote_port = _proc_address(fields[2])
+                if address == wanted and port in (0, remote_port):
                     return True
             except ValueError:
                 continue

@@ -59,7 +59,8 @@ class Rule:
 
     ``mutual``: the dependency goes both ways (mp replicas); otherwise one-way (Ray).
     ``master_addr``/``master_port``: set on a headless node's rule for rank 0 (mp): the
-    rendezvous its workers connect to; "" / 0 otherwise.
+    rendezvous its workers connect to; port 0 with an address: any port of it (data parallel,
+    whose engines keep connections to rank 0 on ports rank 0 chose); "" / 0 otherwise.
     ``grace_s``: seconds the peer's watchdog may stay silent before the local unit restarts;
     0 takes ``Settings.grace_s``. A Ray worker's rule uses the GCS health-check bound (Ray
     survives a shorter silence: see :func:`decide_ray_worker`).
