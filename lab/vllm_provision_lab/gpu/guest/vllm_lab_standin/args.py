@@ -28,7 +28,9 @@ DEFAULTS: dict[str, Any] = {
     "master_port": 29501, "headless": False, "api_server_count": None,
     "distributed_executor_backend": None, "distributed_timeout_seconds": None, "host": None,
     "port": 8000, "served_model_name": None, "api_key": None, "max_model_len": None,
-    "gpu_memory_utilization": 0.9,
+    "gpu_memory_utilization": 0.9, "data_parallel_size_local": None,
+    "data_parallel_start_rank": None, "data_parallel_address": None,
+    "data_parallel_rpc_port": None, "data_parallel_hybrid_lb": False,
 }
 _TYPES = {"int": int, "float": float}
 
@@ -53,6 +55,11 @@ def build_parser(options: list[dict[str, Any]] | None = None,
     add("--tensor-parallel-size", "-tp", type=int, default=1)
     add("--pipeline-parallel-size", "-pp", type=int, default=1)
     add("--data-parallel-size", "-dp", type=int, default=1)
+    add("--data-parallel-size-local", "-dpl", type=int, default=None)
+    add("--data-parallel-start-rank", "-dpr", type=int, default=None)
+    add("--data-parallel-address", "-dpa", default=None)
+    add("--data-parallel-rpc-port", "-dpp", type=int, default=None)
+    add("--data-parallel-hybrid-lb", "-dph", action="store_true")
     add("--nnodes", "-n", type=int, default=1)
     add("--node-rank", "-r", type=int, default=0)
     add("--master-addr", default="127.0.0.1")
@@ -208,6 +215,12 @@ class ServeConfig:
     Attributes (units): ``api_keys``: the accepted API keys (none: open);
     ``world_size`` = TP x PP; ``local_world_size`` = world_size / nnodes;
     ``backend`` is ``mp``, ``uni`` or ``ray``; ``max_model_len`` in tokens; ``port`` TCP.
+
+    Data parallel across nodes (``data_parallel_size`` > ``data_parallel_size_local``) reads as
+    a group of ``nnodes`` = size / local size members: ``node_rank`` = start rank / local size,
+    ``master_addr``/``master_port`` = the data-parallel address and RPC port (rank 0's
+    handshake, vllm/v1/engine/utils.py), ``local_world_size`` = TP x PP x local size; the
+    members meet rank 0 as mp nodes do (:mod:`.mp`), and ``hybrid`` members serve HTTP too.
     """
 
     model: str
@@ -228,6 +241,8 @@ class ServeConfig:
     max_model_len: int
     gpu_memory_utilization: float
     distributed_timeout_s: float | None
+    data_parallel_size: int = 1
+    hybrid: bool = False
 
 
 def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
@@ -248,6 +263,12 @@ def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
                           "--headless (no API servers are started in headless mode).")
     world_size = ns.tensor_parallel_size * ns.pipeline_parallel_size
     gpu_count = int(spec["gpus"])
+    dp = _data_parallel(ns, world_size)
+    if dp is not None:
+        if dp["local_world_size"] > gpu_count:
+            raise ConfigError(f"local_world_size ({dp['local_world_size']}) must be less than "
+                              f"or equal to the number of visible devices ({gpu_count}).")
+        ns.distributed_executor_backend = ns.distributed_executor_backend or "mp"
     backend = ns.distributed_executor_backend
     if backend is None and world_size > 1:
         if ns.nnodes > 1:
@@ -291,14 +312,61 @@ def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
         raise ConfigError(f"Incorrect path_or_model_id: '{tokenizer}'. Please provide either "
                           "the path to a local folder or the repo_id of a model on the Hub.")
     names = ns.served_model_name or [model]
+    if dp is not None:
+        nnodes, node_rank = dp["nnodes"], dp["node_rank"]
+        master_addr, master_port = dp["address"], dp["rpc_port"]
+        local_world_size = dp["local_world_size"]
+    else:
+        nnodes, node_rank = ns.nnodes, ns.node_rank
+        master_addr, master_port = ns.master_addr, ns.master_port
     return ServeConfig(
         model=model, served_model_name=names[0],
         tensor_parallel_size=ns.tensor_parallel_size,
         pipeline_parallel_size=ns.pipeline_parallel_size, world_size=world_size,
-        local_world_size=local_world_size, nnodes=ns.nnodes, node_rank=ns.node_rank,
-        master_addr=ns.master_addr, master_port=ns.master_port, headless=ns.headless,
+        local_world_size=local_world_size, nnodes=nnodes, node_rank=node_rank,
+        master_addr=master_addr, master_port=master_port, headless=ns.headless,
         backend=backend, host=ns.host, port=ns.port,
         api_keys=_api_keys(ns.api_key),
         max_model_len=_human_int(ns.max_model_len) if ns.max_model_len else 2048,
         gpu_memory_utilization=ns.gpu_memory_utilization,
-        distributed_timeout_s=ns.distributed_timeout_seconds)
+        distributed_timeout_s=ns.distributed_timeout_seconds,
+        data_parallel_size=int(ns.data_parallel_size or 1),
+        hybrid=dp is not None and dp["hybrid"])
+
+
+def _data_parallel(ns: argparse.Namespace, world_size: int) -> dict[str, Any] | None:
+    """Data parallel over several nodes as vLLM's ``EngineArgs.create_engine_config`` reads it
+    (vllm/engine/arg_utils.py), or None for one node's engines (or none):
+
+    * ``--data-parallel-hybrid-lb`` needs ``--data-parallel-size-local`` ("data_parallel_size_local
+      must be set to use data_parallel_hybrid_lb.");
+    * a start rank without ``--headless`` infers hybrid; a local size equal to the size turns
+      hybrid off (one node);
+    * ``--headless`` with hybrid: "data_parallel_hybrid_lb is not applicable in headless mode"
+      (vllm/entrypoints/cli/serve.py);
+    * the address defaults to ``--master-addr`` (127.0.0.1), the RPC port to 29550.
+
+    Raises:
+        ConfigError: with vLLM's text.
+    """
+    size = int(ns.data_parallel_size or 1)
+    local = ns.data_parallel_size_local
+    hybrid = bool(ns.data_parallel_hybrid_lb)
+    if local is None:
+        if hybrid:
+            raise ConfigError("data_parallel_size_local must be set to use "
+                              "data_parallel_hybrid_lb.")
+        local = size
+    start = int(ns.data_parallel_start_rank or 0)
+    if start and not ns.headless:
+        hybrid = True
+    if local == size:
+        hybrid = False
+    if hybrid and ns.headless:
+        raise ConfigError("data_parallel_hybrid_lb is not applicable in headless mode")
+    if size <= 1 or local >= size:
+        return None
+    return {"nnodes": -(-size // local), "node_rank": start // local, "hybrid": hybrid,
+            "address": ns.data_parallel_address or ns.master_addr or "127.0.0.1",
+            "rpc_port": int(ns.data_parallel_rpc_port or 29550),
+            "local_world_size": world_size * local}

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     log("INFO", "api_server.py:1", f"vLLM API server version {spec['vllm']}")
     log("INFO", "utils.py:1", f"non-default args: {vars(namespace)}")
     try:
-        if config.headless or config.node_rank > 0:
+        if config.headless or (config.node_rank > 0 and not config.hybrid):
             from .mp import run_headless
 
             return run_headless(config, spec)
@@ -58,6 +58,12 @@ def serve(config: ServeConfig, spec: dict[str, Any]) -> int:
 
         engine: Any = RayEngine(config, spec)
         engine.start()
+        step = engine.step
+    elif config.nnodes > 1 and config.node_rank > 0:
+        from .mp import HybridMember
+
+        engine = HybridMember(config, spec)
+        engine.join()
         step = engine.step
     elif config.nnodes > 1:
         from .mp import Master

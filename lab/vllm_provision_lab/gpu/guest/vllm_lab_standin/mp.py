@@ -16,6 +16,15 @@ torch.distributed TCPStore on ``A:P`` (all interfaces); every other node connect
   the collective timeout (the torch.distributed timeout, ``init_timeout_s``), as a hung NCCL or
   gloo collective does; then torch's watchdog line, and the engine dies as with a dead peer.
 
+Data parallel over nodes (``--data-parallel-size`` with ``--data-parallel-size-local`` below
+it) meets the same way, on ``--data-parallel-address``:``--data-parallel-rpc-port``
+(:class:`~.args.ServeConfig`): vLLM's data-parallel engines run their steps in lockstep
+(``DPEngineCoreProc`` all-reduces the unfinished-requests flag over the data-parallel group,
+vllm/v1/engine/core.py), so a dead engine fails the others' next step as a dead TP/PP peer does;
+a headless member whose rank 0 died stays up (vllm-project/vllm#32136). A hybrid member
+(``--data-parallel-hybrid-lb``) serves HTTP for its own engines (:class:`HybridMember`): its
+next request after rank 0 is gone gets a 500 and it exits, as rank 0 does for a dead peer.
+
 Wire protocol (lab only): newline-delimited JSON; hello -> go -> loaded -> step/ok.
 """
 
@@ -152,6 +161,72 @@ class Master:
                 except (OSError, ValueError) as exc:
                     raise EngineDead(f"RuntimeError: [gloo/transport/tcp/pair.cc:553] {exc} "
                                      f"[node {rank}]") from exc
+
+
+class HybridMember:
+    """A hybrid data-parallel node other than rank 0: joins rank 0 as a headless node does,
+    answers its steps on a thread, and serves its own HTTP requests while rank 0 is there."""
+
+    def __init__(self, config: ServeConfig, spec: dict[str, Any]) -> None:
+        self.config, self.spec = config, spec
+        self.sock: socket.socket | None = None
+        self.gone = threading.Event()
+
+    def join(self) -> None:
+        """Connect to rank 0 (retrying until the init timeout), say hello, wait for go, load.
+
+        Raises:
+            TimeoutError: rank 0 never came, or never said go (a version mismatch).
+        """
+        config = self.config
+        timeout_s = init_timeout_s(config, self.spec)
+        deadline = time.monotonic() + timeout_s
+        log("INFO", "core.py:1", f"Data parallel node {config.node_rank}: connecting to the "
+            f"front end at {config.master_addr}:{config.master_port}")
+        while self.sock is None:
+            try:
+                self.sock = socket.create_connection((config.master_addr, config.master_port),
+                                                     timeout=5)
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"Did not receive response from front-end process "
+                                       f"within {int(timeout_s)} seconds") from None
+                time.sleep(1)
+        sock = self.sock
+        reader = sock.makefile("r")
+        _send(sock, {"node_rank": config.node_rank, "versions": versions(self.spec),
+                     "world_size": config.world_size, "nnodes": config.nnodes})
+        try:
+            sock.settimeout(max(1.0, deadline - time.monotonic()))
+            _read_line(reader)
+            sock.settimeout(None)
+        except (OSError, ValueError):
+            raise TimeoutError(watchdog_timeout_message(config.node_rank, timeout_s)) from None
+        load(self.spec, config, f"node {config.node_rank}")
+        _send(sock, {"loaded": True})
+        threading.Thread(target=self._answer, args=(reader,), daemon=True).start()
+
+    def _answer(self, reader: Any) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                message = _read_line(reader)
+                _send(self.sock, {"ok": message.get("step")})
+            except (OSError, ValueError):
+                log("ERROR", "core.py:1", "RuntimeError: [gloo/transport/tcp/pair.cc:553] "
+                    "Connection closed by peer: data parallel rank 0 is gone")
+                self.gone.set()
+                return
+
+    def step(self) -> None:
+        """One step of this node's engines: fails once rank 0 is gone (the group's all-reduce).
+
+        Raises:
+            EngineDead: rank 0's connection closed.
+        """
+        if self.gone.is_set():
+            raise EngineDead("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection "
+                             "closed by peer [data parallel rank 0]")
 
 
 def load(spec: dict[str, Any], config: ServeConfig, who: str) -> None:
