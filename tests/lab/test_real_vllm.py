@@ -367,10 +367,14 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
         if stream["fate"] == "completed":  # real vLLM caps max_tokens at the model length
             assert stream["finish_reason"] == "length" and 1 <= stream["tokens"] <= 96
             assert stream["end_s"] <= min(went) + 1.0, (stream, went)
-        elif stopped and min(stopped) <= min(went):  # cut by the stop: not before it
-            assert stream["tokens"] < 96 and stream["end_s"] >= min(stopped) - 0.5, stream
-        else:  # failed by rank 0 itself: after the fault, before its process was gone
-            assert stream["tokens"] < 96 and 0 <= stream["end_s"] <= min(exited) + 0.5, stream
+        else:
+            # failed: after the fault, and no later than rank 0's API went away. Not "not
+            # before the stop" when the stop came first: systemd kills the headless node's
+            # orphaned worker as soon as its main process is gone (KillMode=control-group),
+            # and rank 0's engine fails its streams at that worker's loss, which can come
+            # before the watchdog's stop (CI of 2026-12-04: a stream failed at 1.41 s, the
+            # stop at 2.07 s)
+            assert stream["tokens"] < 96 and 0 <= stream["end_s"] <= min(went) + 0.5, stream
     _record(replica, "fault h2", recovered_s=fault["recovery"]["recovered_s"],
             fates=[s["fate"] for s in fault["streams"]])
     assert replica.complete() == 200

@@ -140,3 +140,16 @@ def test_bad_layouts_are_refused_at_load_with_a_fix(tmp_path: Path, group_vars: 
     for word in words:
         assert word in text, text
     assert "inv.yml" in text
+
+
+def test_preflight_counts_every_local_engine_against_the_node_gpus() -> None:
+    from vllm_provision.checks.finding import Severity
+    from vllm_provision.checks.topology import check_gpus_per_node, check_parallel_sizes
+
+    findings = check_gpus_per_node(_replica(), {"h1": 4, "h2": 3})
+    assert [(f.host, f.severity) for f in findings] == [("h1", Severity.OK),
+                                                         ("h2", Severity.ERROR)]
+    assert "2 data-parallel engines x TP x PP 2" in findings[1].expected
+    assert "vllm_data_parallel_size_local" in findings[1].fix
+    sizes = check_parallel_sizes(_replica(nodes=2, tensor_parallel_size=4))
+    assert sizes[0].severity == Severity.OK and "4 engines of 4 x 1" in sizes[0].actual
