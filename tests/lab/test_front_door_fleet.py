@@ -3,14 +3,15 @@ docs/evidence.md "Through a front door").
 
 The broker hands the lab's hosts over with no replica serving (held exclusively). The module's
 inventory has two single-node mp replicas, ``a`` on h1 and ``b`` on h2 (TP=4, the stand-in's 4
-GPUs each), and the front door on h1 (``vllm_gateways``, the lab's download of vllm-router
-0.1.17 as its wheelhouse). Then, as an operator would:
+GPUs each), and the front door on h3, a third lab host of no replica (``vllm_gateways``, the
+lab's download of vllm-router 0.1.17 as its wheelhouse; h3 is booted here and removed at the
+end). Then, as an operator would:
 
 - ``provision up`` serves both replicas and the front door, whose router lists both healthy;
-- ``provision bench --front-door h1`` sends the same seeded requests direct and through the
+- ``provision bench --front-door h3`` sends the same seeded requests direct and through the
   front door: every request completes both ways, and the latency the front door adds is
   reported (its bound, 2 ms on TTFT p50, is a goal of bench/README.md, not asserted here);
-- ``provision fault --replica a --kill h1 --front-door h1``: while ``a``'s rank 0 is killed and
+- ``provision fault --replica a --kill h1 --front-door h3``: while ``a``'s rank 0 is killed and
   restarted by systemd, a steady load goes through the front door; the router stops choosing
   ``a``, calls it healthy again and really sends it requests again once it serves (the times
   are reported; their goals, 5 s each, are bench/README.md's), and a client of the front door
@@ -21,9 +22,9 @@ GPUs each), and the front door on h1 (``vllm_gateways``, the lab's download of v
   restarts and added back once it serves, and no request through the front door fails;
 - ``provision down`` takes the fleet and the front door down, and the broker is told.
 
-Cost: about 60 s on one lab instance alone (measured 2026-12-04: 57 s; up of both replicas and
-the router's venv 13 s, bench 2 x 20 requests 9 s, fault 13 s, the upgrade 19 s, down 3 s);
-docs/testing.md, "Per module".
+Cost: about 65 s on one lab instance alone (measured 2026-12-04: 65 s; h3's boot, up of both
+replicas and the router's venv 21 s, bench 2 x 20 requests 8 s, fault 13 s, the upgrade 19 s,
+down and h3's removal 3 s); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -75,10 +76,12 @@ def fleet(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
     inventory = {"all": {"vars": source["all"]["vars"], "children": {
         "vllm_replicas": {"children": {"a": single("h1"), "b": single("h2")}},
         "vllm_gateways": {"vars": {"vllm_gateway_wheelhouse": str(wheels)},
-                          "hosts": {"h1": {}}}}}}
+                          "hosts": {"h3": {"ansible_host": lab.config.address("h3")}}}}}}
     path = folder / "fleet.yml"
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))
     state = folder / "state"
+    added = [] if "h3" in {h.name for h in lab.hosts} else ["h3"]
+    lab.add_hosts(added)
     with replicas.exclusive("mp", start="stopped") as lease:
         up = provision(state, "up", "-i", str(path), "--json")
         try:
@@ -87,16 +90,18 @@ def fleet(lab: Any, replicas: Any, tmp_path_factory: pytest.TempPathFactory
                    "up": json.loads(up.stdout)}
         finally:
             down = provision(state, "down", "-i", str(path))
-            assert down.returncode == 0, down.stdout + down.stderr
             lease.leave("down")
+            lab.remove_hosts(added)
+            assert down.returncode == 0, down.stdout + down.stderr
 
 
 def test_both_replicas_serve_behind_the_front_door(fleet: dict[str, Any]) -> None:
     served = {r["name"]: r["served"] for r in fleet["up"]["replicas"]}
     assert served == {"a": True, "b": True}
     address = fleet["lab"].config.address("h1")
+    door = fleet["lab"].config.address("h3")
     with httpx.Client(timeout=10) as client:
-        workers = client.get(f"http://{address}:30000/workers").json()["workers"]
+        workers = client.get(f"http://{door}:30000/workers").json()["workers"]
     assert sorted((w["url"], w["is_healthy"]) for w in workers) == [
         (f"http://{address}:8000", True),
         (f"http://{fleet['lab'].config.address('h2')}:8000", True)]
@@ -106,19 +111,19 @@ def test_bench_through_the_front_door_completes_every_request_and_says_what_it_a
         fleet: dict[str, Any]) -> None:
     done = provision(fleet["state"], "bench", "-i", fleet["inventory"], "--replica", "a",
                      "--requests", "20", "--concurrency", "1", "--max-tokens", "8",
-                     "--front-door", "h1", "--json", timeout=300)
+                     "--front-door", "h3", "--json", timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(done.stdout)
     json_schemas.validate("bench", result)
     door = result["front_door"]
-    assert (door["host"], door["failed"], door["client"]["completed"]) == ("h1", 0, 20)
-    assert door["url"] == f"http://{fleet['lab'].config.address('h1')}:30000"
+    assert (door["host"], door["failed"], door["client"]["completed"]) == ("h3", 0, 20)
+    assert door["url"] == f"http://{fleet['lab'].config.address('h3')}:30000"
     assert all(isinstance(v, float) for v in door["added"].values()), door["added"]
 
 
 def test_a_killed_replica_is_routed_around_and_taken_back(fleet: dict[str, Any]) -> None:
     done = provision(fleet["state"], "fault", "-i", fleet["inventory"], "--replica", "a",
-                     "--kill", "h1", "--front-door", "h1", "--streams", "2",
+                     "--kill", "h1", "--front-door", "h3", "--streams", "2",
                      "--max-tokens", "64", "--bound", "120", "--json", timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(done.stdout)
@@ -141,7 +146,8 @@ def test_a_rolling_upgrade_behind_the_front_door_loses_no_request(fleet: dict[st
 
     lab = fleet["lab"]
     address = lab.config.address("h1")
-    watch = FrontDoorWatch("h1", f"http://{address}:30000", f"http://{address}:8000",
+    watch = FrontDoorWatch("h3", f"http://{lab.config.address('h3')}:30000",
+                           f"http://{address}:8000",
                            "/srv/models/lab-model", read_timeout_s=30)
     # an engine argument changed on both replicas: each one restarts in its turn
     path = Path(fleet["inventory"])
@@ -160,7 +166,7 @@ def test_a_rolling_upgrade_behind_the_front_door_loses_no_request(fleet: dict[st
     json_schemas.validate("upgrade", summary)
     steps = {entry["name"]: [(s["gateway"], s["phase"], s["action"]) for s in
                              entry["front_door"]] for entry in summary["replicas"]}
-    assert steps == {name: [("h1", "drain", "removed"), ("h1", "undrain", "added")]
+    assert steps == {name: [("h3", "drain", "removed"), ("h3", "undrain", "added")]
                      for name in ("a", "b")}, steps
     assert all(entry["outcome"] == "upgraded" and entry["restarted"] for entry in
                summary["replicas"]), summary["replicas"]
