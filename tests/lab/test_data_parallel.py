@@ -8,7 +8,8 @@ front door on h1). For each layout, as an operator would:
 
 - ``provision up`` serves it; each node's unit runs vLLM's data-parallel options with its own
   start rank and rank 0's address and RPC port (read with ``systemctl cat`` over the lab's
-  SSH, testinfra), and every API server of the layout completes a request;
+  SSH, testinfra), every API server of the layout completes a request, and ``status`` says
+  it serves (with ``hybrid``, from every node's API server);
 - ``provision fault --kill h2`` (kill -9 of the other node's vLLM) under a steady load: the
   replica serves again (systemd restarts h2, the peer watchdogs restart the rest);
 - ``provision down`` takes it down whole: on both nodes the unit is stopped and disabled, no
@@ -111,11 +112,18 @@ def test_each_node_runs_its_engines_and_every_api_server_serves(deployed: dict[s
     servers = ["h1", "h2"] if deployed["layout"] == "hybrid" else ["h1"]
     for name in servers:
         assert lab_support.complete(f"http://{lab.config.address(name)}:8000", MODEL), name
+    status = provision(deployed["state"], "status", "-i", deployed["inventory"], "--json")
+    assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+    [seen] = json.loads(status.stdout)["replicas"]
+    assert seen["verdict"] == "serving", seen
     if deployed["layout"] == "hybrid":  # both API servers are workers of the front door
+        assert seen["api_servers"] == {"h1": 200, "h2": 200}, seen
         with httpx.Client(timeout=10) as client:
             workers = client.get(f"http://{master}:30000/workers").json()["workers"]
         assert sorted(w["url"] for w in workers) == [
             f"http://{lab.config.address(name)}:8000" for name in ("h1", "h2")]
+    else:
+        assert "api_servers" not in seen
 
 
 def test_a_killed_data_parallel_node_heals(deployed: dict[str, Any]) -> None:

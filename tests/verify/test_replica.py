@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+import pytest
+
 from vllm_provision import settings as resolver
 from vllm_provision.core.models import Node, Replica
 from vllm_provision.transport.api import Endpoint
@@ -61,6 +63,20 @@ def test_master_listens_on_the_api_port(replica: Replica, connect: Any) -> None:
     port = replica.engine.api_port
     assert any(host.socket(f"tcp://{address}:{port}").is_listening
                for address in ("0.0.0.0", replica.engine.api_host, replica.master.host_ip))
+
+
+def test_every_api_server_of_a_hybrid_replica_listens(node: Node, verify_inventory: Any,
+                                                      connect: Any) -> None:
+    """A hybrid data-parallel replica serves an API on every node (docs/serving.md); the
+    others serve from rank 0 alone (rank 0's own test above)."""
+    replica = _replica_of(node, verify_inventory)
+    if not replica.hybrid or node.rank == 0:
+        pytest.skip("one API server, rank 0's (tested above)")
+    host = connect(node.host)
+    port = replica.engine.api_port
+    assert any(host.socket(f"tcp://{address}:{port}").is_listening
+               for address in ("0.0.0.0", replica.engine.api_host, node.host_ip)), \
+        f"{node.name}: its API server does not listen on port {port}"
 
 
 def test_master_is_healthy_and_serves_the_model(replica: Replica, api_routes: Any) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +16,9 @@ from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, echo, shared_options
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.text import one_line
+
+if TYPE_CHECKING:
+    from vllm_provision.core.models import Replica
 
 
 def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, Any],
@@ -75,6 +79,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
         api_path = route.describe
     except ProvisionError:  # through SSH, and rank 0 has no connection: no answer
         health, api_path = None, f"ssh via {replica.master.name} (no connection)"
+    servers = _api_servers(replica, connections, health)
     info: dict[str, Any] = {
         "replica": replica.name, "backend": replica.backend, "health": health,
         "api_path": api_path,
@@ -95,6 +100,10 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
                              "age_s": (None if r.watchdog_age_s is None
                                        else round(r.watchdog_age_s, 1))}
                       for host, r in recovery.items()}}
+    if servers is not None:
+        info["api_servers"] = servers
+        # the replica serves when every API server does: the first that does not decides
+        health = next((code for code in servers.values() if code != 200), health)
     info.update(replica.backend_type.status_view(replica, states, lost, connections, vars_))
     ray_alive = len(info["ray"].get("nodes", [])) if "nodes" in info.get("ray", {}) else None
     info["whole"] = False if lost else replica_whole(
@@ -104,6 +113,27 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     info["down"] = (info["verdict"] == "down" and not lost and bool(states)
                     and all(s.active_state == "inactive" for s in states))
     return info
+
+
+def _api_servers(replica: Replica, connections: Mapping[str, Any],
+                 rank0: int | None) -> dict[str, int | None] | None:
+    """Each API server's ``/health`` status (None: no answer) by host, rank 0's as read
+    (``rank0``), of a hybrid data-parallel replica (docs/serving.md); None for other replicas,
+    which serve from rank 0 alone."""
+    if not replica.hybrid:
+        return None
+    from vllm_provision.transport.api import Endpoint
+    from vllm_provision.transport.tunnel import route_to_node
+
+    found: dict[str, int | None] = {replica.master.name: rank0}
+    for node in replica.api_nodes[1:]:
+        try:
+            route = route_to_node(replica, node, connections.get(node.name))
+            found[node.name] = Endpoint(route.base_url, replica.engine.api_key, timeout_s=5,
+                                        route=route).health()
+        except ProvisionError:
+            found[node.name] = None
+    return found
 
 
 def _watchdog_word(state: dict[str, Any]) -> str:
@@ -221,6 +251,9 @@ def command(history: bool, watch: bool, interval: float, duration: float | None,
                 echo(f"  {host:<12} {'unreachable':<20} {reason}")
             echo(f"  rank 0 /health: {info['health'] or 'no answer'}  "
                        f"(API path: {info['api_path']})")
+            if "api_servers" in info:  # hybrid data parallel: every node serves its engines
+                echo("  API servers /health: " + ", ".join(
+                    f"{host} {code or 'no answer'}" for host, code in info["api_servers"].items()))
             echo(f"  starts (state record): {state.describe_starts(info['starts'])}")
             if "ray" in info:
                 ray = dict(info["ray"])
