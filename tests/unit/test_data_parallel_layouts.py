@@ -133,6 +133,10 @@ def test_a_valid_layout_loads_with_the_default_local_size(tmp_path: Path) -> Non
     ("vllm_extra_args: [--data-parallel-size, '2']", 2, ["vllm_data_parallel_size"]),
     ("vllm_extra_args: [--data-parallel-start-rank, '2']", 2,
      ["node rank x vllm_data_parallel_size_local"]),
+    ("vllm_extra_args: [-dpb, ray]", 2, ["Ray data parallel is not a layout"]),
+    ("vllm_data_parallel_size: 3", 4, ["set vllm_data_parallel_size to 4, or change"]),
+    ("vllm_data_parallel_size: 4\nvllm_data_parallel_layout: hybrid\n"
+     "vllm_api_host: 10.0.0.1", 2, ["the other nodes cannot bind it", "vllm_api_host 0.0.0.0"]),
 ])
 def test_bad_layouts_are_refused_at_load_with_a_fix(tmp_path: Path, group_vars: str, nodes: int,
                                                     words: list[str]) -> None:
@@ -153,3 +157,20 @@ def test_preflight_counts_every_local_engine_against_the_node_gpus() -> None:
     assert "vllm_data_parallel_size_local" in findings[1].fix
     sizes = check_parallel_sizes(_replica(nodes=2, tensor_parallel_size=4))
     assert sizes[0].severity == Severity.OK and "4 engines of 4 x 1" in sizes[0].actual
+
+
+def test_with_data_parallel_the_unused_master_port_may_equal_the_rpc_port(tmp_path: Path) -> None:
+    inventory = load_inventory(_inventory(
+        tmp_path, "vllm_data_parallel_size: 2\nvllm_data_parallel_rpc_port: 29501"))
+    assert inventory.replicas[0].engine.data_parallel_rpc_port == 29501
+
+
+def test_one_hybrid_replica_gives_the_front_door_two_workers_for_power_of_two(
+        tmp_path: Path) -> None:
+    path = _inventory(tmp_path, "vllm_data_parallel_size: 2\nvllm_data_parallel_layout: hybrid")
+    text = path.read_text() + ("    vllm_gateways:\n      vars:\n        vllm_gateway_policy: "
+                               "power_of_two\n        vllm_gateway_wheelhouse: /srv/wheels\n"
+                               "      hosts:\n        h1: {}\n")
+    path.write_text(text)
+    inventory = load_inventory(path)
+    assert workers(inventory.replicas) == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")

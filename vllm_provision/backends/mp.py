@@ -52,12 +52,12 @@ class MpBackend(Backend):
 
     def other_ports(self, agreed: Mapping[str, Any],
                     host_value: Callable[[str], Any]) -> dict[str, Any]:
-        """The master port; the data parallel RPC port with data parallel."""
-        ports = {"vllm_master_port": agreed.get("vllm_master_port")}
+        """The master port; with data parallel the RPC port instead (no ``--master-port`` is
+        rendered then)."""
         size = agreed.get("vllm_data_parallel_size")
         if isinstance(size, int) and size > 1:
-            ports["vllm_data_parallel_rpc_port"] = agreed.get("vllm_data_parallel_rpc_port")
-        return ports
+            return {"vllm_data_parallel_rpc_port": agreed.get("vllm_data_parallel_rpc_port")}
+        return {"vllm_master_port": agreed.get("vllm_master_port")}
 
     def rendered_flags(self, replica: Replica) -> list[str]:
         """``--distributed-executor-backend mp --nnodes N``; with data parallel
@@ -106,8 +106,9 @@ class MpBackend(Backend):
         """This node's vLLM depends on every other node's vLLM, both ways; a headless node's rule
         for rank 0 names the rendezvous (``master_addr``/``master_port``), which its workers must
         have joined before it binds rank 0 (docs/recovery.md); with data parallel the port is 0:
-        any connection to rank 0 counts (the engines' data-parallel group needs every engine at
-        each step, so a data-parallel node depends on the others as a TP/PP node does)."""
+        any connection to rank 0 counts (every engine meets rank 0 only when it starts, and a
+        mixture-of-experts model's engines step in lockstep, so a data-parallel node depends on
+        the others as a TP/PP node does: docs/serving.md)."""
         unit = unit_var(node.host.vars, "vllm_unit_name", "vllm.service")
         rules = []
         for other in replica.nodes:

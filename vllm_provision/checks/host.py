@@ -313,6 +313,9 @@ def _model_present(scope: NodeScope) -> list[Finding]:
 
 @check("host.memory", order=180, scope="node")
 def _memory(scope: NodeScope) -> list[Finding]:
-    """The node's RAM holds its share of the model."""
-    share = scope.of.model_bytes // max(1, scope.replica.nnodes)
+    """The node's RAM holds its share of the model: the model over the nodes, or with data
+    parallel the whole model for each of the node's engines (each engine loads its own copy)."""
+    replica = scope.replica
+    share = (scope.of.model_bytes * replica.dp_size_local if replica.data_parallel
+             else scope.of.model_bytes // max(1, replica.nnodes))
     return check_memory(scope.node, scope.facts, share)

@@ -47,6 +47,12 @@ RENDERED_OPTIONS = {
                             "replicas behind the front door (docs/serving.md)",
     "--data-parallel-external-lb": "one endpoint per engine is one replica per engine here: "
                                    "declare replicas behind the front door (docs/serving.md)",
+    "--data-parallel-multi-port-external-lb": "one endpoint per engine is one replica per "
+                                              "engine here: declare replicas behind the front "
+                                              "door (docs/serving.md)",
+    "--data-parallel-backend": "data parallel runs on vLLM's mp processes here "
+                               "(vllm_data_parallel_size; Ray data parallel is not a layout: "
+                               "docs/serving.md)",
 }
 # Options that have a variable: one source for each value.
 VARIABLE_OPTIONS = {

@@ -155,7 +155,9 @@ def workers(replicas: Sequence[Replica]) -> tuple[str, ...]:
     for replica in replicas:
         if not replica.backend_type.serves_openai:
             continue
-        urls += [url for url in replica.api_urls if url not in urls]
+        for url in replica.api_urls:
+            if url not in urls:
+                urls.append(url)
     return tuple(urls)
 
 
@@ -296,7 +298,7 @@ def check_gateways(tree: Tree, hosts: Mapping[str, Host],
                              f"{GATEWAYS_GROUP}")
     for host in members:
         values = hosts[host].vars if host in hosts else {}
-        if values.get("vllm_gateway_policy") == "power_of_two" and len(serving) == 1:
+        if values.get("vllm_gateway_policy") == "power_of_two" and len(workers(serving)) == 1:
             problems.add(where(host, "vllm_gateway_policy"),
                          f"vllm_gateway_policy of gateway host {host} is power_of_two, which "
                          f"needs two replicas; {ROUTER_DISTRIBUTION} {ROUTER_VERSION} exits with "

@@ -213,7 +213,8 @@ def _check_data_parallel(replica: str, agreed: Mapping[str, Any], backend: str, 
     only (vLLM's Ray data parallel, ``--data-parallel-backend ray``, is not a layout here);
     the size is the engines per node times the nodes (vLLM starts ``--data-parallel-size-local``
     engines on each node from its ``--data-parallel-start-rank`` and waits for all of them,
-    ``vllm/v1/engine/utils.py``); ``hybrid`` needs a size above 1.
+    ``vllm/v1/engine/utils.py``); ``hybrid`` needs a size above 1 and an API bound on every
+    interface (each node binds the same ``vllm_api_host``).
     """
     size = agreed["vllm_data_parallel_size"]
     local = agreed["vllm_data_parallel_size_local"]
@@ -250,12 +251,14 @@ def _check_data_parallel(replica: str, agreed: Mapping[str, Any], backend: str, 
                          "declare one replica per engine behind the front door")
         return False
     if local is None and size % nnodes:
+        near = sorted({n for n in (nnodes * (size // nnodes), nnodes * (size // nnodes + 1))
+                       if n > 1})
         problems.add(at("vllm_data_parallel_size"),
                      f"vllm_data_parallel_size {size} of replica {replica!r} does not divide "
                      f"over its {nnodes} nodes", expected=f"a multiple of {nnodes} (the same "
                      "engines on every node)", actual=str(size),
-                     fix=f"set vllm_data_parallel_size to {nnodes * max(1, size // nnodes)} "
-                         f"or {nnodes * (size // nnodes + 1)}")
+                     fix=f"set vllm_data_parallel_size to {' or '.join(map(str, near))}, or "
+                         "change the replica's nodes")
         return False
     if local is not None and local * nnodes != size:
         problems.add(at("vllm_data_parallel_size_local"),
@@ -270,6 +273,15 @@ def _check_data_parallel(replica: str, agreed: Mapping[str, Any], backend: str, 
                      actual=f"{size} and {local} x {nnodes}",
                      fix=f"set vllm_data_parallel_size: {local * nnodes}, or remove "
                          "vllm_data_parallel_size_local")
+        return False
+    host = agreed["vllm_api_host"]
+    if layout == "hybrid" and host not in ("0.0.0.0", "::", ""):
+        problems.add(at("vllm_api_host"),
+                     f"replica {replica!r} is hybrid data parallel, so every node serves the "
+                     f"API, but vllm_api_host {host} is one address: the other nodes cannot "
+                     "bind it", expected="vllm_api_host 0.0.0.0 or :: (each node is reached on "
+                                         "its vllm_host_ip)", actual=str(host),
+                     fix="remove vllm_api_host (0.0.0.0), or use the internal layout")
         return False
     return True
 

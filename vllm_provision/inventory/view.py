@@ -130,7 +130,8 @@ def ansible_graph(tree: Tree, top: str = "all") -> str:
 
 def node_role(replica: Replica, node: Node) -> str:
     """The node's role from its backend (:meth:`~vllm_provision.backends.Backend.node_role`):
-    ``master`` and ``headless`` (mp), ``ray-head`` and ``ray-worker`` (ray)."""
+    ``master``, ``headless`` and ``api`` (mp; ``api``: a hybrid data-parallel replica's other
+    nodes, docs/serving.md), ``ray-head`` and ``ray-worker`` (ray)."""
     from vllm_provision import backends
 
     return backends.of(replica).node_role(replica, node)

@@ -31,7 +31,7 @@ from vllm_provision.settings.masking import Masker
 from vllm_provision.state import ray_token
 from vllm_provision.transport import router, runlock
 from vllm_provision.transport.connection import ConnectionOptions
-from vllm_provision.transport.tunnel import route_for
+from vllm_provision.transport.tunnel import route_for, route_to_node
 
 # A hook always gets at least this long, even with --drain-timeout 0 (no /metrics wait).
 HOOK_MIN_TIMEOUT_S = 30.0
@@ -227,6 +227,23 @@ class _Upgrade:
         except ProvisionError:
             return None
 
+    def wait_idle(self, replica: Any, endpoint: str) -> dict[str, Any]:
+        """:func:`fleet.wait_idle` of the replica's API; for a hybrid data-parallel replica, of
+        every node's API server in turn (each counts only its own engines' requests), within
+        one ``drain_timeout_s``: the first that is not idle in time is the result."""
+        started = time.monotonic()
+        seen = fleet.wait_idle(endpoint, self.drain_timeout_s, route=self.route(replica))
+        for node in replica.api_nodes[1:] if seen["idle"] else ():
+            try:
+                route = route_to_node(replica, node, self.factory(node.host))
+            except ProvisionError:
+                continue  # not reachable: nothing can be waited for there
+            left = max(0.0, self.drain_timeout_s - (time.monotonic() - started))
+            seen = fleet.wait_idle(replica.node_api_url(node), left, route=route)
+            if not seen["idle"]:
+                break
+        return {**seen, "waited_s": round(time.monotonic() - started, 3)}
+
     def on_nodes(self, replica: Any, command: str) -> str | None:
         """Run one shell line on every node of ``replica``; the first error, or None."""
         for node in replica.nodes:
@@ -336,8 +353,7 @@ def _upgrade_batch(upgrade: _Upgrade, batch: list[fleet.ReplicaOutcome], echo: A
             continue
         upgrade.front_door(entry, "drain", echo)
         if upgrade.drain_timeout_s > 0:
-            entry.drain = fleet.wait_idle(entry.endpoint, upgrade.drain_timeout_s,
-                                          route=upgrade.route(by_name[entry.name]))
+            entry.drain = upgrade.wait_idle(by_name[entry.name], entry.endpoint)
         error = upgrade.snapshot(by_name[entry.name])
         entry.timings["drain"] = time.monotonic() - started
         if error:

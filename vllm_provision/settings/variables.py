@@ -325,7 +325,8 @@ _TABLE: tuple[Variable, ...] = (
              "against it (docs/preflight.md, \"Will the model fit\").", "0.9",
              engine_field="gpu_memory_utilization", check=check_fraction),
     Variable("vllm_api_host", str, "0.0.0.0", "Address the master's HTTP server binds "
-             "(`--host`).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
+             "(`--host`; every node's with the hybrid data-parallel layout, which needs 0.0.0.0 "
+             "or ::).", "0.0.0.0", engine_field="api_host", check=check_ip_address),
     Variable("vllm_api_via", str, "auto", "How the controller reaches rank 0's API (readiness, "
              "verify, status, bench, fault, upgrade). `direct`: HTTP to the API address. `ssh`: "
              "each HTTP connection is a forwarded channel of the SSH connection to rank 0 (no "
@@ -333,7 +334,8 @@ _TABLE: tuple[Variable, ...] = (
              "the address once; reachable (even refused) is `direct`, a timeout or no route is "
              "`ssh`, and an API bound to loopback is `ssh` (docs/deploy.md, \"How the controller "
              "reaches the API\").", "ssh", choices=("auto", "direct", "ssh")),
-    _port("vllm_api_port", 8000, "HTTP port of the master (`--port`).", engine_field="api_port"),
+    _port("vllm_api_port", 8000, "HTTP port of the master (`--port`; of every node with the "
+          "hybrid data-parallel layout).", engine_field="api_port"),
     _port("vllm_master_port", 29501, "mp: TCP store port on rank 0 (`--master-port`).",
           engine_field="master_port"),
     Variable("vllm_extra_args", list, [], "More `vllm serve` arguments, one list item per word. "

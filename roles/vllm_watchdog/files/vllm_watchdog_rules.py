@@ -160,8 +160,10 @@ def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound
     binding = Binding(rule.unit, local.invocation, rule.peer, rule.peer_unit, peer.invocation)
     if rule.mutual:
         if not joined:
+            where = (f"{rule.master_addr}:{rule.master_port}" if rule.master_port
+                     else f"{rule.master_addr}, any port")
             return Decision("wait", f"{rule.unit} has not joined {rule.peer}'s rendezvous "
-                            f"({rule.master_addr}:{rule.master_port}) yet")
+                            f"({where}) yet")
         if peer.age_s <= local.age_s + settings.slack_s or peer_bound_me:
             return Decision("bind", "peer is newer than this unit or already bound to it",
                             binding)

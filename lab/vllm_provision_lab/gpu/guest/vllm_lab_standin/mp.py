@@ -18,9 +18,10 @@ torch.distributed TCPStore on ``A:P`` (all interfaces); every other node connect
 
 Data parallel over nodes (``--data-parallel-size`` with ``--data-parallel-size-local`` below
 it) meets the same way, on ``--data-parallel-address``:``--data-parallel-rpc-port``
-(:class:`~.args.ServeConfig`): vLLM's data-parallel engines run their steps in lockstep
-(``DPEngineCoreProc`` all-reduces the unfinished-requests flag over the data-parallel group,
-vllm/v1/engine/core.py), so a dead engine fails the others' next step as a dead TP/PP peer does;
+(:class:`~.args.ServeConfig`): as a mixture-of-experts model's engines, which run their steps in
+lockstep (``DPEngineCoreProc`` all-reduces the unfinished-requests flag over the data-parallel
+group, vllm/v1/engine/core.py; a dense model's engines are independent, not reproduced here),
+a dead engine fails the others' next step as a dead TP/PP peer does;
 a headless member whose rank 0 died stays up (vllm-project/vllm#32136). A hybrid member
 (``--data-parallel-hybrid-lb``) serves HTTP for its own engines (:class:`HybridMember`): its
 next request after rank 0 is gone gets a 500 and it exits, as rank 0 does for a dead peer.
