@@ -152,9 +152,7 @@ def check_clock(node: Node, facts: HostFacts,
 # -- registered checks (checks/context.py): what run.py runs, in this order ------------------
 
 def _used(scope: NodeScope) -> int:
-    from vllm_provision.checks.topology import local_world_size
-
-    return local_world_size(scope.replica)
+    return scope.replica.gpus_per_node
 
 
 @check("gpu_health.errors", order=90, scope="node")

@@ -21,12 +21,6 @@ from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 
 
-def local_world_size(replica: Replica) -> int:
-    """GPU workers per node: world size / nnodes (mp: ``world_size // nnodes``); with data
-    parallel, TP x PP x engines per node (:attr:`Replica.gpus_per_node`)."""
-    return replica.gpus_per_node
-
-
 def check_default_backend(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:
     """A replica whose backend came from vLLM's default rule (``vllm_backend`` unset): say which
     backend was chosen and why; an error where vLLM itself would refuse to start (one node
@@ -115,7 +109,7 @@ def check_gpus_per_node(replica: Replica, gpu_counts: Mapping[str, int]) -> list
         replica: the replica.
         gpu_counts: GPUs found per host name (hosts without facts are left out).
     """
-    need = local_world_size(replica)
+    need = replica.gpus_per_node
     findings = []
     for node in replica.nodes:
         if node.name not in gpu_counts:
@@ -148,7 +142,7 @@ def check_tensor_parallel_in_node(replica: Replica) -> list[Finding]:
     (``_verify_bundles`` in ``vllm/v1/executor/ray_utils.py``); docs
     ``serving/parallelism_scaling.md``: TP inside a node, PP across nodes.
     """
-    tp, local = replica.engine.tensor_parallel_size, local_world_size(replica)
+    tp, local = replica.engine.tensor_parallel_size, replica.gpus_per_node
     if replica.nnodes > 1 and tp > local:
         return [Finding("topology.tp_in_node", Severity.WARNING, "*", "tensor parallel group",
                         expected=f"TP <= GPUs used per node ({local})",

@@ -31,7 +31,6 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_provision import settings
-from vllm_provision.checks.topology import local_world_size
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Node, Replica
 from vllm_provision.core.quoting import shell_join
@@ -97,7 +96,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     own_units = sorted({unit for node in replica.nodes
                         for unit in replica.backend_type.node_units(replica, node,
                                                                     node.host.vars)})
-    used = local_world_size(replica)
+    used = replica.gpus_per_node
     units = replica.backend_type.replica_units(replica, ctx.vars)
     nodes = start_order(replica)
     missing = [n.name for n in nodes if n.name not in ctx.connections]

@@ -377,22 +377,8 @@ def route_for(replica: Replica, connection: Any = None, *, via: str | None = Non
     Raises:
         ProvisionError: ``ssh`` was chosen and no connection to rank 0 was given.
     """
-    chosen = choice_for(replica, via=via, probe=probe, fresh=fresh)
-    url = replica.api_url
-    master = replica.master.name
-    if chosen.via == "direct":
-        return ApiRoute(url, "direct", master, chosen)
-    forward = getattr(connection, "open_forward", None)
-    if forward is None:
-        raise ProvisionError.single(
-            master, f"rank 0's API is reached through SSH ({chosen.reason}), but there is no "
-            "SSH connection to rank 0 here", expected="an open connection to rank 0",
-            fix="check that rank 0 is reachable over SSH (provision status), or set "
-                "vllm_api_via: direct")
-    destination = tunnel_destination(replica.engine.api_host)
-    port = replica.engine.api_port
-    return ApiRoute(url, "ssh", master, chosen,
-                    opener=lambda timeout: forward(destination, port, timeout))
+    return _route(replica, replica.master, connection,
+                  choice_for(replica, via=via, probe=probe, fresh=fresh))
 
 
 def route_to_node(replica: Replica, node: Any, connection: Any = None) -> ApiRoute:
@@ -404,16 +390,23 @@ def route_to_node(replica: Replica, node: Any, connection: Any = None) -> ApiRou
     Raises:
         ProvisionError: ``ssh`` was chosen and no connection to ``node`` was given.
     """
-    chosen = choice_for(replica)
+    return _route(replica, node, connection, choice_for(replica))
+
+
+def _route(replica: Replica, node: Any, connection: Any, chosen: Choice) -> ApiRoute:
+    """The route to ``node``'s API server on the path ``chosen``: direct to
+    :meth:`Replica.node_api_url`, or a forwarded channel of ``connection`` (the run's connection
+    to ``node``) to the API's bind address on the node."""
     url = replica.node_api_url(node)
     if chosen.via == "direct":
         return ApiRoute(url, "direct", node.name, chosen)
     forward = getattr(connection, "open_forward", None)
     if forward is None:
+        who = "rank 0" if node.rank == 0 else node.name
         raise ProvisionError.single(
-            node.name, f"the replica's API is reached through SSH ({chosen.reason}), but there "
-            f"is no SSH connection to {node.name} here", expected="an open connection to it",
-            fix="check that the node is reachable over SSH (provision status), or set "
+            node.name, f"{who}'s API is reached through SSH ({chosen.reason}), but there is no "
+            f"SSH connection to {who} here", expected=f"an open connection to {who}",
+            fix=f"check that {who} is reachable over SSH (provision status), or set "
                 "vllm_api_via: direct")
     destination = tunnel_destination(replica.engine.api_host)
     port = replica.engine.api_port
