@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from test_facts_probe import make_inventory
@@ -68,3 +69,27 @@ def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_pa
     again.run_state = {"h1": {vllm_preflight.GATHERED: first.facts["h1"]}}
     vllm_preflight.run(again, {})
     assert probed == [["h1", "h2"]]
+
+
+def test_facts_gathered_with_other_probe_options_are_probed_again(tmp_path, monkeypatch):
+    first = make_ctx(tmp_path)
+    vllm_preflight.run(first, {})
+    probed = []
+    real = vllm_preflight.gather_facts
+
+    def counting(inventory, connections, probe, hosts):
+        probed.append(sorted(hosts))
+        return real(inventory, connections, probe, hosts=hosts)
+
+    monkeypatch.setattr(vllm_preflight, "gather_facts", counting)
+    replicas = vllm_preflight.probed_replicas(first.inventory, first.connections)
+    own = vllm_preflight.probe_options(first.inventory, replicas)
+    other = replace(own, sha256=not own.sha256)
+    for options, expected in ((own, []), (other, [["h1", "h2"]])):
+        probed.clear()
+        again = SimpleNamespace(**{**vars(first), "facts": {}})
+        again.run_state = {name: {vllm_preflight.GATHERED: facts,
+                                  vllm_preflight.GATHERED_WITH: options}
+                           for name, facts in first.facts.items()}
+        vllm_preflight.run(again, {})
+        assert probed == expected

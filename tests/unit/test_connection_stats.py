@@ -21,7 +21,8 @@ def test_each_command_counts_once_with_its_round_trips() -> None:
     conn.run("uname -r", timeout_s=5)
     conn.run("uname -r", timeout_s=5)
     assert STATS.snapshot() == {"h1": {"connects": 0, "commands": 2,
-                                       "round_trips": 2 * COMMAND_ROUND_TRIPS}}
+                                       "round_trips": 2 * COMMAND_ROUND_TRIPS,
+                                       "exchanges": 0}}
 
 
 def test_a_prefetched_answer_sends_nothing() -> None:
@@ -31,7 +32,8 @@ def test_a_prefetched_answer_sends_nothing() -> None:
     assert wrapped.prefetch(["cat /a"]) == 1
     assert wrapped.run("cat /a").stdout == "a\n"
     assert STATS.snapshot() == {"h1": {"connects": 0, "commands": 1,
-                                       "round_trips": COMMAND_ROUND_TRIPS}}
+                                       "round_trips": COMMAND_ROUND_TRIPS,
+                                       "exchanges": 0}}
 
 
 def test_counters_add_per_host_in_first_use_order_and_render_for_vv() -> None:
@@ -41,7 +43,7 @@ def test_counters_add_per_host_in_first_use_order_and_render_for_vv() -> None:
     stats.add("h2", commands=2, round_trips=6)
     snap = stats.snapshot()
     assert list(snap) == ["h2", "h1"]
-    assert snap["h2"] == {"connects": 1, "commands": 2, "round_trips": 6}
+    assert snap["h2"] == {"connects": 1, "commands": 2, "round_trips": 6, "exchanges": 0}
     assert report.stats_lines(snap)[0] == ("ssh h2: 1 connection(s), 2 remote command(s), "
                                            "6 round trip(s) after connecting")
     snap["h1"]["commands"] = 99  # a copy

@@ -153,3 +153,25 @@ def test_the_facts_table_fits_80_columns_and_marks_differences_without_colour(tm
     python = [line for line in lines
               if line.count("│") >= 3 and line.split("│")[1].strip() == "python"]
     assert python and "* " not in python[0]  # equal values are not marked
+
+
+def test_the_probe_sent_in_the_run_lock_answer_parses_as_gather_facts_would(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm_provision import resources
+    from vllm_provision.operations import deploy
+    from vllm_provision.runner.playbook import load_playbook
+
+    inventory = make_inventory(tmp_path)
+    hosts = list(inventory.hosts.values())
+    assert deploy.first_probe(inventory, load_playbook(resources.playbook("down")), hosts) is None
+    probe = deploy.first_probe(inventory, load_playbook(resources.playbook("up")), hosts)
+    assert probe is not None and set(probe.commands) == {"h1", "h2"}
+    # the commands read no standard input: the lock's holder runs them with </dev/null
+    # (at once, as the lock sends them: each node's reachability test waits for the other)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outputs = dict(pool.map(lambda item: (item[0], LocalConnection(item[0]).run(
+            item[1] + " </dev/null").stdout), probe.commands.items()))
+    facts = probe.facts(inventory, {**outputs, "h2": "Traceback: no JSON"})
+    assert set(facts) == {"h1"}  # h2's answer was not facts: preflight probes it again
+    assert facts["h1"].venv_found and facts["h1"].model_path == str(tmp_path / "model")

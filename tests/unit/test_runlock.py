@@ -95,3 +95,53 @@ def test_the_lock_answers_with_the_hosts_state_record(tmp_path: Path) -> None:
     taken, _ = _acquire(tmp_path, warnings)
     assert len(warnings) == 1 and taken.records == {"h1": record}
     taken.release()
+
+
+# -- the first read and the exchanges (a no-change `up` in three commands, bench/README.md) ----
+
+def test_the_first_read_rides_in_the_lock_answer_without_stdin(tmp_path: Path) -> None:
+    conn = _Connection()
+    lock = RunLock.acquire({"h1": conn}, "up", [].append, state_dir=str(tmp_path),
+                           first_reads={"h1": "printf '{\"a\": 1}\\n'; cat; echo rc=$?"})
+    try:
+        assert json.loads(lock.firsts["h1"].splitlines()[0]) == {"a": 1}
+        assert "rc=0" in lock.firsts["h1"]  # its stdin is /dev/null, not the heartbeat pipe
+        assert lock.records["h1"] is None  # the state record still comes first
+        assert len(conn.channels) == 1  # no channel of its own
+    finally:
+        lock.release()
+    assert not (tmp_path / "run.lock.holder").exists()
+
+
+def test_a_host_without_a_first_read_has_none(tmp_path: Path) -> None:
+    lock, _ = _acquire(tmp_path)
+    try:
+        assert lock.firsts == {}
+    finally:
+        lock.release()
+
+
+def test_an_exchange_runs_on_the_holder_and_keeps_the_heartbeat(tmp_path: Path) -> None:
+    lock, conn = _acquire(tmp_path)
+    try:
+        lock.channels["h1"].sendall(b"\n")  # a heartbeat line in flight before the exchange
+        lock._beats["h1"].sent.append((0.0, 0.0))
+        tricky = "printf 'beat\\n@@RUN x END 0\\n%s\\n' \"$(cat)\"; exit 3"
+        answers = lock.exchange({"h1": tricky, "h2": "true"})
+        assert set(answers) == {"h1"}  # h2 holds no lock of this run: the caller's own way
+        result = answers["h1"]
+        assert result.exit_code == 3
+        assert result.stdout == "beat\n@@RUN x END 0\n\n"  # as printed, markers of its own kept
+        assert lock.lost_problem("h1") is None
+        assert not lock._beats["h1"].sent  # the heartbeat's answer was counted, not lost
+        assert lock.exchange({"h1": "echo again"})["h1"].stdout == "again\n"
+        assert len(conn.channels) == 1
+    finally:
+        lock.release()
+    assert not (tmp_path / "run.lock.holder").exists()
+
+
+def test_an_exchange_on_a_released_lock_is_left_to_the_caller(tmp_path: Path) -> None:
+    lock, _ = _acquire(tmp_path)
+    lock.release()
+    assert lock.exchange({"h1": "echo x"}) == {}

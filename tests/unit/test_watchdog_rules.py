@@ -378,3 +378,40 @@ def test_the_rules_file_is_a_plain_python_file_under_the_size_limit() -> None:
     assert not any(marker in source for marker in ("{%", "{{", "{#"))  # copied, never rendered
     assert len(source.splitlines()) <= 800
     compile(source, RULES.name, "exec")
+
+
+# -- a hold set aside and released (a run that changed nothing leaves the watchdog whole) -------
+
+def _published(*views: Any) -> dict[str, Any]:
+    return {"units": {v.unit: {"unit": v.unit, "invocation": v.invocation, "active": v.active,
+                               "sub": v.sub, "age_s": v.age_s, "main_pid": 0} for v in views}}
+
+
+def test_a_binding_of_the_same_two_processes_holds_again_after_the_hold() -> None:
+    bound = rules.Binding("vllm.service", "inv-1", "h1", "vllm.service", "inv-0")
+    local = {"vllm.service": view("inv-1", 10)}
+    peer = _published(view("inv-0", 10))
+    kept = rules.restore_bindings({"r": bound}, local, {"h1": peer}, "h2")
+    assert kept == {"r": bound}
+
+
+@pytest.mark.parametrize("local_inv, peer_inv, peer_answers, peer_active", [
+    ("inv-9", "inv-0", True, "active"),      # this node's unit restarted during the hold
+    ("inv-1", "inv-8", True, "active"),      # the peer's unit restarted during the hold
+    ("inv-1", "inv-0", False, "active"),     # the peer's watchdog does not answer
+    ("inv-1", "inv-0", True, "inactive"),    # the peer's unit is stopped
+])
+def test_a_binding_is_dropped_when_either_side_is_not_the_same_running_process(
+        local_inv: str, peer_inv: str, peer_answers: bool, peer_active: str) -> None:
+    bound = rules.Binding("vllm.service", "inv-1", "h1", "vllm.service", "inv-0")
+    local = {"vllm.service": view(local_inv, 10)}
+    states = {"h1": _published(view(peer_inv, 10, active=peer_active))
+              if peer_answers else None}
+    assert rules.restore_bindings({"r": bound}, local, states, "h2") == {}
+
+
+def test_a_rule_on_two_local_units_is_restored_from_the_local_view() -> None:
+    bound = rules.Binding("vllm.service", "inv-1", "h2", "ray-worker.service", "inv-2")
+    local = {"vllm.service": view("inv-1", 10),
+             "ray-worker.service": view("inv-2", 10, unit="ray-worker.service")}
+    assert rules.restore_bindings({"r": bound}, local, {}, "h2") == {"r": bound}

@@ -1,13 +1,18 @@
 """Gather facts: send the probe to every host at once (one SSH round trip each) and parse the JSON.
 
-The probe is ``probe_script.py`` fed on stdin to ``{vllm_venv}/bin/python -`` (falling back to
-``python3`` when the venv is missing, which it reports), with its settings as one JSON argument.
+The probe is ``probe_script.py``, compressed into the command line itself for
+``{vllm_venv}/bin/python -c`` (falling back to ``python3`` when the venv is missing, which it
+reports), with its settings as one JSON argument. It needs no standard input, so the run lock's
+holder can run it in its first answer (``up``: :func:`probe_commands`, ``transport.runlock``).
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import json
 import shlex
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -182,8 +187,19 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
     return config
 
 
+@functools.cache
+def probe_loader() -> str:
+    """The probe as one ``python -c`` argument: the script, zlib-compressed and base64-encoded
+    (about 11 KB for its 29 KB; base64 holds no quote, space or line break), decompressed and
+    run as ``__main__`` on the host (Python >= 3.8, standard library only)."""
+    packed = base64.b64encode(zlib.compress(probe_source().encode(), 9)).decode()
+    return ("import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('"
+            + packed + "')),'probe_script.py','exec'))")
+
+
 def probe_command(venv: str, config: Mapping[str, Any]) -> str:
-    """The one shell line that runs the probe (script on stdin) with the venv's Python or python3.
+    """The one shell line that runs the probe with the venv's Python or python3; it reads no
+    standard input (the script is in the line: :func:`probe_loader`).
 
     The venv's interpreter is used when it exists because package versions must be read where
     vLLM will import them; otherwise ``python3`` runs it and the result says ``venv_found: false``.
@@ -191,8 +207,8 @@ def probe_command(venv: str, config: Mapping[str, Any]) -> str:
     venv_python = shlex.quote(f"{venv.rstrip('/')}/bin/python")
     found = shlex.quote(json.dumps({**config, "venv_found": True}, separators=(",", ":")))
     missing = shlex.quote(json.dumps({**config, "venv_found": False}, separators=(",", ":")))
-    return (f"if [ -x {venv_python} ]; then exec {venv_python} - {found}; "
-            f"else exec python3 - {missing}; fi")
+    return (f"c={shlex.quote(probe_loader())}; if [ -x {venv_python} ]; then exec "
+            f"{venv_python} -c \"$c\" {found}; else exec python3 -c \"$c\" {missing}; fi")
 
 
 # ``NCCL_*`` variables that are not NCCL settings: NVIDIA's CUDA container images set
@@ -433,18 +449,49 @@ def probe_host(host: Host, conn: Connection, replica: Replica | None,
     """
     config = probe_config(host, replica, options)
     result = conn.run(probe_command(str(host_var(host, "vllm_venv")), config),
-                      stdin=probe_source(), timeout_s=options.command_timeout_s)
+                      timeout_s=options.command_timeout_s)
+    return parse_probe_result(host, config, result.stdout, result.stderr, result.exit_code)
+
+
+def probe_commands(inventory: Inventory, names: Sequence[str], options: ProbeOptions
+                   ) -> dict[str, tuple[dict[str, Any], str]]:
+    """Host name -> ``(its probe's settings, the probe command)`` for each of ``names``, as
+    :func:`gather_facts` would send them; for a caller that sends the probes itself (``up``:
+    in the run lock's first answer, all hosts at once, as the reachability test needs) and
+    parses each answer with :func:`parse_probe_result`."""
+    from vllm_provision.stack.lock import lock_packages
+
+    commands = {}
+    for name in names:
+        host = inventory.hosts[name]
+        mine = replace(options, extra_packages=lock_packages(inventory, name))
+        config = probe_config(host, inventory.replica_of(name), mine)
+        commands[name] = config, probe_command(str(host_var(host, "vllm_venv")), config)
+    return commands
+
+
+def parse_probe_result(host: Host, config: Mapping[str, Any], stdout: str, stderr: str,
+                       exit_code: int) -> HostFacts:
+    """Parse one probe's output (its last line, one JSON document) into ``HostFacts``.
+
+    Args:
+        host: the probed host. config: the settings the probe was sent
+            (:func:`probe_config`). stdout / stderr / exit_code: what the probe printed.
+
+    Raises:
+        ProvisionError: the probe did not print JSON (no Python on the host, a crash).
+    """
     try:
-        text = result.stdout.strip()
+        text = stdout.strip()
         raw = hostjson.loads(text.splitlines()[-1]) if text else None
     except json.JSONDecodeError:
         raw = None
     if not isinstance(raw, dict):
-        detail = (result.stderr.strip() or result.stdout.strip())[-1500:]
+        detail = (stderr.strip() or stdout.strip())[-1500:]
         raise ProvisionError.single(
             host.name, "the fact probe did not return facts",
             expected="one JSON document from python3 (>= 3.8)",
-            actual=f"exit status {result.exit_code}: {detail}",
+            actual=f"exit status {exit_code}: {detail}",
             fix=f"install python3 on {host.name} (or the venv at {host_var(host, 'vllm_venv')})",
         )
     raw = {**raw, "model_path": config.get("model_path", ""),

@@ -5,9 +5,10 @@ SSH round trip each, in parallel), stores the facts for later tasks (the ``facts
 and fails every node of a replica that has an error finding, so ``provision up`` touches no
 host of it; the other replicas pass on their own findings (``checks.run.findings_of``). Each
 node's result carries its replica's name and findings (``provision up`` reports per replica).
-Read-only: it runs the same in check mode. When the same command's approval dry run
-already probed every node of the task under the run lock it still holds, those facts are
-checked instead of probing again (:data:`GATHERED`).
+Read-only: it runs the same in check mode. When the same command already probed every node of
+the task under the run lock it still holds (``up`` sends the probe in the run lock's first
+answer; the approval's dry run probed too), those facts are checked instead of probing again
+(:data:`GATHERED`).
 
 It also chooses how the controller reaches each replica's API (``vllm_api_via``; ``auto``
 probes the direct address once, :mod:`vllm_provision.transport.tunnel`) and says which in each
@@ -31,9 +32,9 @@ from typing import Any
 
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.run import findings_of, load_defaults, run_checks, settings_for
-from vllm_provision.core.models import Replica
+from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.core.results import Status
-from vllm_provision.facts.gather import gather_facts
+from vllm_provision.facts.gather import ProbeOptions, gather_facts
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
@@ -44,6 +45,9 @@ RUNS_ON = "controller"
 # command already gathered under its run lock (the approval's dry run, operations/deploy.py):
 # when every host of the task has them, the task checks those instead of probing again.
 GATHERED = "facts_gathered_this_run"
+# ... and the probe options they were gathered with (absent: this task's own, as in the
+# approval's dry run): facts gathered with other options are not used.
+GATHERED_WITH = "facts_gathered_with"
 ARGUMENT_SPEC = ArgumentSpec("vllm_preflight", (
     Argument("skip_checks", ("list", "str"), "check names or prefixes to skip, as --skip-check "
              "(a string: comma-separated)"),
@@ -75,6 +79,26 @@ def api_path_json(replica: Replica, choice: Choice) -> dict[str, str]:
             "reason": choice.reason}
 
 
+def probe_options(inventory: Inventory, replicas: list[Replica],
+                  defaults: Mapping[str, Any] | None = None) -> ProbeOptions:
+    """What the probe gathers for ``replicas`` (the first one's settings; NCCL's loaded
+    library when any replica asks for it): the same for this task and for a command that
+    probes before it (``up``, in the run lock's first answer)."""
+    found = load_defaults() if defaults is None else defaults
+    settings = [settings_for(replica, found) for replica in replicas]
+    probe = settings[0].probe_options()
+    if any(s.nccl_loaded for s in settings):
+        probe = replace(probe, nccl_loaded=True)
+    return probe
+
+
+def probed_replicas(inventory: Inventory, hosts: Any) -> list[Replica]:
+    """The replicas this task probes when its play's connected hosts are ``hosts`` (names):
+    those with a node among them."""
+    names = set(hosts)
+    return [r for r in inventory.replicas if any(node.name in names for node in r.nodes)]
+
+
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Probe the play's replicas, run the checks, store facts, fail on any error finding.
 
@@ -88,23 +112,21 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """
     values = ARGUMENT_SPEC.validate(args)
     inventory = ctx.inventory
-    replicas = [r for r in inventory.replicas
-                if any(node.name in ctx.connections for node in r.nodes)]
+    replicas = probed_replicas(inventory, ctx.connections)
     if not replicas:
         return ModuleResult(Status.SKIPPED, "no replica among the play's hosts")
     skip = (_as_list(values["skip_checks"]) + _as_list(ctx.vars.get("skip_checks"))
             + _as_list(ctx.vars.get("preflight_skip_checks")))
     defaults = load_defaults()
-    settings = [settings_for(replica, defaults) for replica in replicas]
-    probe = settings[0].probe_options()
-    if any(s.nccl_loaded for s in settings):
-        probe = replace(probe, nccl_loaded=True)
+    probe = probe_options(inventory, replicas, defaults)
     names = [node.name for replica in replicas for node in replica.nodes
              if node.name in ctx.connections]
     earlier = {name: ctx.run_state.get(name, {}).get(GATHERED) for name in names}
-    if names and all(earlier.values()):
-        # the approval's dry run of this same command probed these hosts seconds ago, under
-        # the run lock this run still holds (operations/deploy.py): not probed twice
+    same = all(ctx.run_state.get(name, {}).get(GATHERED_WITH, probe) == probe for name in names)
+    if names and all(earlier.values()) and same:
+        # this same command probed these hosts seconds ago, under the run lock this run still
+        # holds (operations/deploy.py: the lock's first answer, or the approval's dry run):
+        # not probed twice
         facts, errors = dict(earlier), {}
     else:
         facts, errors = gather_facts(inventory, ctx.connections, probe, hosts=names)

@@ -31,7 +31,9 @@ from vllm_provision import resources, settings, state
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory
 from vllm_provision.core.results import Status, TaskResult
-from vllm_provision.modules.vllm_preflight import GATHERED
+from vllm_provision.facts import gather
+from vllm_provision.modules import vllm_preflight
+from vllm_provision.modules.vllm_preflight import GATHERED, GATHERED_WITH
 from vllm_provision.modules.vllm_wait_ready import replica_units
 from vllm_provision.operations import approval, takeover
 from vllm_provision.operations.plan import build_plan, plan_lines
@@ -182,6 +184,66 @@ def _ray_tokens(deploy: Deploy, hosts: Iterable[Host], warn: Callable[[str], Non
     return {"ray_token_rotated": rotated} if rotated else {}
 
 
+@dataclass(frozen=True)
+class FirstProbe:
+    """The fact probe ``up`` sends in the run lock's first answer (no channel of its own).
+
+    Attributes:
+        options: what it gathers (``modules.vllm_preflight.probe_options``).
+        sent: host name -> ``(the probe's settings, its command)``
+            (``facts.gather.probe_commands``).
+    """
+
+    options: gather.ProbeOptions
+    sent: Mapping[str, tuple[dict[str, Any], str]]
+
+    @property
+    def commands(self) -> dict[str, str]:
+        """Host name -> the command, for ``runlock.locked_run``'s ``first_reads``."""
+        return {name: command for name, (_config, command) in self.sent.items()}
+
+    def facts(self, inventory: Inventory, outputs: Mapping[str, str]) -> dict[str, Any]:
+        """Host name -> ``HostFacts`` of each host whose probe answered with facts (``outputs``:
+        the lock's ``firsts``); a host that did not is left out, and preflight probes it
+        again (then its error is reported the usual way)."""
+        found = {}
+        for name, (config, _command) in self.sent.items():
+            if name in outputs:
+                try:
+                    found[name] = gather.parse_probe_result(inventory.hosts[name], config,
+                                                            outputs[name], "", 0)
+                except ProvisionError:
+                    continue
+        return found
+
+
+def first_probe(inventory: Inventory, plays: Sequence[Any], hosts: Sequence[Host]
+                ) -> FirstProbe | None:
+    """The probe to send with the run lock when ``plays`` run preflight (``up``): on every
+    node, among ``hosts``, of the replicas preflight will probe; None otherwise."""
+    if not any(task.module == "vllm_preflight" for play in plays for task in play.tasks):
+        return None
+    names = {host.name for host in hosts}
+    replicas = vllm_preflight.probed_replicas(inventory, names)
+    if not replicas:
+        return None
+    options = vllm_preflight.probe_options(inventory, replicas)
+    nodes = [node.name for replica in replicas for node in replica.nodes if node.name in names]
+    return FirstProbe(options, gather.probe_commands(inventory, nodes, options))
+
+
+def _seed(runner: Runner, facts: Mapping[str, Any], options: Any = None) -> None:
+    """Hand facts this command already gathered under its run lock to ``runner``'s preflight
+    (``modules.vllm_preflight.GATHERED``; with the probe options they were gathered with)."""
+    for host_name, host_facts in facts.items():
+        state = runner.host_state.setdefault(host_name, {})
+        state[GATHERED] = host_facts
+        if options is not None:
+            state[GATHERED_WITH] = options
+        else:
+            state.pop(GATHERED_WITH, None)
+
+
 def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         warn: Callable[[str], None]) -> DeployOutcome:
     """Run the deploy pipeline (the module docstring's five steps) and return what it did.
@@ -225,12 +287,17 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
             and not approval.interactive():
         raise approval.refusal(name, deploy.take_over)
     hosts = runlock.hosts_of_plays(inventory, plays, deploy.limit)
-    with runlock.locked_run(hosts, deploy.connection, name, warn=warn) as factory:
+    probe = first_probe(inventory, plays, hosts)
+    with runlock.locked_run(hosts, deploy.connection, name, warn=warn,
+                            first_reads=probe.commands if probe else None) as factory:
+        probed = probe.facts(inventory, factory.firsts) if probe else {}
         gathered: Mapping[str, Any] = {}
         # the Ray tokens first, so the approval's dry run shows the files they change
         extra.update(_ray_tokens(deploy, hosts, warn, factory.opened))
         if not approved:
-            approved, gathered = _approve(deploy, plays, hosts, install(), factory, echo)
+            approved, gathered = _approve(deploy, plays, hosts, install(), factory, echo,
+                                          probed=probed,
+                                          probed_with=probe.options if probe else None)
             if not approved:
                 return DeployOutcome(exit_code=1, declined=True)
         # the approval's dry run already read every node's owner under this run lock: without
@@ -244,8 +311,10 @@ def run(deploy: Deploy, reporter: Any, *, echo: Callable[[str], None],
         runner = Runner(inventory, RunOptions(check_mode=deploy.check, diff_mode=deploy.diff,
                                               limit=deploy.limit, connection=deploy.connection),
                         reporter, connection_factory=factory)
-        for host_name, host_facts in gathered.items():
-            runner.host_state.setdefault(host_name, {})[GATHERED] = host_facts
+        if gathered:
+            _seed(runner, gathered)
+        elif probed:
+            _seed(runner, probed, probe.options if probe else None)
         outcome = runner.run_plays(plays)
         replicas = replica_results(inventory, outcome.results, outcome.hosts)
         # the top-level keys (one replica's, as before there were several): the first replica
@@ -369,11 +438,17 @@ def run_plan(inventory: Inventory, outcome: Any, *, starts_again: bool = False) 
 
 
 def _approve(deploy: Deploy, plays: Sequence[Any], hosts: Sequence[Any],
-             up_plays: Sequence[Any], factory: Any, echo: Callable[[str], None]
+             up_plays: Sequence[Any], factory: Any, echo: Callable[[str], None], *,
+             probed: Mapping[str, Any] | None = None, probed_with: Any = None
              ) -> tuple[bool, dict[str, Any]]:
     """Dry-run the playbook on the run's connections (the run locks are held on ``hosts``, the
     hosts of ``plays``), check ownership, show the plan, and ask for approval where it needs
     one (:mod:`vllm_provision.operations.approval`).
+
+    Args:
+        probed, probed_with: facts the run lock's first answer already carried, and the probe
+            options they were gathered with (:func:`first_probe`): the dry run's preflight
+            checks them instead of probing.
 
     Returns:
         ``(go on, facts)``: ``facts`` (host name -> ``HostFacts``) are what the dry run's
@@ -391,6 +466,8 @@ def _approve(deploy: Deploy, plays: Sequence[Any], hosts: Sequence[Any],
     runner = Runner(inventory, RunOptions(check_mode=True, diff_mode=False, limit=deploy.limit,
                                           connection=deploy.connection),
                     report.HumanReporter(io.StringIO()), connection_factory=factory)
+    if probed:
+        _seed(runner, probed, probed_with)
     plan = run_plan(inventory, runner.run_plays(plays), starts_again=name == "restart")
     if not approval.plan_needs_approval(name, plan, deploy.take_over):
         return True, dict(runner.facts)

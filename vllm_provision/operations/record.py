@@ -10,6 +10,7 @@ from typing import Any
 
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Inventory
+from vllm_provision.core.parallel import split_map
 from vllm_provision.facts.model import HostFacts
 from vllm_provision.runner.managed import install_plays, managed_files
 from vllm_provision.settings.masking import Masker
@@ -69,10 +70,29 @@ def record_after_up(inventory: Inventory, facts: Mapping[str, HostFacts],
         before: dict[str, Any] = previous.get("hosts") or {}
         hashes: dict[str, dict[str, str]] = {}
         started: dict[str, dict[str, Any]] = {}
-        for name, conn in connections.items():
+        scripts = {}
+        for name in connections:
             paths = sorted(set((files.get(name) or {}).values()))
-            result = conn.run(hash_files_script(paths) + "; "
-                              + invocation_script(unit_names(paths)))
+            scripts[name] = (hash_files_script(paths) + "; "
+                             + invocation_script(unit_names(paths)))
+        # over the run lock's open channels where it holds them (one round trip, no channel);
+        # the others on their own connections, all hosts at once
+        exchange = getattr(factory, "exchange", None)
+        results: dict[str, Any] = dict(exchange(scripts)) if exchange is not None else {}
+        def read(name: str) -> tuple[str, Any]:
+            try:
+                return name, connections[name].run(scripts[name])
+            except ProvisionError as exc:  # UnreachableError among them
+                return name, exc
+
+        rest = [name for name in connections if name not in results]
+        read_results, read_errors = split_map(read, rest, workers=len(rest),
+                                              failure=ProvisionError)
+        if read_errors:
+            raise ProvisionError([p for exc in read_errors.values() for p in exc.problems])
+        results.update(read_results)
+        for name in connections:
+            result = results[name]
             hashes[name] = parse_hashes(result.stdout)
             entry: dict[str, Any] = before.get(name) or {}
             started[name] = started_from(hashes[name], parse_invocations(result.stdout),

@@ -134,13 +134,16 @@ class HumanReporter:
 def stats_lines(stats: Mapping[str, Mapping[str, int]]) -> list[str]:
     """The ``-vv`` lines of the connection counters (``summary["stats"]``), one per host."""
     return [f"ssh {host}: {c['connects']} connection(s), {c['commands']} remote command(s), "
-            f"{c['round_trips']} round trip(s) after connecting" for host, c in stats.items()]
+            + (f"{c['exchanges']} read(s) over the run lock's channel, "
+               if c.get("exchanges") else "")
+            + f"{c['round_trips']} round trip(s) after connecting" for host, c in stats.items()]
 
 
 def connection_stats() -> dict[str, dict[str, int]]:
     """The connection layer's counters so far (:data:`vllm_provision.transport.stats.STATS`):
     host
-    -> ``{"connects", "commands", "round_trips"}``; the ``stats`` key of ``--json``."""
+    -> ``{"connects", "commands", "round_trips", "exchanges"}``; the ``stats`` key of
+    ``--json``."""
     from vllm_provision.transport.stats import STATS
 
     return STATS.snapshot()

@@ -41,9 +41,12 @@ five-byte answer.
 
 from __future__ import annotations
 
+import base64
 import getpass
 import json
 import os
+import re
+import secrets
 import socket
 import threading
 import time
@@ -61,8 +64,9 @@ from vllm_provision.core.models import Host
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import shell_quote
 from vllm_provision.core.text import printable
-from vllm_provision.transport.base import ConnectionOptions, UnreachableError
+from vllm_provision.transport.base import CommandResult, ConnectionOptions, UnreachableError
 from vllm_provision.transport.connection import HostConnection, close_all, open_connections
+from vllm_provision.transport.stats import STATS
 
 LOCK_FILE = f"{STATE_DIR}/run.lock"
 HOLDER_FILE = f"{STATE_DIR}/run.lock.holder"
@@ -73,6 +77,7 @@ GIVE_UP_S = 60
 # just inside the bound still has GIVE_UP_S - LOST_AFTER_S seconds of lock left.
 LOST_AFTER_S = 30.0
 STATE_MARK = "@@STATE\n"  # in the holder's first answer: the host's state record follows
+FIRST_MARK = "\n@@FIRST\n"  # then, when one was asked, the first read's output
 _POLL_S = 1.0  # how often the heartbeat thread reads the holders' answers (no network traffic)
 _ANSWER_TIMEOUT_S = 30.0
 
@@ -91,10 +96,17 @@ _SCRIPT = "; ".join((  # one line: a quoted shell word holds no line break (quot
     # the host's state record rides in the answer: the ownership guard reads it from here
     "printf 'LOCKED\\n%s\\n@@STATE\\n' \"$stale\"",
     "cat -- \"$dir/state.json\" 2>/dev/null || printf '__ABSENT__'",
+    # the first read (the fact probe) rides in the same answer: no channel of its own
+    "if [ -n \"$4\" ]; then printf '\\n@@FIRST\\n'; bash -c \"$4\" </dev/null 2>/dev/null; fi",
     "printf '\\nEND\\n'",
-    "while IFS= read -r -t \"$wait\" line; do if [ \"$line\" = release ]; then "
-    "rm -f -- \"$dir/run.lock.holder\"; printf 'RELEASED\\n'; exit 0; fi; "
-    "printf 'beat\\n'; done",
+    # each line read: `release`; `run NONCE BASE64` (a short read, answered between markers:
+    # RunLock.exchange); anything else is a heartbeat
+    "while IFS= read -r -t \"$wait\" line; do case $line in "
+    "release) rm -f -- \"$dir/run.lock.holder\"; printf 'RELEASED\\n'; exit 0;; "
+    "'run '*) r=${line#run }; n=${r%% *}; printf '@@RUN %s BEGIN\\n' \"$n\"; "
+    "bash -c \"$(printf '%s' \"${r#* }\" | base64 -d)\" </dev/null 2>/dev/null; "
+    "printf '\\n@@RUN %s END %s\\n' \"$n\" \"$?\";; "
+    "*) printf 'beat\\n';; esac; done",
     "exit 0",
 ))
 
@@ -191,6 +203,8 @@ class _Beat:
     lost_wall: float = 0.0
     other: Holder | None = None
     other_read: bool = False
+    # held while one thread reads the channel: the heartbeat thread, or an exchange
+    io: threading.Lock = field(default_factory=threading.Lock)
 
 
 class RunLock:
@@ -215,6 +229,9 @@ class RunLock:
         # host name -> the text of its state record as the lock found it (None: no record);
         # hosts absent here were not read (the guard then reads them itself)
         self.records: dict[str, str | None] = {}
+        # host name -> the output of the first read run with the lock (``acquire``'s
+        # ``first_reads``); hosts absent here had none, or the holder did not get that far
+        self.firsts: dict[str, str] = {}
         self._connections = dict(connections or {})
         self._me = me
         self._state_dir = state_dir
@@ -233,7 +250,9 @@ class RunLock:
     @classmethod
     def acquire(cls, connections: Mapping[str, Any], command: str,
                 warn: Callable[[str], None], state_dir: str = STATE_DIR,
-                clock: Callable[[], float] = time.monotonic) -> RunLock:
+                clock: Callable[[], float] = time.monotonic,
+                first_reads: Mapping[str, str] | None = None,
+                first_timeout_s: float = _ANSWER_TIMEOUT_S) -> RunLock:
         """Take the lock on every host of ``connections`` at once (in parallel).
 
         Args:
@@ -243,6 +262,13 @@ class RunLock:
             warn: called with one line per stale lock taken over.
             state_dir: the folder of the lock file (tests use a temporary one).
             clock: the monotonic clock of the heartbeat bookkeeping (tests move it).
+            first_reads: host name -> one shell command (built by the caller, values quoted)
+                that the holder runs once the lock is taken, before its first answer ends, with
+                no standard input and standard error discarded; its output is in
+                :attr:`firsts`. ``up`` sends its fact probe this way: the probe costs no
+                channel and no round trip of its own.
+            first_timeout_s: seconds to wait for a first answer that carries a first read
+                (30 s without one).
 
         Raises:
             RunLockError: a host's lock is held by another run (each such host is named with
@@ -254,13 +280,18 @@ class RunLock:
                            "started": me.started, "command": me.command})
         script = (f"bash -c {shell_quote(_SCRIPT)} vllm-provision-lock "
                   f"{shell_quote(state_dir)} {shell_quote(line)} {GIVE_UP_S}")
+        firsts = dict(first_reads or {})
         started: dict[str, float] = {}
 
         def one(name: str) -> tuple[str, Any, str, str]:
+            first = firsts.get(name)
             try:
                 started[name] = clock()  # the holder's first read -t starts after this
-                channel = connections[name].start(script, timeout_s=_ANSWER_TIMEOUT_S)
-                answer = _read_answer(channel)
+                channel = connections[name].start(
+                    script + (f" {shell_quote(first)}" if first else ""),
+                    timeout_s=_ANSWER_TIMEOUT_S)
+                answer = _read_answer(channel, max(_ANSWER_TIMEOUT_S, first_timeout_s)
+                                      if first else _ANSWER_TIMEOUT_S)
             except (UnreachableError, OSError, EOFError) as exc:
                 return name, None, "UNREACHABLE", str(exc)
             first, _, rest = answer.partition("\n")
@@ -276,6 +307,9 @@ class RunLock:
         for name, _channel, state, rest in answers:
             if state == "LOCKED":
                 rest, marked, record = rest.partition(STATE_MARK)
+                record, first_marked, first_output = record.partition(FIRST_MARK)
+                if first_marked:
+                    lock.firsts[name] = first_output
                 if marked:
                     record = record.strip()
                     lock.records[name] = None if record in ("", "__ABSENT__") else record
@@ -312,6 +346,8 @@ class RunLock:
 
     def _tend(self, name: str, beat: _Beat, send: bool) -> None:
         channel = beat.channel
+        if not beat.io.acquire(blocking=False):
+            return  # an exchange is reading this channel: it confirms the holder itself
         try:
             while channel.recv_ready():
                 data = channel.recv(4096)
@@ -320,12 +356,9 @@ class RunLock:
                 beat.pending += data
         except Exception:  # noqa: BLE001 - a lost channel shows as a holder that ended
             pass
-        answered = beat.pending.count(b"beat\n")
-        if answered:
-            beat.pending = beat.pending.rpartition(b"beat\n")[2]
-            with self._guard:
-                for _ in range(min(answered, len(beat.sent))):
-                    beat.confirmed, beat.confirmed_wall = beat.sent.popleft()
+        finally:
+            self._confirm_beats(beat)
+            beat.io.release()
         if _holder_ended(channel):
             self._mark_lost(beat, self._ended_reason(name))
             return
@@ -338,6 +371,16 @@ class RunLock:
                 beat.send_error = ""
             except Exception as exc:  # noqa: BLE001 - the bound decides whether it matters
                 beat.send_error = str(exc) or type(exc).__name__
+
+    def _confirm_beats(self, beat: _Beat) -> None:
+        """Count the whole ``beat`` answers in ``beat.pending``: each confirms the oldest line
+        sent and not yet answered."""
+        answered = beat.pending.count(b"beat\n")
+        if answered:
+            beat.pending = beat.pending.rpartition(b"beat\n")[2]
+            with self._guard:
+                for _ in range(min(answered, len(beat.sent))):
+                    beat.confirmed, beat.confirmed_wall = beat.sent.popleft()
 
     def _mark_lost(self, beat: _Beat, reason: str, wall: float | None = None) -> None:
         with self._guard:
@@ -427,6 +470,81 @@ class RunLock:
             return None
         return holder
 
+    # -- short reads over the holder's channel ------------------------------------------------
+
+    def exchange(self, commands: Mapping[str, str],
+                 timeout_s: float = _ANSWER_TIMEOUT_S) -> dict[str, CommandResult]:
+        """Run one short shell command per host through that host's holder process, on the
+        lock's open channel: one round trip each, no channel of its own (hosts in parallel).
+        The holder runs it with ``bash -c``, no standard input, standard error discarded, and
+        answers between two markers; the command is sent base64-encoded, so nothing in it is
+        read as the holder's own input.
+
+        Meant for reads of a few seconds (the state record's hashes): the holder answers no
+        heartbeat while a command runs, and a lock whose heartbeats go unanswered for
+        :data:`LOST_AFTER_S` seconds is lost.
+
+        Args:
+            commands: host name -> the shell command (built by the caller, values quoted).
+            timeout_s: seconds to wait for each answer.
+
+        Returns:
+            Host name -> its result (``stdout`` as the command printed it, ``stderr`` empty).
+            A host is absent when this run does not hold its lock (or lost it), or its answer
+            did not come in time: the caller runs the command its own way then.
+        """
+        names = [name for name in commands
+                 if name in self.channels and self.lost_problem(name) is None]
+
+        def one(name: str) -> tuple[str, CommandResult | None]:
+            return name, self._exchange_one(name, commands[name], timeout_s)
+
+        if not names:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(len(names), 32)) as pool:
+            answers = list(pool.map(one, names))
+        return {name: result for name, result in answers if result is not None}
+
+    def _exchange_one(self, name: str, command: str, timeout_s: float) -> CommandResult | None:
+        beat = self._beats[name]
+        channel = beat.channel
+        nonce = secrets.token_hex(8)
+        begin = f"@@RUN {nonce} BEGIN\n".encode()
+        end = re.compile(rb"\n@@RUN " + nonce.encode() + rb" END (\d+)\n")
+        payload = base64.b64encode(command.encode()).decode()
+        with beat.io:
+            data, beat.pending = beat.pending, b""
+            start = time.monotonic()
+            try:
+                sent = (self._clock(), time.time())
+                channel.sendall(f"run {nonce} {payload}\n".encode())
+                STATS.add(name, round_trips=1, exchanges=1)
+                found = end.search(data)
+                while found is None:
+                    left = timeout_s - (time.monotonic() - start)
+                    if left <= 0:
+                        beat.pending = data
+                        return None
+                    channel.settimeout(left)
+                    chunk = channel.recv(65536)
+                    if not chunk:
+                        beat.pending = data
+                        return None
+                    data += chunk
+                    found = end.search(data)
+            except Exception:  # noqa: BLE001 - socket.timeout, a lost channel: caller's way
+                beat.pending = data
+                return None
+            before, _, output = data[:found.start()].partition(begin)
+            beat.pending = before + data[found.end():]  # heartbeat answers around the exchange
+            self._confirm_beats(beat)
+            with self._guard:
+                # the holder read the line: it was alive when it was sent
+                beat.confirmed, beat.confirmed_wall = max((beat.confirmed, beat.confirmed_wall),
+                                                          sent)
+        return CommandResult(int(found.group(1)), output.decode(errors="replace"), "",
+                             time.monotonic() - start)
+
     def release(self) -> None:
         """Release every host's lock (idempotent): ``release``, then wait briefly for the
         holder's answer so that its holder file is gone before the connection closes."""
@@ -455,13 +573,19 @@ def _holder_ended(channel: Any) -> bool:
     return bool((event is not None and event.is_set()) or getattr(channel, "closed", False))
 
 
-def _read_answer(channel: Any) -> str:
-    """Read the holder script's first answer: up to ``END`` or until the channel ends."""
-    channel.settimeout(_ANSWER_TIMEOUT_S)
+def _read_answer(channel: Any, timeout_s: float = _ANSWER_TIMEOUT_S) -> str:
+    """Read the holder script's first answer: up to ``END`` or until the channel ends (or
+    ``timeout_s`` seconds pass)."""
+    channel.settimeout(timeout_s)
     data = b""
-    deadline = time.monotonic() + _ANSWER_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while b"\nEND\n" not in data and time.monotonic() < deadline:
-        chunk = channel.recv(4096)
+        try:
+            chunk = channel.recv(4096)
+        except TimeoutError:
+            if data.startswith(b"LOCKED"):
+                break  # the lock is taken; only its first read is late (not used then)
+            raise
         if not chunk:
             break
         data += chunk
@@ -555,6 +679,18 @@ class LendingFactory:
         (None: no record); hosts absent were not read. Empty without a lock."""
         return self.lock.records if self.lock is not None else {}
 
+    @property
+    def firsts(self) -> Mapping[str, str]:
+        """Host name -> the output of the first read the run lock ran (``first_reads`` of
+        :func:`locked_run`); empty without a lock."""
+        return self.lock.firsts if self.lock is not None else {}
+
+    def exchange(self, commands: Mapping[str, str],
+                 timeout_s: float = _ANSWER_TIMEOUT_S) -> dict[str, CommandResult]:
+        """Short reads over the run lock's channels (:meth:`RunLock.exchange`); ``{}``
+        without a lock. Hosts absent from the answer need the caller's own way."""
+        return self.lock.exchange(commands, timeout_s) if self.lock is not None else {}
+
     def ensure_held(self, *names: str) -> None:
         """The check point before a change on hosts ``names`` (:meth:`RunLock.ensure_held`;
         nothing without a lock).
@@ -583,7 +719,8 @@ def hosts_of_plays(inventory: Any, plays: Sequence[Any], limit: str | None) -> l
 
 @contextmanager
 def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
-               warn: Callable[[str], None]) -> Iterator[LendingFactory]:
+               warn: Callable[[str], None],
+               first_reads: Mapping[str, str] | None = None) -> Iterator[LendingFactory]:
     """Open the run's connections, take the run lock on ``hosts`` and yield a connection
     factory (:class:`LendingFactory`) that lends those connections and checks the lock before
     each change (``ensure_held``); release the lock and close them when the block ends. Every
@@ -596,6 +733,9 @@ def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
         options: the run's connection options.
         command: the provision command, for the holder file (``up``, ``stack sync``).
         warn: receives one line per stale lock taken over.
+        first_reads: host name -> a read the holder runs as soon as it holds the lock, its
+            output in the factory's ``firsts`` (:meth:`RunLock.acquire`); ``up`` sends its
+            fact probe this way.
 
     Raises:
         RunLockError: a host's lock is held by another run (before anything was changed).
@@ -603,7 +743,8 @@ def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
     unique = list({host.name: host for host in hosts}.values())
     opened, errors = open_connections(unique, options)
     try:
-        lock = RunLock.acquire(opened, command, warn)
+        lock = RunLock.acquire(opened, command, warn, first_reads=first_reads,
+                               first_timeout_s=options.command_timeout_s)
     except BaseException:
         close_all(opened)
         raise

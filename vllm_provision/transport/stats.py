@@ -29,15 +29,18 @@ class ConnectionStats:
     - ``connects``: SSH connections opened (handshake and authentication done);
     - ``commands``: remote commands sent (one exec channel each);
     - ``round_trips``: the waits on the host those commands cost after connecting
-      (:data:`COMMAND_ROUND_TRIPS` per command, :data:`START_ROUND_TRIPS` per started channel);
-      the connect handshake is not included (TCP, key exchange and authentication take about 4
-      more, RFC 4253 section 7 and RFC 4252).
+      (:data:`COMMAND_ROUND_TRIPS` per command, :data:`START_ROUND_TRIPS` per started channel,
+      1 per exchange); the connect handshake is not included (TCP, key exchange and
+      authentication take about 4 more, RFC 4253 section 7 and RFC 4252);
+    - ``exchanges``: short reads sent over the run lock's channel, already open
+      (``RunLock.exchange`` in ``vllm_provision.transport.runlock``): no channel of their own,
+      one round trip each.
 
     Thread-safe. ``provision -vv`` prints them at the end of a run, ``--json`` puts
     :meth:`snapshot` under ``stats``.
     """
 
-    KEYS = ("connects", "commands", "round_trips")
+    KEYS = ("connects", "commands", "round_trips", "exchanges")
 
     def __init__(self) -> None:
         """Start with no host counted."""
@@ -45,17 +48,18 @@ class ConnectionStats:
         self._hosts: dict[str, dict[str, int]] = {}
 
     def add(self, host: str, *, connects: int = 0, commands: int = 0,
-            round_trips: int = 0) -> None:
+            round_trips: int = 0, exchanges: int = 0) -> None:
         """Add to ``host``'s counters (ints >= 0)."""
         with self._lock:
             counts = self._hosts.setdefault(host, dict.fromkeys(self.KEYS, 0))
             counts["connects"] += connects
             counts["commands"] += commands
             counts["round_trips"] += round_trips
+            counts["exchanges"] += exchanges
 
     def snapshot(self) -> dict[str, dict[str, int]]:
-        """Return ``{host: {"connects", "commands", "round_trips"}}``, hosts in first-use order
-        (a copy)."""
+        """Return ``{host: {"connects", "commands", "round_trips", "exchanges"}}``, hosts in
+        first-use order (a copy)."""
         with self._lock:
             return {host: dict(counts) for host, counts in self._hosts.items()}
 

@@ -94,12 +94,16 @@ from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
     cluster_gaps,
     decide,
     decide_ray_worker,
+    describe_probe,
     log,
     node_table,
     parse_show,
+    ray_auth_env,
     ray_start_key,
     raylet_node_ids,
+    restore_bindings,
     trial_specs,
+    unit_view,
 )
 
 sys.dont_write_bytecode = _WRITE_BYTECODE
@@ -181,16 +185,6 @@ def connected_to(cgroup: str, host: str, port: int, proc: str = "/proc") -> bool
             except ValueError:
                 continue
     return False
-
-
-def held_until(path: str, now_s: float) -> float | None:
-    """The hold deadline (seconds since the epoch) when ``path`` holds a future one, else None."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            deadline = float(handle.read().strip() or 0)
-    except (OSError, ValueError):
-        return None
-    return deadline if deadline > now_s else None
 
 
 # --- Ray: what the GCS knows ---------------------------------------------------------------------
@@ -324,19 +318,6 @@ class RayNodes:
         if latest is None or at is None:
             return {"ok": False, "nodes": None, "error": "not read yet", "age_s": None}
         return {**latest, "age_s": round(max(0.0, mono - at), 1)}
-
-
-def ray_auth_env(value: Any) -> dict[str, str]:
-    """The config's ``ray_auth_env`` (``{"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH":
-    path}`` or ``{"RAY_AUTH_MODE": "disabled"}``, rendered by the role from
-    vllm_provision/settings/ray_auth.py) as the environment of the GCS reader; only names that
-    start with ``RAY_AUTH_`` and string values are kept (the file is ours, 0600, but a config
-    must not set anything else in the reader's environment). Ray's docs, "Ray token
-    authentication": https://docs.ray.io/en/latest/ray-security/token-auth.html."""
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): v for k, v in value.items()
-            if str(k).startswith("RAY_AUTH_") and isinstance(v, str) and "\0" not in v}
 
 
 def ray_nodes_main(address: str, poll_s: float) -> int:
@@ -519,6 +500,8 @@ class Watchdog:
     config: dict[str, Any]
     settings: Settings = field(default_factory=Settings)
     bindings: dict[str, Binding] = field(default_factory=dict)
+    suspended: dict[str, Binding] = field(default_factory=dict)  # the bindings a hold set aside
+    published_event: threading.Condition = field(default_factory=threading.Condition)
     missing_since: dict[str, float] = field(default_factory=dict)
     restarting: dict[str, tuple[str, float]] = field(default_factory=dict)
     published: dict[str, Any] = field(default_factory=dict)
@@ -572,9 +555,12 @@ class Watchdog:
                 self.missing_since.pop(peer, None)
         decisions: dict[str, Decision] = {}
         if hold is not None:
+            self.suspended.update(self.bindings)
             self.bindings.clear()
             self.restarting.clear()
         else:
+            self.bindings.update(restore_bindings(self.suspended, local, states, node))
+            self.suspended.clear()
             for rule in self.rules:
                 decisions[rule.key] = self.apply(rule, local, states, mono)
         if self.prober is not None:
@@ -591,7 +577,24 @@ class Watchdog:
                 "probe": self.prober.state(mono) if self.prober is not None else None,
                 "ray": ray}
             text = json.dumps(self.published)
+        with self.published_event:
+            self.published_event.notify_all()
         _write_atomic(self.config["state_file"], text)
+
+    def released(self) -> bool:
+        """The last poll saw no hold and every rule bound (``whole``)."""
+        with self.lock:
+            return self.published.get("held_until") is None and bool(self.published.get("whole"))
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``; wake early when the hold file appears or goes (read every 0.1 s)."""
+        end = time.monotonic() + seconds
+        with self.lock:
+            held = self.published.get("held_until") is not None
+        while time.monotonic() < end:
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+            if (held_until(self.config["hold_file"], time.time()) is not None) != held:
+                return
 
     def apply(self, rule: Rule, local: dict[str, UnitView],
               states: dict[str, dict[str, Any] | None], mono: float) -> Decision:
@@ -606,7 +609,7 @@ class Watchdog:
             peer_view, bound_me, missing = local.get(rule.peer_unit), False, 0.0
         else:
             state = states.get(rule.peer)
-            peer_view = _view(state, rule.peer_unit) if state else None
+            peer_view = unit_view(state, rule.peer_unit) if state else None
             bound_me = bool(state and mine and any(
                 b.get("unit") == rule.peer_unit and b.get("peer") == self.config["node"]
                 and b.get("peer_unit") == rule.unit and b.get("peer_invocation") == mine.invocation
@@ -699,23 +702,14 @@ class Watchdog:
             return json.dumps(self.published).encode()
 
 
-def _describe_probe(prober: Prober, probe: dict[str, Any]) -> str:
-    settings = prober.settings
-    if not prober.enabled:
-        return "disabled (probe_failures 0)"
-    return (f"a completion to {probe['url']} (model {probe['model']}) every "
-            f"{settings.probe_interval_s:g} s, timeout {settings.probe_timeout_s:g} s; "
-            f"{settings.probe_failures} consecutive failures restart {prober.unit}")
-
-
-def _view(state: dict[str, Any], unit: str) -> UnitView | None:
-    raw = state.get("units", {}).get(unit)
-    if not isinstance(raw, dict):
-        return None
+def held_until(path: str, now_s: float) -> float | None:
+    """The hold deadline (seconds since the epoch) when ``path`` holds a future one, else None."""
     try:
-        return UnitView(**raw)
-    except TypeError:
+        with open(path, encoding="utf-8") as handle:
+            deadline = float(handle.read().strip() or 0)
+    except (OSError, ValueError):
         return None
+    return deadline if deadline > now_s else None
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -734,9 +728,17 @@ def serve(watchdog: Watchdog) -> ThreadingHTTPServer:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path != "/state":
+            path, _, query = self.path.partition("?")
+            if path != "/state":
                 self.send_error(404)
                 return
+            # `?wait_released=S` (provision's release task): answer once the watchdog is
+            # released and whole again, or after S seconds (at most 10), whichever comes first
+            key, _, wait = query.partition("=")
+            if key == "wait_released" and wait.replace(".", "", 1).isdigit():
+                with watchdog.published_event:
+                    watchdog.published_event.wait_for(watchdog.released,
+                                                      timeout=min(10.0, float(wait)))
             body = watchdog.state_json()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -784,14 +786,14 @@ def main(argv: list[str]) -> int:
     log(f"vllm-watchdog on {config['node']}: {len(watchdog.rules)} rule(s), "
         f"listening on {config['listen_host']}:{config['listen_port']}")
     if watchdog.prober is not None:
-        log(f"probe: {_describe_probe(watchdog.prober, config['probe'])}")
+        log(f"probe: {describe_probe(watchdog.prober, config['probe'])}")
     while True:
         started = time.monotonic()
         try:
             watchdog.poll()
         except (OSError, subprocess.SubprocessError) as exc:
             log(f"poll failed: {exc}")
-        time.sleep(max(0.05, settings.poll_s - (time.monotonic() - started)))
+        watchdog.pause(max(0.05, settings.poll_s - (time.monotonic() - started)))
 
 
 if __name__ == "__main__":

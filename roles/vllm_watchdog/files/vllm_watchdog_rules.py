@@ -175,6 +175,69 @@ def decide(rule: Rule, local: UnitView | None, peer: UnitView | None, peer_bound
                     f"({peer.age_s:.0f} s ago vs {local.age_s:.0f} s ago)")
 
 
+def ray_auth_env(value: Any) -> dict[str, str]:
+    """The config's ``ray_auth_env`` (``{"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH":
+    path}`` or ``{"RAY_AUTH_MODE": "disabled"}``, rendered by the role from
+    vllm_provision/settings/ray_auth.py) as the environment of the GCS reader; only names that
+    start with ``RAY_AUTH_`` and string values are kept (the file is ours, 0600, but a config
+    must not set anything else in the reader's environment). Ray's docs, "Ray token
+    authentication": https://docs.ray.io/en/latest/ray-security/token-auth.html."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items()
+            if str(k).startswith("RAY_AUTH_") and isinstance(v, str) and "\0" not in v}
+
+
+def describe_probe(prober: Prober, probe: dict[str, Any]) -> str:
+    """The log line of a node's completion probe: what it sends, how often, what restarts."""
+    settings = prober.settings
+    if not prober.enabled:
+        return "disabled (probe_failures 0)"
+    return (f"a completion to {probe['url']} (model {probe['model']}) every "
+            f"{settings.probe_interval_s:g} s, timeout {settings.probe_timeout_s:g} s; "
+            f"{settings.probe_failures} consecutive failures restart {prober.unit}")
+
+
+def unit_view(state: dict[str, Any], unit: str) -> UnitView | None:
+    """The view of ``unit`` in a watchdog's published ``state``, None when absent or malformed."""
+    raw = state.get("units", {}).get(unit)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return UnitView(**raw)
+    except TypeError:
+        return None
+
+
+def restore_bindings(suspended: dict[str, Binding], local: dict[str, UnitView],
+                     states: dict[str, dict[str, Any] | None], node: str) -> dict[str, Binding]:
+    """The bindings a hold set aside that hold again once it is released (pure).
+
+    A hold (``provision up``/``restart`` at work) clears every binding, because the run may
+    restart units. A binding whose local unit and peer unit are both still running as the
+    same invocations as when it was made binds the same two processes as before: it is kept,
+    so a run that changed nothing leaves the watchdog whole at once instead of binding anew.
+    Any other is dropped, and the rule binds anew as after any start.
+
+    Args:
+        suspended: rule key -> the binding set aside. local: this node's units now.
+        states: peer node -> its published state (None: it did not answer). node: this node.
+    """
+    kept = {}
+    for key, bound in suspended.items():
+        mine = local.get(bound.unit)
+        if bound.peer == node:
+            peer = local.get(bound.peer_unit)
+        else:
+            state = states.get(bound.peer)
+            peer = unit_view(state, bound.peer_unit) if state else None
+        if (mine is not None and mine.running and mine.invocation == bound.invocation
+                and peer is not None and peer.running
+                and peer.invocation == bound.peer_invocation):
+            kept[key] = bound
+    return kept
+
+
 def parse_show(text: str, now_monotonic_s: float) -> dict[str, UnitView]:
     """Parse ``systemctl show -p <SHOW_PROPERTIES> UNIT...`` into views by unit name.
 
