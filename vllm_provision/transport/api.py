@@ -16,9 +16,12 @@ Pure parsers and the wait loop take their I/O as callables, so they are unit-tes
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import json
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -208,6 +211,49 @@ def unit_problem(state: UnitState, baseline_restarts: int | None = None) -> str 
     return None
 
 
+# the process's shared direct client (Endpoint.client), once made
+_SHARED: list[Any] = []
+_SHARED_LOCK = threading.Lock()
+
+
+class _Timed:
+    """The shared ``httpx.Client`` with this endpoint's timeout on every request."""
+
+    def __init__(self, client: Any, timeout: Any) -> None:
+        self._client, self._timeout = client, timeout
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        """``GET`` with the endpoint's timeout unless ``timeout`` is given."""
+        return self._client.get(url, **{"timeout": self._timeout, **kwargs})
+
+    def post(self, url: str, **kwargs: Any) -> Any:
+        """``POST`` with the endpoint's timeout unless ``timeout`` is given."""
+        return self._client.post(url, **{"timeout": self._timeout, **kwargs})
+
+    def stream(self, method: str, url: str, **kwargs: Any) -> Any:
+        """A streamed request with the endpoint's timeout unless ``timeout`` is given."""
+        return self._client.stream(method, url, **{"timeout": self._timeout, **kwargs})
+
+
+def _get(client: Any, url: str, **kwargs: Any) -> Any:
+    """``client.get``, sent again once when a kept-alive connection turns out closed by the
+    server (httpx ``RemoteProtocolError`` before any answer: the server's idle timeout fell
+    between two requests; a GET is safe to repeat, RFC 9110 section 9.2.2)."""
+    import httpx
+
+    try:
+        return client.get(url, **kwargs)
+    except httpx.RemoteProtocolError:
+        return client.get(url, **kwargs)
+
+
+def _close_shared() -> None:
+    with _SHARED_LOCK:
+        for shared in _SHARED:
+            shared.close()
+        _SHARED.clear()
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Rank 0's OpenAI-compatible HTTP API.
@@ -240,13 +286,21 @@ class Endpoint:
         return self.route.describe if self.route is not None else "direct"
 
     def client(self, timeout: Any = None) -> Any:
-        """An ``httpx.Client`` on this endpoint's route (``timeout``: default ``timeout_s``)."""
+        """An ``httpx.Client`` on this endpoint's route (``timeout``: default ``timeout_s``),
+        as a context manager. Direct: one client per timeout for the whole process, kept
+        open, so the readiness wait, verify and status reuse one keep-alive TCP connection to
+        rank 0 (a connection costs a round trip: 25 ms each from a laptop on another
+        continent, bench/README.md); through SSH: a client of the route's own."""
         from vllm_provision.transport.tunnel import http_client
 
         timeout = self.timeout_s if timeout is None else timeout
-        if self.route is not None:
+        if self.route is not None and self.route.via != "direct":
             return self.route.client(timeout)
-        return http_client(timeout)
+        with _SHARED_LOCK:
+            if not _SHARED:
+                _SHARED.append(http_client(10.0))
+                atexit.register(_close_shared)
+            return contextlib.nullcontext(_Timed(_SHARED[0], timeout))
 
     def _headers(self, path: str, body: bool = False) -> dict[str, str]:
         headers = {"Content-Type": "application/json"} if body else {}
@@ -260,7 +314,7 @@ class Endpoint:
 
         try:
             with self.client() as client:
-                return int(client.get(self.base_url + "/health").status_code)
+                return int(_get(client, self.base_url + "/health").status_code)
         except (httpx.HTTPError, OSError):
             return None
 
@@ -274,7 +328,7 @@ class Endpoint:
 
         try:
             with self.client() as client:
-                answer = client.get(self.base_url + path, headers=self._headers(path))
+                answer = _get(client, self.base_url + path, headers=self._headers(path))
                 if answer.status_code >= 400:
                     raise _http_error(self.base_url + path, answer.status_code,
                                       answer.reason_phrase, answer.text)
@@ -324,13 +378,15 @@ class Endpoint:
                 if response.status_code >= 400:
                     raise _http_error(where, response.status_code, response.reason_phrase,
                                       response.read().decode("utf-8", "replace"))
+                done = False
                 for raw in response.iter_lines():
                     line = raw.strip()
-                    if not line.startswith("data:"):
-                        continue
+                    if done or not line.startswith("data:"):
+                        continue  # read to the end: the kept-alive connection is reused
                     payload = line[5:].strip()
                     if payload == "[DONE]":
-                        break
+                        done = True
+                        continue
                     chunk = hostjson.loads(payload)
                     if not isinstance(chunk, dict):
                         raise ValueError(f"a stream event that is not a JSON object: "

@@ -64,11 +64,13 @@ def make_server(api: Api) -> ThreadingHTTPServer:
 
 
 class Handler(BaseHTTPRequestHandler):
-    """One HTTP request (HTTP/1.0; streams end by closing the connection)."""
+    """One HTTP connection, kept alive between requests as uvicorn keeps it (HTTP/1.1: a
+    body with its Content-Length, a stream in chunks)."""
 
     api: Api
     server_version = "uvicorn"
     sys_version = ""
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
         log("INFO", "launcher.py:1", f'{self.client_address[0]} - "{self.requestline}" '
@@ -95,6 +97,11 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        try:  # read first, whatever the answer: the connection is kept for the next request
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            self.close_connection = True
+            raw = b""
         if not self._authorized():
             return
         path = self.path.split("?")[0]
@@ -102,8 +109,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"detail": "Not Found"})
             return
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("body is not an object")
         except ValueError as exc:
@@ -213,15 +219,19 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         kind = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
 
+        def write(data: bytes) -> None:  # one HTTP/1.1 chunk (RFC 9112 section 7.1)
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
         def chunk(choice: dict[str, Any]) -> None:
             data = {"id": request_id, "object": kind, "created": created, "model": model,
                     "choices": [choice]}
-            self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
-            self.wfile.flush()
+            write(f"data: {json.dumps(data)}\n\n".encode())
 
         try:
             if chat:
@@ -236,10 +246,12 @@ class Handler(BaseHTTPRequestHandler):
                     chunk({"index": 0, "text": token, "logprobs": None,
                            "finish_reason": "length" if last else None, "stop_reason": None})
             self.api.metrics.prompt_tokens += prompt_tokens
-            self.wfile.write(b"data: [DONE]\n\n")
+            write(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")  # the last chunk
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             log("INFO", "serving.py:1", f"request {request_id} aborted by the client")
+            self.close_connection = True
 
     def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
         self._json(status, {"error": {"message": message, "type": kind, "param": param,
