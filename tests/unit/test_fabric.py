@@ -99,7 +99,7 @@ def test_a_slow_links_causes_start_with_what_the_links_show() -> None:
 def test_the_probe_command_quotes_every_value_and_is_bounded() -> None:
     command = fabric.probe_command("receive", "10.0.0.2", 29499, 3.0, "eth 0; rm -rf /",
                                    "10.0.0.1", 53)
-    assert command.startswith("timeout 53 python3 -c 'import base64; exec(base64.b64decode(")
+    assert command.startswith("timeout 53 python3 -c 'import base64;exec(compile(base64.b64decode(")
     assert "'eth 0; rm -rf /'" in command
 
 

@@ -109,3 +109,23 @@ def test_env_file_line_reads_back_in_a_shell(value: str) -> None:
 def test_env_file_line_refuses(key: str, value: str) -> None:
     with pytest.raises(ValueError):
         env_file_line(key, value)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_python_loader_is_one_quotable_word_that_runs_the_script_as_main(compress: bool) -> None:
+    import subprocess
+    import sys
+
+    from vllm_provision.core.quoting import python_loader, quote
+
+    script = ("import sys\nif __name__ == '__main__':\n    print('args', sys.argv[1:])\n"
+              "    raise SystemExit(3)\n")
+    word = python_loader(script, name="t.py", compress=compress)
+    assert quote(word) == "'" + word + "'"  # no quote, space or control character to escape
+    done = subprocess.run([sys.executable, "-c", word, "a b"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert (done.returncode, done.stdout) == (3, "args ['a b']\n")
+    broken = python_loader("raise ValueError('x')\n", name="t.py", compress=compress)
+    failed = subprocess.run([sys.executable, "-c", broken], capture_output=True, text=True,
+                            check=False)
+    assert 'File "t.py", line 1' in failed.stderr  # tracebacks name the script

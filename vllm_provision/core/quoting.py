@@ -160,6 +160,29 @@ def env_file_line(key: str, value: str) -> str:
     return f'{key}="{escaped}"'
 
 
+def python_loader(script: str, *, name: str = "<script>", compress: bool = False) -> str:
+    """``script`` (Python source, any number of lines) as ONE argument for ``python -c``: the
+    source base64-encoded (base64 holds no quote, space or line break, so the word passes
+    :func:`quote`'s rule against control characters), decoded and run as ``__main__`` on the
+    host. ``compress``: zlib first (a 29 KB script becomes about 11 KB). ``name``: the file
+    name tracebacks show. Needs only Python's standard library, >= 3.8.
+
+    A command built this way reads no standard input for its script, so a batch of reads or
+    the run lock's holder can run it (docs/engine.md, "Round trips").
+    """
+    import base64
+    import json
+    import zlib
+
+    data = script.encode()
+    if compress:
+        packed = base64.b64encode(zlib.compress(data, 9)).decode()
+        return ('import base64,zlib;exec(compile(zlib.decompress(base64.b64decode("'
+                + packed + f'")),{json.dumps(name)},"exec"))')
+    return ('import base64;exec(compile(base64.b64decode("'
+            + base64.b64encode(data).decode() + f'"),{json.dumps(name)},"exec"))')
+
+
 def _refuse_control_chars(value: str) -> None:
     found = find_control_chars(value)
     if found is not None:

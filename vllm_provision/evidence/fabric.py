@@ -33,7 +33,6 @@ port, seconds, min_ratio), ``pairs`` (one per pair: ``a``, ``b``, ``rtt_ms`` {mi
 
 from __future__ import annotations
 
-import base64
 import json
 import statistics
 import threading
@@ -42,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from vllm_provision.core.quoting import quote
+from vllm_provision.core.quoting import python_loader, quote
 
 RTT_ROUNDS = 20
 DEFAULT_MIN_RATIO = 0.5
@@ -160,7 +159,7 @@ def probe_command(role: str, address: str, port: int, seconds: float, interface:
     args = [role, address, str(port), f"{seconds:g}", interface or "", peer, str(RTT_ROUNDS),
             f"{CONNECT_WAIT_S:g}"]
     # one line, as modules/http.py sends its script
-    return (f"timeout {int(bound_s)} python3 -c {quote(_loader(SCRIPT))} "
+    return (f"timeout {int(bound_s)} python3 -c {quote(python_loader(SCRIPT))} "
             + " ".join(quote(a) for a in args))
 
 
@@ -350,12 +349,6 @@ COLLECTIVE_SIZES = (1 << 20, 16 << 20, 64 << 20)  # bytes per rank's tensor (all
 COLLECTIVE_ITERS = 5
 
 
-def _loader(script: str) -> str:
-    """``script`` as one line for ``python -c`` (base64 holds no quote or newline)."""
-    return ("import base64; exec(base64.b64decode('"
-            + base64.b64encode(script.encode()).decode() + "'))")
-
-
 def collective(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, str | None],
                pythons: Mapping[str, str], *, port: int, bound_s: float = 120.0
                ) -> dict[str, Any]:
@@ -380,7 +373,7 @@ def collective(replica: Any, conns: Mapping[str, Any], interfaces: Mapping[str, 
                 interfaces.get(node.name) or "", ",".join(str(s) for s in COLLECTIVE_SIZES),
                 str(COLLECTIVE_ITERS), f"{init_s:g}"]
         command = (f"timeout {int(bound_s)} {quote(pythons[node.name])} -c "
-                   f"{quote(_loader(COLLECTIVE_SCRIPT))} " + " ".join(quote(a) for a in args))
+                   f"{quote(python_loader(COLLECTIVE_SCRIPT))} " + " ".join(quote(a) for a in args))
         try:
             answers[node.name] = parse_line(conns[node.name].run(
                 command, timeout_s=bound_s + 15).stdout)

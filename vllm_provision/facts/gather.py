@@ -8,11 +8,9 @@ holder can run it in its first answer (``up``: :func:`probe_commands`, ``transpo
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import shlex
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -24,6 +22,7 @@ from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory, Replica
 from vllm_provision.core.parallel import split_map
 from vllm_provision.core.paths import STATE_DIR
+from vllm_provision.core.quoting import python_loader
 from vllm_provision.facts import parsers, weights
 from vllm_provision.facts.model import (
     HostFacts,
@@ -189,12 +188,9 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
 
 @functools.cache
 def probe_loader() -> str:
-    """The probe as one ``python -c`` argument: the script, zlib-compressed and base64-encoded
-    (about 11 KB for its 29 KB; base64 holds no quote, space or line break), decompressed and
-    run as ``__main__`` on the host (Python >= 3.8, standard library only)."""
-    packed = base64.b64encode(zlib.compress(probe_source().encode(), 9)).decode()
-    return ("import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('"
-            + packed + "')),'probe_script.py','exec'))")
+    """The probe as one ``python -c`` argument (:func:`~vllm_provision.core.quoting.
+    python_loader`, compressed: about 11 KB for its 29 KB)."""
+    return python_loader(probe_source(), name="probe_script.py", compress=True)
 
 
 def probe_command(venv: str, config: Mapping[str, Any]) -> str:

@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from typing import Any
 
 from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.quoting import python_loader
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
@@ -138,9 +138,7 @@ def _remote_command(request: Mapping[str, Any]) -> str:
     :func:`_inline`, else the bare command (the request then goes on stdin: headers may hold a
     key, which must not show in the host's process list)."""
     # The script travels base64-encoded: shell words may not hold line breaks (quoting rules).
-    script = base64.b64encode(_REMOTE.encode()).decode()
-    loader = f"import base64; exec(base64.b64decode('{script}'))"
-    command = f"python3 -c {quote(loader)}"
+    command = f"python3 -c {quote(python_loader(_REMOTE))}"
     if _inline(request):
         command += " " + quote(json.dumps(dict(request), sort_keys=True,
                                           separators=(",", ":")))

@@ -22,7 +22,7 @@ from vllm_provision import backends, settings
 from vllm_provision.core import hostjson
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.core.models import Replica
-from vllm_provision.core.quoting import shell_join
+from vllm_provision.core.quoting import python_loader, shell_join
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
@@ -277,8 +277,9 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
     with the replica's Ray authentication environment (``settings.ray_auth.env_words``: the
     snapshot is a Ray driver, refused without the token when ``vllm_ray_auth: token``).
 
-    The script itself goes on stdin (``python -``): a multi-line argument would not survive the
-    quoting rules that refuse control characters in shell words.
+    The script rides in the command line (``python -c``, :func:`~vllm_provision.core.quoting.
+    python_loader`), so the command reads no standard input and a play's batch of reads can
+    carry its first poll (:func:`read_command`).
     """
     values = settings.layered(vars_)
     python = f"{values['vllm_venv']}/bin/python"
@@ -286,8 +287,20 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
     user = str(values["vllm_service_user"])
     home = str(values["vllm_state_dir"])
     return shell_join(["runuser", "-u", user, "--", "env", f"HOME={home}",
-                       *ray_auth.env_words(values), "RAY_USAGE_STATS_ENABLED=0", python, "-",
-                       address])
+                       *ray_auth.env_words(values), "RAY_USAGE_STATS_ENABLED=0", python, "-c",
+                       python_loader(SNAPSHOT_SCRIPT, name="ray_snapshot.py"), address])
+
+
+def read_command(ctx: ModuleContext, args: Any) -> str | None:
+    """The first poll's command, on the head (the module read protocol, vllm_provision.modules,
+    "read_command"): a play's batch carries it, so a Ray cluster that is already whole is seen
+    without a round trip of its own; None in check mode or off a Ray replica (``run`` polls
+    nothing there)."""
+    replica = ctx.replica
+    if replica is None or ctx.check_mode or not backends.of(replica).ray_cluster \
+            or replica.master.name != ctx.host.name:
+        return None
+    return snapshot_command(replica, ctx.vars)
 
 
 def read_snapshot(ctx: ModuleContext, replica: Replica) -> tuple[RaySnapshot | None, str]:
@@ -308,7 +321,7 @@ def read_head_snapshot(conn: Connection, replica: Replica, vars_: Mapping[str, A
     Raises:
         UnreachableError: the connection failed.
     """
-    result = conn.run(snapshot_command(replica, vars_), stdin=SNAPSHOT_SCRIPT, timeout_s=90)
+    result = conn.run(snapshot_command(replica, vars_), timeout_s=90)
     snapshot = parse_snapshot(result.stdout) if result.exit_code == 0 else None
     return snapshot, (result.stderr or result.stdout).strip()[-600:]
 

@@ -28,13 +28,13 @@ in check mode). Example::
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.quoting import python_loader
 from vllm_provision.core.results import Status
 from vllm_provision.modules import ModuleResult, quote
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
@@ -102,8 +102,7 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
         raise ProvisionError.single("vllm_gateway_workers: url", "not an http(s) URL",
                                     actual=url, fix="give gateway.local_url")
     timeout = float(values["timeout"])
-    loader = ("import base64; exec(base64.b64decode('"
-              + base64.b64encode(_SCRIPT.encode()).decode() + "'))")
+    loader = python_loader(_SCRIPT)
     wait = 0.0 if ctx.check_mode else float(values["wait"])
     request = {"url": url.rstrip("/"), "workers": workers, "timeout": timeout,
                "check": ctx.check_mode, "wait": wait}

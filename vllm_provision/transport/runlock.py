@@ -34,6 +34,11 @@ holder keeps the lock for :data:`GIVE_UP_S` seconds after the last line it read,
 starts with at least ``GIVE_UP_S - LOST_AFTER_S`` seconds of lock left. Otherwise
 :class:`RunLockLost` names the host, when the lock was lost and what to do.
 
+The holder carries the run's own short reads too, so they cost no channel of their own: a
+first read (``up``'s fact probe) runs as soon as the lock is taken and its output ends the first
+answer (``first_reads``, :attr:`RunLock.firsts`), and a ``run NONCE BASE64`` line runs one
+command and answers between two markers (:meth:`RunLock.exchange`: the state record's hashes).
+
 Cost: one command per host when the run starts (parallel, on connections the run opens
 anyway) and one at the end, plus a heartbeat line every 10 s on an open channel and its
 five-byte answer.
