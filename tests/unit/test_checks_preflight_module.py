@@ -54,7 +54,8 @@ def test_facts_the_same_run_gathered_are_checked_without_probing_again(tmp_path,
     assert result.data["findings"] == expected.data["findings"]
 
 
-def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_path, monkeypatch):
+def probed_once_counted(tmp_path, monkeypatch):
+    """A context whose preflight ran once, and the list each later probe appends its hosts to."""
     first = make_ctx(tmp_path)
     vllm_preflight.run(first, {})
     probed = []
@@ -65,6 +66,11 @@ def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_pa
         return real(inventory, connections, probe, hosts=hosts)
 
     monkeypatch.setattr(vllm_preflight, "gather_facts", counting)
+    return first, probed
+
+
+def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_path, monkeypatch):
+    first, probed = probed_once_counted(tmp_path, monkeypatch)
     again = SimpleNamespace(**{**vars(first), "facts": {}})
     again.run_state = {"h1": {vllm_preflight.GATHERED: first.facts["h1"]}}
     vllm_preflight.run(again, {})
@@ -72,16 +78,7 @@ def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_pa
 
 
 def test_facts_gathered_with_other_probe_options_are_probed_again(tmp_path, monkeypatch):
-    first = make_ctx(tmp_path)
-    vllm_preflight.run(first, {})
-    probed = []
-    real = vllm_preflight.gather_facts
-
-    def counting(inventory, connections, probe, hosts):
-        probed.append(sorted(hosts))
-        return real(inventory, connections, probe, hosts=hosts)
-
-    monkeypatch.setattr(vllm_preflight, "gather_facts", counting)
+    first, probed = probed_once_counted(tmp_path, monkeypatch)
     replicas = vllm_preflight.probed_replicas(first.inventory, first.connections)
     own = vllm_preflight.probe_options(first.inventory, replicas)
     other = replace(own, sha256=not own.sha256)
