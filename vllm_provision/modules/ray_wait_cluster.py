@@ -42,6 +42,9 @@ ARGUMENT_SPEC = ArgumentSpec("ray_wait_cluster", (
 
 # Runs on the head as the service user; prints one JSON object. Ray API: ray.nodes(),
 # ray.cluster_resources(), ray.available_resources(), ray.util.placement_group_table().
+# Seconds the snapshot's Ray driver may take (connect, read the tables) before it is stopped:
+# well under a command's time limit (30 s), since a play's batch of reads may carry it.
+SNAPSHOT_BOUND_S = 20
 SNAPSHOT_SCRIPT = r"""
 import json, sys
 import ray
@@ -279,16 +282,25 @@ def snapshot_command(replica: Replica, vars_: Mapping[str, Any]) -> str:
 
     The script rides in the command line (``python -c``, :func:`~vllm_provision.core.quoting.
     python_loader`), so the command reads no standard input and a play's batch of reads can
-    carry its first poll (:func:`read_command`).
+    carry its first poll (:func:`read_command`). It is bounded, so that no batch waits on it:
+    without a GCS accepting connections (bash's ``/dev/tcp``, 2 s) it prints nothing and exits
+    3 at once, as a snapshot that found no Ray; the driver itself gets
+    :data:`SNAPSHOT_BOUND_S` seconds (``ray.init`` retries a GCS that does not answer for a
+    minute by default).
     """
     values = settings.layered(vars_)
     python = f"{values['vllm_venv']}/bin/python"
     address = f"{replica.master.host_ip}:{values['ray_port']}"
     user = str(values["vllm_service_user"])
     home = str(values["vllm_state_dir"])
-    return shell_join(["runuser", "-u", user, "--", "env", f"HOME={home}",
-                       *ray_auth.env_words(values), "RAY_USAGE_STATS_ENABLED=0", python, "-c",
-                       python_loader(SNAPSHOT_SCRIPT, name="ray_snapshot.py"), address])
+    snapshot = shell_join(["timeout", str(SNAPSHOT_BOUND_S), "runuser", "-u", user, "--", "env",
+                           f"HOME={home}", *ray_auth.env_words(values),
+                           "RAY_USAGE_STATS_ENABLED=0", python, "-c",
+                           python_loader(SNAPSHOT_SCRIPT, name="ray_snapshot.py"), address])
+    listening = shell_join(["timeout", "2", "bash", "-c",
+                            f": </dev/tcp/{replica.master.host_ip}/{int(values['ray_port'])}"])
+    return (f"if {listening} 2>/dev/null; then {snapshot}; else echo 'no Ray GCS accepts "
+            f"connections at '{shell_join([address])} >&2; exit 3; fi")
 
 
 def read_command(ctx: ModuleContext, args: Any) -> str | None:
