@@ -4,13 +4,16 @@ at GPUs reads only the chosen ones."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from inventory_support import replicas_yaml, write_inventory
+from test_templates import _replica, env_values, exec_start, render
 
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Inventory
+from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.inventory import load_inventory
 
 
@@ -139,3 +142,58 @@ def test_cuda_visible_devices_in_an_env_mapping_is_refused_once(tmp_path: Path) 
     [order] = refusal(tmp_path, host_more=", vllm_node_env: {CUDA_DEVICE_ORDER: FASTEST_FIRST}")
     assert order.where.endswith("llama.hosts.h1.vllm_node_env.CUDA_DEVICE_ORDER")
     assert order.fix == "remove CUDA_DEVICE_ORDER from vllm_node_env and list the GPUs in vllm_gpus"
+
+
+# -- what the nodes get ---------------------------------------------------------------------
+
+def gpu_replica(backend: str = "mp", gpus: tuple[int, ...] | None = (2, 3)) -> Replica:
+    """The templates' two-node replica (TP=4 x PP=2: 4 GPUs per node) with ``gpus`` on both."""
+    replica = _replica(backend)
+    return replace(replica, nodes=tuple(replace(n, gpus=gpus) for n in replica.nodes))
+
+
+ENV_FILES = [("mp", "vllm_mp/templates/vllm.env.j2", 1), ("ray", "ray/templates/ray.env.j2", 1),
+             ("ray", "ray/templates/ray.env.j2", 0), ("ray", "vllm_ray/templates/vllm.env.j2", 0)]
+
+
+@pytest.mark.parametrize(("backend", "template", "rank"), ENV_FILES)
+def test_a_gpu_set_is_rendered_into_every_env_file_of_the_node(backend: str, template: str,
+                                                              rank: int) -> None:
+    values = env_values(render(template, gpu_replica(backend, (6, 2, 3, 5)), rank))
+    assert values["CUDA_VISIBLE_DEVICES"] == "6,2,3,5"  # the list's order: CUDA's numbering
+    assert values["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # so the numbers are nvidia-smi's
+
+
+@pytest.mark.parametrize(("backend", "template", "rank"), ENV_FILES)
+def test_without_a_gpu_set_no_env_file_names_gpus(backend: str, template: str,
+                                                  rank: int) -> None:
+    text = render(template, gpu_replica(backend, None), rank)
+    assert "CUDA_VISIBLE_DEVICES" not in text and "CUDA_DEVICE_ORDER" not in text
+
+
+def test_rays_gpus_are_the_sets_unless_ray_num_gpus_says_fewer() -> None:
+    replica = gpu_replica("ray", (2, 3, 5))
+    facts = SimpleNamespace(gpus=[0, 1, 2, 3, 4, 5, 6, 7])
+
+    def num_gpus(unit: str, rank: int, **extra: object) -> list[str]:
+        words = exec_start(render(f"ray/templates/{unit}", replica, rank, **extra))
+        return [w for w in words if w.startswith("--num-gpus")]
+
+    assert num_gpus("ray-worker.service.j2", 1, ray_num_gpus=None, facts=facts) == [
+        "--num-gpus=3"]
+    assert num_gpus("ray-head.service.j2", 0, ray_num_gpus=None, facts=facts) == [
+        "--num-gpus=3"]
+    assert num_gpus("ray-worker.service.j2", 1, ray_num_gpus=2) == ["--num-gpus=2"]
+    unset = replace(replica, nodes=tuple(replace(n, gpus=None) for n in replica.nodes))
+    words = exec_start(render("ray/templates/ray-worker.service.j2", unset, 1,
+                              ray_num_gpus=None, facts=facts))
+    assert "--num-gpus=8" in words  # as before: the GPUs facts found
+
+
+def test_ray_waits_for_the_sets_gpus_not_the_hosts() -> None:
+    from vllm_provision.modules.ray_wait_cluster import expected_gpus
+
+    replica = gpu_replica("ray", (2, 3, 5))
+    ctx = SimpleNamespace(facts={n.name: SimpleNamespace(gpus=[0] * 8) for n in replica.nodes},
+                          vars={})
+    assert set(expected_gpus(ctx, replica, None).values()) == {3.0}  # type: ignore[arg-type]
