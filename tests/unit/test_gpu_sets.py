@@ -10,10 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 from inventory_support import replicas_yaml, write_inventory
+from test_checks_health import gpus as health_gpus
+from test_checks_parity_host import POLICY, clean_facts, make_replica
+from test_memory_fit import facts_for, replica_of
 from test_templates import _replica, env_values, exec_start, render
 
+from vllm_provision.checks import gpu_health, host, memory, parity, topology
+from vllm_provision.checks.context import device_counts, gpu_view
+from vllm_provision.checks.finding import Severity
+from vllm_provision.checks.run import check_replica, settings_for
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Inventory, Replica
+from vllm_provision.core.models import Inventory, Node, Replica
+from vllm_provision.facts.model import Gpu, GpuProcess, HostFacts, XidEvent
 from vllm_provision.inventory import load_inventory
 
 
@@ -197,3 +205,177 @@ def test_ray_waits_for_the_sets_gpus_not_the_hosts() -> None:
     ctx = SimpleNamespace(facts={n.name: SimpleNamespace(gpus=[0] * 8) for n in replica.nodes},
                           vars={})
     assert set(expected_gpus(ctx, replica, None).values()) == {3.0}  # type: ignore[arg-type]
+
+
+# -- the checks read the chosen GPUs only ---------------------------------------------------
+
+def check_replica_with(backend: str = "mp", h1: tuple[int, ...] | None = (2, 3),
+                       h2: tuple[int, ...] | None = (2, 3), tp: int = 2, pp: int = 2
+                       ) -> Replica:
+    """The checks' two-node replica ``llama`` (h1 rank 0, h2), TP x PP, each node's set."""
+    base = make_replica(backend)
+    base = replace(base, engine=replace(base.engine, tensor_parallel_size=tp,
+                                        pipeline_parallel_size=pp))
+    sets = {"h1": h1, "h2": h2}
+    return replace(base, nodes=tuple(replace(n, gpus=sets[n.name]) for n in base.nodes))
+
+
+def node_of(replica: Replica, name: str = "h1") -> Node:
+    return next(n for n in replica.nodes if n.name == name)
+
+
+def test_an_index_the_host_lacks_is_a_preflight_error_naming_host_index_and_its_gpus() -> None:
+    replica = check_replica_with(h1=(2, 7, 5))
+    [finding] = host.check_gpus_visible(node_of(replica), clean_facts()["h1"])
+    assert (finding.check, finding.severity, finding.host) == ("host.gpus", Severity.ERROR, "h1")
+    assert finding.item == "GPUs of vllm_gpus"
+    assert finding.actual == "h1 has no GPU 7, 5; it has GPU 0, 1, 2, 3"
+    assert finding.fix == ("set vllm_gpus of h1 to GPUs it has (nvidia-smi "
+                           "--query-gpu=index,uuid,name --format=csv)")
+    assert "CUDA_VISIBLE_DEVICES" in finding.source
+    [ok] = host.check_gpus_visible(node_of(replica, "h2"), clean_facts()["h2"])
+    assert ok.severity is Severity.OK and ok.actual.endswith("; vllm_gpus: GPU 2, 3")
+    # unset: as before
+    [plain] = host.check_gpus_visible(node_of(check_replica_with(h1=None)), clean_facts()["h1"])
+    assert "vllm_gpus" not in plain.actual
+
+
+def test_topology_counts_the_gpus_of_the_set_the_host_has() -> None:
+    replica = check_replica_with(h1=(2, 7), h2=(0, 1, 2))
+    counts = device_counts(clean_facts(), "cuda", replica)
+    assert counts == {"h1": 1, "h2": 3}
+    findings = {f.host: f for f in topology.check_gpus_per_node(replica, counts)}
+    assert findings["h1"].severity is Severity.ERROR
+    assert findings["h1"].item == "GPUs of vllm_gpus on the node"
+    assert findings["h1"].fix == ("list 2 GPUs that h1 has in its vllm_gpus (host.gpus names "
+                                  "the missing ones)")
+    assert findings["h2"].severity is Severity.OK
+    assert device_counts(clean_facts(), "cuda") == {"h1": 4, "h2": 4}  # no replica: every GPU
+
+
+def with_processes(facts: HostFacts, *on: tuple[int, str]) -> HostFacts:
+    """``facts`` with one foreign or own process per ``(gpu index, unit)``."""
+    return replace(facts, gpu_processes=tuple(
+        GpuProcess(100 + i, "python3", 1000, f"GPU-{facts.host}-{index}", unit)
+        for i, (index, unit) in enumerate(on)))
+
+
+def test_another_jobs_process_on_a_gpu_outside_the_set_is_not_this_replicas() -> None:
+    replica = check_replica_with()
+    facts = with_processes(clean_facts()["h1"], (0, "train.service"), (1, "train.service"),
+                           (2, "vllm.service"))
+    [finding] = host.check_foreign_gpu_processes(node_of(replica), facts, ("vllm.service",))
+    assert finding.severity is Severity.OK
+    assert finding.actual == "1 ours; 2 on GPUs outside vllm_gpus, not this replica's"
+    held = with_processes(clean_facts()["h1"], (0, "train.service"), (3, "train.service"))
+    [error] = host.check_foreign_gpu_processes(node_of(replica), held, ("vllm.service",))
+    assert error.severity is Severity.ERROR
+    assert error.expected == "no process outside vllm.service on GPU 2, 3"
+    assert error.actual == ("pid 101 python3 on GPU 3 (1000 MiB) in unit train.service; 1 on "
+                            "GPUs outside vllm_gpus, not this replica's")
+    # unset: a process on any GPU of the node counts, as before
+    [before] = host.check_foreign_gpu_processes(node_of(check_replica_with(h1=None)),
+                                                with_processes(facts), ("vllm.service",))
+    assert before.severity is Severity.OK
+    [unset] = host.check_foreign_gpu_processes(node_of(check_replica_with(h1=None)), facts,
+                                               ("vllm.service",))
+    assert unset.severity is Severity.ERROR and "GPU 0" in unset.actual
+
+
+def health_facts(**faults: dict[int, object]) -> HostFacts:
+    return replace(clean_facts()["h1"], gpus=health_gpus(**faults))
+
+
+def test_gpu_faults_outside_the_set_are_at_most_a_note() -> None:
+    replica = check_replica_with(h1=(2, 3))
+    used = replica.node_gpus(node_of(replica))
+    facts = replace(health_facts(ecc_uncorrected={1: 2}, mig_mode={0: True},
+                                 persistence_mode={0: False}),
+                    xid_events=(XidEvent("0000:18:00", 79, "NVRM: Xid (PCI:0000:18:00): 79"),))
+    [errors] = gpu_health.check_gpu_errors(node_of(replica), facts, used)
+    assert errors.severity is Severity.OK
+    assert errors.actual == ("none on GPU 2, 3 (not this replica's, outside vllm_gpus: GPU 0: "
+                             "Xid 79 in the last 24 h; GPU 1: 2 uncorrectable ECC errors)")
+    assert gpu_health.check_mig(node_of(replica), facts, used)[0].severity is Severity.OK
+    assert gpu_health.check_persistence(node_of(replica), facts, used)[0].severity is Severity.OK
+    inside = health_facts(ecc_uncorrected={3: 2}, mig_mode={2: True},
+                          persistence_mode={3: False})
+    assert [f.item for f in gpu_health.check_gpu_errors(node_of(replica), inside, used)] == [
+        "GPU 3 (00000000:5D:00.0)"]
+    assert gpu_health.check_mig(node_of(replica), inside, used)[0].actual == "Enabled on GPU 2"
+    assert gpu_health.check_persistence(node_of(replica), inside, used)[0].actual == \
+        "Disabled on GPU 3"
+    # unset: the first N, with no note about the others (as before)
+    plain = check_replica_with(h1=None)
+    assert plain.node_gpus(node_of(plain)) == (0, 1)
+    faults = gpu_health.check_gpu_errors(node_of(plain), facts, plain.node_gpus(node_of(plain)))
+    assert [(f.item, f.severity) for f in faults] == [
+        ("GPU 0 (00000000:18:00.0)", Severity.ERROR), ("GPU 1 (00000000:2A:00.0)", Severity.ERROR)]
+    clean = check_replica_with(h1=None)
+    [quiet] = gpu_health.check_gpu_errors(node_of(clean), health_facts(ecc_uncorrected={3: 2}),
+                                          clean.node_gpus(node_of(clean)))
+    assert quiet.actual == "none"  # GPU 3 is not used, and not named
+
+
+def test_memory_fit_reads_the_total_memory_of_the_sets_gpus() -> None:
+    """Hosts with two large GPUs (0, 1) and two small ones (2, 3): the estimate's GPU total is
+    the chosen GPUs' smallest, never another GPU of the host."""
+    facts = facts_for("tinyllama-1.1b-chat-v1.0", gpus=4, mib=81920)
+    for name in facts:
+        facts[name] = replace(facts[name], gpus=tuple(
+            replace(g, memory_total_mib=24576) if g.index >= 2 else g
+            for g in facts[name].gpus))
+    plain = replica_of("tinyllama-1.1b-chat-v1.0", tp=2, pp=2)
+    chosen = replace(plain, nodes=tuple(replace(n, gpus=(3, 2)) for n in plain.nodes))
+    high = replace(plain, nodes=tuple(replace(n, gpus=(1, 0)) for n in plain.nodes))
+    assert {s.gpu_total for s in memory.estimate(plain, facts, 2048).stages} == {80 * 1024 ** 3}
+    assert {s.gpu_total for s in memory.estimate(chosen, facts, 2048).stages} == {
+        24 * 1024 ** 3}
+    assert {s.gpu_total for s in memory.estimate(high, facts, 2048).stages} == {80 * 1024 ** 3}
+
+
+def test_parity_compares_the_gpus_each_node_gives_the_replica() -> None:
+    facts = clean_facts()
+    facts["h2"] = replace(facts["h2"], gpus=facts["h2"].gpus + tuple(
+        Gpu(i, "NVIDIA H100 80GB HBM3", 81559, f"GPU-h2-{i}") for i in range(4, 8)))
+    unset = check_replica_with(h1=None, h2=None)
+    checks = {f.check for f in parity.check_parity(unset, gpu_view(unset, facts), POLICY)
+              if f.severity is Severity.ERROR}
+    assert checks == {"parity.gpu_count", "parity.gpu_model"}  # the hosts differ: as before
+    chosen = check_replica_with(h1=(2, 3), h2=(2, 3))
+    assert [f for f in parity.check_parity(chosen, gpu_view(chosen, facts), POLICY)
+            if f.severity is Severity.ERROR] == []
+    elsewhere = check_replica_with(h1=(2, 3), h2=(6, 7))  # the H100s of h2
+    [model] = [f for f in parity.check_parity(elsewhere, gpu_view(elsewhere, facts), POLICY)
+               if f.severity is Severity.ERROR]
+    assert (model.check, model.host) == ("parity.gpu_model", "h2")
+
+
+def test_ray_places_on_the_gpus_its_start_declares() -> None:
+    replica = check_replica_with("ray", h1=(2, 3), h2=(2, 3), tp=2, pp=2)
+    settings = settings_for(replica)
+    facts = clean_facts()
+    findings = replica.backend_type.check_replica(replica, facts, settings)
+    assert [(f.check, f.severity) for f in findings] == [("placement", Severity.OK)]
+    too_big = check_replica_with("ray", h1=(2, 3), h2=(2, 3), tp=4, pp=2)  # 8 GPUs wanted
+    [error] = [f for f in too_big.backend_type.check_replica(too_big, facts, settings)
+               if f.severity is Severity.ERROR]
+    assert "the cluster has 4 GPUs on 2 nodes (2, 2)" in error.actual
+
+
+def test_a_replica_on_its_sets_passes_every_check_and_a_missing_index_fails_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_table_support import clear, text_with, use_table
+
+    use_table(monkeypatch, text_with("0.33.0"))
+    try:
+        replica = check_replica_with(h1=(2, 3), h2=(3, 1))
+        findings = check_replica(replica, clean_facts(), settings_for(replica))
+        assert [f for f in findings if f.severity is not Severity.OK] == []
+        broken = check_replica_with(h1=(2, 3), h2=(3, 4))
+        findings = check_replica(broken, clean_facts(), settings_for(broken))
+        # the missing GPU, and what it leads to (as a GPU lost from a host without a set)
+        assert sorted((f.check, f.host) for f in findings if f.severity is Severity.ERROR) == [
+            ("host.gpus", "h2"), ("parity.gpu_count", "h2"), ("topology.gpus", "h2")]
+    finally:
+        clear()
