@@ -12,6 +12,7 @@ import pytest
 from inventory_support import replicas_yaml, write_inventory
 from test_checks_health import gpus as health_gpus
 from test_checks_parity_host import POLICY, clean_facts, make_replica
+from test_gpu_pool import ctx_for
 from test_memory_fit import facts_for, replica_of
 from test_templates import _replica, env_values, exec_start, render
 
@@ -21,8 +22,11 @@ from vllm_provision.checks.finding import Severity
 from vllm_provision.checks.run import check_replica, settings_for
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Inventory, Node, Replica
+from vllm_provision.core.results import Status
+from vllm_provision.facts import gpu_pool
 from vllm_provision.facts.model import Gpu, GpuProcess, HostFacts, XidEvent
 from vllm_provision.inventory import load_inventory
+from vllm_provision.modules import vllm_gang_start
 
 
 def gpu_inventory(tmp_path: Path, *, h1: str = "[2, 3]", h2: str = "[2, 3]",
@@ -379,3 +383,36 @@ def test_a_replica_on_its_sets_passes_every_check_and_a_missing_index_fails_it(
             ("host.gpus", "h2"), ("parity.gpu_count", "h2"), ("topology.gpus", "h2")]
     finally:
         clear()
+
+
+def test_the_shared_pools_gang_start_waits_only_for_the_sets_gpus() -> None:
+    ours = gpu_pool.Holder("h1", 2, 10, "python", 70000, "vllm.service")
+    below = gpu_pool.Holder("h1", 0, 11, "python3", 120000, "train.service")
+    inside = gpu_pool.Holder("h1", 3, 12, "python3", 100, "batch.service")
+    unknown = gpu_pool.Holder("h1", -1, 13, "python3", None, "")
+    assert gpu_pool.foreign_holders([ours, below, inside, unknown], (2, 3),
+                                    ("vllm.service",)) == [inside, unknown]
+    # h2's GPU 0 stays held by another job: a replica on GPUs 2, 3 starts at once ...
+    ctx, log = ctx_for([False], [True])
+    ctx.replica = replace(ctx.replica, nodes=tuple(replace(n, gpus=(2, 3))
+                                                   for n in ctx.replica.nodes))
+    result = vllm_gang_start.run(ctx, {"timeout_s": 0, "poll_s": 0.05})  # type: ignore[arg-type]
+    assert result.status is Status.CHANGED
+    assert [e for e in log if e.startswith("start")] == ["start h2", "start h1"]
+    # ... while without a set it is held back by that GPU (one of its first four)
+    ctx, log = ctx_for([False], [True])
+    with pytest.raises(ProvisionError, match="h2 GPU 0: pid 75"):
+        vllm_gang_start.run(ctx, {"timeout_s": 0, "poll_s": 0.05})  # type: ignore[arg-type]
+
+
+def test_top_shows_a_nodes_set_only() -> None:
+    from test_top import node_output
+
+    from vllm_provision.operations import top
+
+    reading = top.parse_node("h1", node_output(gpu="0, 100, 81559\n1, 200, 81559\n"
+                                                   "2, 61440, 81559\n3, 61000, 81559\n"))
+    chosen = top.node_view("h1", 0, ["vllm.service"], reading, None, gpus=(3, 2))
+    assert [g["index"] for g in chosen["gpus"]] == [2, 3]
+    every = top.node_view("h1", 0, ["vllm.service"], reading, None)
+    assert [g["index"] for g in every["gpus"]] == [0, 1, 2, 3]  # unset: as before
