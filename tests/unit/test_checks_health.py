@@ -86,28 +86,28 @@ def test_rdma_on_some_nodes_only_is_a_warning():
 def test_ecc_and_xid_errors_name_the_gpu():
     facts = replace(clean_facts()["h1"], gpus=gpus(ecc_uncorrected={1: 2}), xid_events=(
         XidEvent("0000:3a:00", 79, "NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off"),))
-    findings = gpu_health.check_gpu_errors(node(), facts, 4)
+    findings = gpu_health.check_gpu_errors(node(), facts, range(4))
     errors = {f.item: f.actual for f in findings if f.severity is Severity.ERROR}
     assert errors == {"GPU 1 (00000000:2A:00.0)": "2 uncorrectable ECC errors",
                       "GPU 2 (00000000:3A:00.0)": "Xid 79 in the last 24 h"}
     # a fault on a GPU the replica does not use is not an error
-    assert severities(gpu_health.check_gpu_errors(node(), facts, 1), "gpu.errors") == [
+    assert severities(gpu_health.check_gpu_errors(node(), facts, range(1)), "gpu.errors") == [
         Severity.OK]
 
 
 def test_mig_on_a_used_gpu_is_an_error():
     facts = replace(clean_facts()["h1"], gpus=gpus(mig_mode={3: True}))
-    [finding] = gpu_health.check_mig(node(), facts, 4)
+    [finding] = gpu_health.check_mig(node(), facts, range(4))
     assert finding.severity is Severity.ERROR and finding.actual == "Enabled on GPU 3"
-    assert gpu_health.check_mig(node(), facts, 2)[0].severity is Severity.OK
+    assert gpu_health.check_mig(node(), facts, range(2))[0].severity is Severity.OK
 
 
 def test_persistence_off_is_a_warning():
     facts = replace(clean_facts()["h1"], gpus=gpus(persistence_mode={0: False, 2: False}))
-    [finding] = gpu_health.check_persistence(node(), facts, 4)
+    [finding] = gpu_health.check_persistence(node(), facts, range(4))
     assert finding.severity is Severity.WARNING and finding.actual == "Disabled on GPU 0, 2"
     healthy = replace(clean_facts()["h1"], gpus=gpus())
-    assert gpu_health.check_persistence(node(), healthy, 4)[0].severity is Severity.OK
+    assert gpu_health.check_persistence(node(), healthy, range(4))[0].severity is Severity.OK
 
 
 def test_nvswitch_without_fabric_manager_is_an_error():

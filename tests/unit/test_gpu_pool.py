@@ -64,7 +64,7 @@ def test_only_foreign_processes_on_used_gpus_hold_the_replica() -> None:
     other = gpu_pool.Holder("h1", 1, 11, "python3", 120000, "vllm-lab-occupy-1.service")
     unused_gpu = gpu_pool.Holder("h1", 5, 12, "python3", 100, "batch.service")
     unknown_gpu = gpu_pool.Holder("h1", -1, 13, "python3", None, "")
-    found = gpu_pool.foreign_holders([ours, other, unused_gpu, unknown_gpu], 4,
+    found = gpu_pool.foreign_holders([ours, other, unused_gpu, unknown_gpu], range(4),
                                      ("vllm.service", "ray-head.service"))
     assert found == [other, unknown_gpu]
     assert gpu_pool.describe(found) == (

@@ -32,7 +32,10 @@ def host(tmp_path: Path):  # type: ignore[no-untyped-def]
     procs: list[subprocess.Popen[str]] = []
     (tmp_path / "model").mkdir()
 
-    def start(name: str, *args: str, **values: object) -> subprocess.Popen[str]:
+    def start(name: str, *args: str, visible: str | None = None,
+              **values: object) -> subprocess.Popen[str]:
+        """``visible``: the process's CUDA_VISIBLE_DEVICES (None: unset, whatever the
+        controller's own environment says)."""
         write_overrides(tmp_path, {name: {"load_s": 0.2, "ttft_s": 0.05, "token_s": 0.1,
                                           "init_timeout_s": 4, **values}})
         spec_file = tmp_path / f"{name}.json"
@@ -40,6 +43,9 @@ def host(tmp_path: Path):  # type: ignore[no-untyped-def]
         env = dict(os.environ, VLLM_LAB_SPEC=str(spec_file),
                    VLLM_LAB_APPS_DIR=str(tmp_path / f"apps-{name}"),
                    PYTHONPATH=str(GUEST_PACKAGE.parent))
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
         proc = subprocess.Popen([sys.executable, "-m", "vllm_lab_standin", *args], env=env,
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -102,6 +108,18 @@ def _wait_for(condition, timeout_s: float = 10) -> bool:  # type: ignore[no-unty
 ])
 def test_vllm_rejects_what_vllm_rejects(host, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     proc = host("h1", "serve", "model", *args)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1 and message in err
+
+
+@pytest.mark.parametrize(("visible", "message"), [
+    ("2,3", "World size (4) is larger than the number of available GPUs (2)"),
+    # CUDA hides an index the host lacks and every one after it
+    ("1,7,2,3", "World size (4) is larger than the number of available GPUs (1)"),
+])
+def test_vllm_counts_the_gpus_cuda_visible_devices_shows(host, visible: str,  # type: ignore[no-untyped-def]
+                                                         message: str) -> None:
+    proc = host("h1", "serve", "model", "-tp", "4", visible=visible)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 1 and message in err
 

@@ -49,6 +49,11 @@ def test_environment_file_is_root_only(node: Node, verify_inventory: Any, connec
     assert env_file.exists and env_file.user == "root" and env_file.mode == 0o600
     assert re.search(rf'^VLLM_HOST_IP="?{re.escape(node.host_ip)}"?$', env_file.content_string,
                      re.MULTILINE), f"{node.name}: VLLM_HOST_IP is not {node.host_ip} in {path}"
+    if node.gpus is not None:  # vllm_gpus: the node's processes see those GPUs only
+        visible = ",".join(map(str, node.gpus))
+        assert re.search(rf'^CUDA_VISIBLE_DEVICES="?{visible}"?$', env_file.content_string,
+                         re.MULTILINE), f"{node.name}: CUDA_VISIBLE_DEVICES is not {visible} " \
+                                        f"(vllm_gpus) in {path}"
 
 
 def test_unit_runs_as_the_system_user(node: Node, verify_inventory: Any, connect: Any) -> None:

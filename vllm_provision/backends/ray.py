@@ -286,8 +286,12 @@ class RayBackend(Backend):
     def check_replica(self, replica: Replica, facts: Mapping[str, HostFacts],
                       settings: Any) -> list[Finding]:
         """vLLM's and the inventory's placement groups fit the nodes' Ray resources, and
-        Ray's logical GPUs are whole physical GPUs (checks/placement.py)."""
+        Ray's logical GPUs are whole physical GPUs (checks/placement.py). A node's GPUs are
+        what its ``ray start`` declares (roles/ray/templates/ray-unit.j2): ``ray_num_gpus``,
+        else the size of its ``vllm_gpus``, else the GPUs nvidia-smi lists; the physical ones
+        are those of its ``vllm_gpus`` the host has (``checks.context.device_counts``)."""
         from vllm_provision.checks import placement
+        from vllm_provision.checks.context import device_counts
         from vllm_provision.settings import node_settings
 
         # ray_num_gpus is a host variable: each node's own, or None
@@ -298,11 +302,12 @@ class RayBackend(Backend):
             if node.name not in facts:
                 continue
             declared = declared_by[node.name]
-            resources[node.name] = placement.node_resources(
-                int(declared) if declared is not None else len(facts[node.name].gpus),
-                node.host_ip, facts[node.name].cpu_count)
+            gpus = (int(declared) if declared is not None else
+                    len(node.gpus) if node.gpus is not None else len(facts[node.name].gpus))
+            resources[node.name] = placement.node_resources(gpus, node.host_ip,
+                                                            facts[node.name].cpu_count)
         logical = placement.check_logical_gpus(
-            replica, {name: len(f.gpus) for name, f in facts.items()},
+            replica, device_counts(facts, "cuda", replica),
             {name: (int(value) if value is not None else None)
              for name, value in declared_by.items()},
             settings.placement_bundles)

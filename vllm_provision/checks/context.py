@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from vllm_provision.checks.finding import Finding
     from vllm_provision.checks.options import PreflightSettings
     from vllm_provision.core.models import Node, Replica
-    from vllm_provision.facts.model import HostFacts, HostOwner
+    from vllm_provision.facts.model import Gpu, HostFacts, HostOwner
     from vllm_provision.stack.lock import Lock
 
 SCOPES = ("replica", "node", "inventory")
@@ -72,16 +72,45 @@ def check(name: str, *, order: float,
     return CHECKS.register(name, order=order, scope=scope)
 
 
-def device_counts(facts: Mapping[str, HostFacts], device: str) -> dict[str, int]:
+def device_counts(facts: Mapping[str, HostFacts], device: str,
+                  replica: Replica | None = None) -> dict[str, int]:
     """Devices per host the topology checks count: GPUs (nvidia-smi), or CPU cores for ``cpu``.
 
     vLLM's CPU build runs one worker per rank, each bound to its own cores
     (``VLLM_CPU_OMP_THREADS_BIND``, vllm/v1/worker/cpu_worker.py), so a node can hold at most
-    as many ranks as it has logical CPUs.
+    as many ranks as it has logical CPUs. A node of ``replica`` with ``vllm_gpus`` counts the
+    GPUs of its set that nvidia-smi lists (:func:`chosen_gpus`): all CUDA shows its processes.
     """
     if device == "cpu":
         return {name: f.cpu_count or 0 for name, f in facts.items()}
-    return {name: len(f.gpus) for name, f in facts.items()}
+    counts = {name: len(f.gpus) for name, f in facts.items()}
+    for node in replica.nodes if replica is not None else ():
+        if node.gpus is not None and node.name in facts:
+            counts[node.name] = len(chosen_gpus(node, facts[node.name]))
+    return counts
+
+
+def chosen_gpus(node: Node, facts: HostFacts) -> tuple[Gpu, ...]:
+    """The GPUs of ``facts`` that ``node``'s processes may see: those its ``vllm_gpus`` names
+    (``Node.gpus``) and nvidia-smi lists, in nvidia-smi's order; every GPU when it is unset.
+    An index the host lacks is left out (preflight's ``host.gpus`` names it)."""
+    if node.gpus is None:
+        return tuple(facts.gpus)
+    return tuple(gpu for gpu in facts.gpus if gpu.index in node.gpus)
+
+
+def gpu_view(replica: Replica, facts: Mapping[str, HostFacts]) -> dict[str, HostFacts]:
+    """``facts`` with each node's GPU list cut to its ``vllm_gpus`` (:func:`chosen_gpus`), for
+    rules that compare GPUs across nodes (parity's GPU model and count): the GPUs a replica
+    does not use are not its business. Nodes without a set, and other hosts, are unchanged."""
+    from dataclasses import replace
+
+    view = dict(facts)
+    for node in replica.nodes:
+        if node.gpus is not None and node.name in facts:
+            view[node.name] = replace(facts[node.name],
+                                      gpus=chosen_gpus(node, facts[node.name]))
+    return view
 
 
 def shared_pool_wait(replica: Replica) -> float | None:

@@ -1,12 +1,16 @@
 """GPU health checks of one node: ECC and Xid errors, MIG, persistence mode, fabric manager,
 and the clock.
 
-Pure functions from one node's facts to findings; ``used`` is how many GPUs (indexes
-``0..used-1``) the replica's ranks take on the node (vLLM places its local ranks on the first
-visible devices). Each names its source.
+Pure functions from one node's facts to findings; ``used`` is the indexes of the GPUs the
+replica may take on the node (``Replica.node_gpus``: its ``vllm_gpus``, else ``0..N-1``, as
+vLLM places its local ranks on the first visible devices). Faults on the node's other GPUs
+are not this replica's: ECC and Xid errors there are named in the ok finding (a note), MIG and
+persistence mode there are not read. Each names its source.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from vllm_provision.checks.context import NodeScope, check
 from vllm_provision.checks.finding import Finding, Severity
@@ -18,27 +22,39 @@ XID_SOURCE = "NVIDIA GPU deployment guide: Xid Errors; nvidia-smi(1) ECC error c
 CLOCK_OFFSET_WARN_S = 0.1
 
 
-def used_gpus(facts: HostFacts, used: int) -> list[Gpu]:
-    """The GPUs the replica uses on the node: the first ``used`` by index."""
-    return [gpu for gpu in facts.gpus if gpu.index < used]
+def used_gpus(facts: HostFacts, used: Collection[int]) -> list[Gpu]:
+    """The GPUs the replica uses on the node: those whose index is in ``used``
+    (``Replica.node_gpus``), in nvidia-smi's order."""
+    return [gpu for gpu in facts.gpus if gpu.index in used]
 
 
-def check_gpu_errors(node: Node, facts: HostFacts, used: int) -> list[Finding]:
+def _faults(facts: HostFacts, gpu: Gpu) -> list[str]:
+    """``gpu``'s uncorrectable ECC errors and the Xid codes of its PCI address, in words."""
+    xids = sorted({e.code for e in facts.xid_events
+                   if gpu.pci_key and pci_key(e.pci) == gpu.pci_key})
+    faults = []
+    if gpu.ecc_uncorrected:
+        faults.append(f"{gpu.ecc_uncorrected} uncorrectable ECC errors")
+    if xids:
+        faults.append("Xid " + ", ".join(str(code) for code in xids) + " in the last 24 h")
+    return faults
+
+
+def check_gpu_errors(node: Node, facts: HostFacts, used: Collection[int]) -> list[Finding]:
     """No used GPU has uncorrectable ECC errors or an Xid in the kernel log of the last day.
 
     An uncorrectable ECC error retires memory pages and may need a GPU reset; an Xid (79:
     fallen off the bus, 48: double-bit ECC, 94/95: contained/uncontained ECC, ...) means the
-    driver saw a fault. A rank on such a GPU crashes or hangs its peers.
+    driver saw a fault. A rank on such a GPU crashes or hangs its peers. With ``vllm_gpus``
+    (``node.gpus``) a fault on another GPU of the host is not this replica's: the ok finding
+    names it, as a note for whoever runs that GPU.
+
+    Args:
+        used: the indexes of the GPUs the replica uses on the node (``Replica.node_gpus``).
     """
     findings = []
     for gpu in used_gpus(facts, used):
-        xids = sorted({e.code for e in facts.xid_events
-                       if gpu.pci_key and pci_key(e.pci) == gpu.pci_key})
-        faults = []
-        if gpu.ecc_uncorrected:
-            faults.append(f"{gpu.ecc_uncorrected} uncorrectable ECC errors")
-        if xids:
-            faults.append("Xid " + ", ".join(str(code) for code in xids) + " in the last 24 h")
+        faults = _faults(facts, gpu)
         item = f"GPU {gpu.index} ({gpu.pci_bus_id or gpu.uuid})"
         if faults:
             findings.append(Finding(
@@ -48,12 +64,22 @@ def check_gpu_errors(node: Node, facts: HostFacts, used: int) -> list[Finding]:
                     "journalctl -k | grep Xid), reset or replace it",
                 source=XID_SOURCE))
     if not findings and used_gpus(facts, used):
+        actual = "none"
+        if node.gpus is not None:
+            others = []
+            for gpu in facts.gpus:
+                faults = _faults(facts, gpu) if gpu.index not in used else []
+                if faults:
+                    others.append(f"GPU {gpu.index}: {'; '.join(faults)}")
+            actual = "none on GPU " + ", ".join(map(str, used)) + (
+                " (not this replica's, outside vllm_gpus: " + "; ".join(others) + ")"
+                if others else "")
         findings.append(Finding("gpu.errors", Severity.OK, node.name, "GPU ECC / Xid",
-                                expected="none", actual="none"))
+                                expected="none", actual=actual))
     return findings
 
 
-def check_mig(node: Node, facts: HostFacts, used: int) -> list[Finding]:
+def check_mig(node: Node, facts: HostFacts, used: Collection[int]) -> list[Finding]:
     """MIG is off on every used GPU (error otherwise).
 
     With MIG on, CUDA sees MIG instances instead of the GPU and NCCL does not support
@@ -74,7 +100,7 @@ def check_mig(node: Node, facts: HostFacts, used: int) -> list[Finding]:
     return []
 
 
-def check_persistence(node: Node, facts: HostFacts, used: int) -> list[Finding]:
+def check_persistence(node: Node, facts: HostFacts, used: Collection[int]) -> list[Finding]:
     """Persistence mode is on for every used GPU (warning otherwise).
 
     Without it the driver tears the GPU state down when the last client exits, so every
@@ -151,8 +177,8 @@ def check_clock(node: Node, facts: HostFacts,
 
 # -- registered checks (checks/context.py): what run.py runs, in this order ------------------
 
-def _used(scope: NodeScope) -> int:
-    return scope.replica.gpus_per_node
+def _used(scope: NodeScope) -> tuple[int, ...]:
+    return scope.replica.node_gpus(scope.node)
 
 
 @check("gpu_health.errors", order=90, scope="node")

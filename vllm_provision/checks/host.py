@@ -16,17 +16,42 @@ from vllm_provision.facts.model import HostFacts
 MIB = 1024 * 1024
 
 
+# CUDA C Programming Guide, "CUDA Environment Variables": in CUDA_VISIBLE_DEVICES, "if one of
+# the indices is invalid, only the devices whose index precedes the invalid index are visible".
+CUDA_VISIBLE_SOURCE = ("CUDA C Programming Guide: CUDA Environment Variables "
+                       "(CUDA_VISIBLE_DEVICES); nvidia-smi(1) index")
+
+
 def check_gpus_visible(node: Node, facts: HostFacts) -> list[Finding]:
-    """nvidia-smi runs and lists at least one GPU (``nvidia-smi --query-gpu``)."""
+    """nvidia-smi runs and lists at least one GPU (``nvidia-smi --query-gpu``), and every GPU
+    of the node's ``vllm_gpus`` (``Node.gpus``): an error names each index the host lacks and
+    the GPUs it has. CUDA would hide the missing device and every one listed after it
+    (:data:`CUDA_VISIBLE_SOURCE`), so vLLM or Ray would start on fewer GPUs than planned.
+    """
     if facts.nvidia_smi_error or not facts.gpus:
         return [Finding("host.gpus", Severity.ERROR, node.name, "GPUs (nvidia-smi)",
                         expected="at least one GPU listed",
                         actual=facts.nvidia_smi_error or "no GPU listed",
                         fix=f"install the NVIDIA driver on {node.name} and check nvidia-smi",
                         source="nvidia-smi(1)")]
+    listed = ", ".join(str(gpu.index) for gpu in facts.gpus)
+    if node.gpus is not None:
+        have = {gpu.index for gpu in facts.gpus}
+        missing = [index for index in node.gpus if index not in have]
+        if missing:
+            names = ", ".join(map(str, missing))
+            return [Finding(
+                "host.gpus", Severity.ERROR, node.name, "GPUs of vllm_gpus",
+                expected="GPU " + ", ".join(map(str, node.gpus)) + " listed by nvidia-smi",
+                actual=f"{node.name} has no GPU {names}; it has GPU {listed}",
+                fix=f"set vllm_gpus of {node.name} to GPUs it has (nvidia-smi "
+                    "--query-gpu=index,uuid,name --format=csv)",
+                source=CUDA_VISIBLE_SOURCE)]
+    chosen = "" if node.gpus is None else \
+        "; vllm_gpus: GPU " + ", ".join(map(str, node.gpus))
     return [Finding("host.gpus", Severity.OK, node.name, "GPUs (nvidia-smi)",
                     expected=">= 1", actual=f"{len(facts.gpus)} x {facts.gpu_model}, driver "
-                    f"{facts.driver_version}, CUDA {facts.cuda_driver_version}")]
+                    f"{facts.driver_version}, CUDA {facts.cuda_driver_version}{chosen}")]
 
 
 def check_cpu_device(node: Node, facts: HostFacts) -> list[Finding]:
@@ -48,9 +73,11 @@ def check_cpu_device(node: Node, facts: HostFacts) -> list[Finding]:
 def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequence[str],
                                 shared_pool_wait_s: float | None = None, *,
                                 leaving: Sequence[str] = ()) -> list[Finding]:
-    """No process outside our own units holds a GPU of the node. ``leaving``: units of an
-    earlier plan that ``provision up`` stops before the start (``vllm_provision.state.prune``);
-    their
+    """No process outside our own units holds a GPU of the node: with ``vllm_gpus``
+    (``Node.gpus``) a GPU of that set, since the others are not this replica's (their
+    processes are counted in the finding, nothing more; a process on a GPU whose UUID
+    nvidia-smi's GPU list lacks counts as on the set). ``leaving``: units of an earlier plan
+    that ``provision up`` stops before the start (``vllm_provision.state.prune``); their
     processes pass, and the finding says they go first.
 
     The shared-pool failure (docs/preflight.md): one node sits on its GPUs waiting for the other
@@ -62,15 +89,21 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequenc
             (``dedicated``): an error.
     """
     uuids = {gpu.uuid: gpu.index for gpu in facts.gpus}
-    foreign = [p for p in facts.gpu_processes
+    processes = list(facts.gpu_processes)
+    elsewhere = 0
+    if node.gpus is not None:
+        on_set = [p for p in processes if uuids.get(p.gpu_uuid, -1) in (*node.gpus, -1)]
+        elsewhere, processes = len(processes) - len(on_set), on_set
+    others = f"; {elsewhere} on GPUs outside vllm_gpus, not this replica's" if elsewhere else ""
+    foreign = [p for p in processes
                if not (p.unit and p.unit in (*own_units, *leaving))]
     if not foreign:
-        going = sorted({p.unit for p in facts.gpu_processes if p.unit in leaving})
+        going = sorted({p.unit for p in processes if p.unit in leaving})
         note = (f" ({', '.join(going)}: an earlier plan's, stopped before the start)"
                 if going else "")
         return [Finding("host.gpu_processes", Severity.OK, node.name, "GPU processes",
                         expected="none but ours",
-                        actual=f"{len(facts.gpu_processes)} ours{note}")]
+                        actual=f"{len(processes)} ours{note}{others}")]
     described = "; ".join(
         f"pid {p.pid} {p.process_name} on GPU {uuids.get(p.gpu_uuid, p.gpu_uuid)}"
         + (f" ({p.used_memory_mib} MiB)" if p.used_memory_mib is not None else "")
@@ -83,9 +116,10 @@ def check_foreign_gpu_processes(node: Node, facts: HostFacts, own_units: Sequenc
         severity, source = Severity.ERROR, "docs/preflight.md: GPUs held by another job"
         fix = (f"stop the other jobs on {node.name}'s GPUs (or reserve the node for this "
                "replica) before starting")
+    on = "the GPUs" if node.gpus is None else "GPU " + ", ".join(map(str, node.gpus))
     return [Finding("host.gpu_processes", severity, node.name, "GPU processes",
-                    expected=f"no process outside {' / '.join(own_units)} on the GPUs",
-                    actual=described + (" ..." if len(foreign) > 4 else ""),
+                    expected=f"no process outside {' / '.join(own_units)} on {on}",
+                    actual=described + (" ..." if len(foreign) > 4 else "") + others,
                     fix=fix, source=source)]
 
 

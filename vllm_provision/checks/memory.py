@@ -206,7 +206,10 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
     ``LlamaForCausalLM`` builds it), plus other tensors / TP on every stage; then the room for
     the KV cache is ``GPU total x utilization - weights - overhead`` (``determine_available_
     memory``), and a sequence of ``max_model_len`` tokens needs ``ceil(len / block) x block x
-    kv_per_token`` (``FullAttentionSpec.max_memory_usage_bytes``).
+    kv_per_token`` (``FullAttentionSpec.max_memory_usage_bytes``). ``GPU total`` is the
+    smallest ``memory.total`` among the GPUs the stage's nodes give the replica
+    (``Replica.node_gpus``: their ``vllm_gpus``, else the first GPUs), never another GPU of
+    the host.
 
     Args:
         replica: the replica (engine arguments, nodes in rank order).
@@ -292,8 +295,10 @@ def estimate(replica: Replica, facts: Mapping[str, HostFacts], overhead_mib: int
         ranks = range(stage * tp, (stage + 1) * tp)
         nodes = sorted({min(rank // local, replica.nnodes - 1) for rank in ranks})
         hosts = tuple(replica.nodes[n].name for n in nodes)
-        sizes = [g.memory_total_mib for h in hosts if h in facts
-                 for g in facts[h].gpus[:local] if g.memory_total_mib]
+        # the GPUs the replica may use on each node (vllm_gpus, else the first `local`)
+        sizes = [g.memory_total_mib for n in nodes if replica.nodes[n].name in facts
+                 for g in facts[replica.nodes[n].name].gpus
+                 if g.index in replica.node_gpus(replica.nodes[n]) and g.memory_total_mib]
         if len(sizes) < len(hosts) or not sizes:
             raise CannotEstimate(f"no GPU memory size from nvidia-smi on {', '.join(hosts)}")
         share = sum(b for i, b in layer_bytes.items() if start <= i < end) + other

@@ -114,7 +114,8 @@ ITEMS: tuple[ParityItem, ...] = (
                "use the same GPU model on every node of the replica",
                source="GPUStack mp prerequisite: same number and model of GPUs"),
     ParityItem("gpu_count", "GPU count", lambda f: str(len(f.gpus)) if f.gpus else None,
-               "use nodes with the same number of GPUs ({want} as on {master})",
+               "use nodes with the same number of GPUs ({want} as on {master}), or list as "
+               "many in each node's vllm_gpus",
                source="GPUStack mp prerequisite: same number and model of GPUs"),
     ParityItem("model_manifest", "model files", _manifest,
                "copy the model to the same path on {host} (same files and sizes as on {master})",
@@ -338,8 +339,12 @@ def check_driver_minimum(replica: Replica, facts: Mapping[str, HostFacts]) -> li
 
 @check("parity.parity", order=30, scope="replica")
 def _parity(scope: ReplicaScope) -> list[Finding]:
-    """The same versions on every node (``preflight_parity``)."""
-    return check_parity(scope.replica, scope.facts, scope.settings.parity)
+    """The same versions on every node (``preflight_parity``); GPU model and count of the
+    GPUs each node gives the replica (its ``vllm_gpus``: ``context.gpu_view``)."""
+    from vllm_provision.checks.context import gpu_view
+
+    return check_parity(scope.replica, gpu_view(scope.replica, scope.facts),
+                        scope.settings.parity)
 
 
 @check("parity.pins", order=40, scope="replica")

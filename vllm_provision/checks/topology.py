@@ -100,14 +100,16 @@ def check_parallel_sizes(replica: Replica) -> list[Finding]:
 
 
 def check_gpus_per_node(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Finding]:
-    """Every node has at least ``local world size`` GPUs.
+    """Every node has at least ``local world size`` GPUs: of its ``vllm_gpus`` when set (the
+    only ones CUDA shows its processes; :func:`~vllm_provision.checks.context.device_counts`).
 
     Source: vLLM asserts "local_world_size (16) must be less than or equal to the number of
     visible devices (8)" (PR #28873); the Ray executor waits for world-size GPU bundles.
 
     Args:
         replica: the replica.
-        gpu_counts: GPUs found per host name (hosts without facts are left out).
+        gpu_counts: GPUs found per host name (hosts without facts are left out); for a node
+            with ``vllm_gpus``, those of its set that the host has.
     """
     need = replica.gpus_per_node
     findings = []
@@ -115,22 +117,26 @@ def check_gpus_per_node(replica: Replica, gpu_counts: Mapping[str, int]) -> list
         if node.name not in gpu_counts:
             continue
         have = gpu_counts[node.name]
+        item = "GPUs on the node" if node.gpus is None else "GPUs of vllm_gpus on the node"
         if have < need:
+            if node.gpus is not None:  # the load checked the list's length: indexes are missing
+                fix = (f"list {need} GPUs that {node.name} has in its vllm_gpus (host.gpus "
+                       "names the missing ones)")
+            elif replica.data_parallel:
+                fix = (f"lower vllm_data_parallel_size_local or TP x PP so that their product "
+                       f"is at most {have}, or use nodes with {need} GPUs")
+            else:
+                fix = f"lower TP x PP to {replica.nnodes} x {have}, or use nodes with {need} GPUs"
             findings.append(Finding(
-                "topology.gpus", Severity.ERROR, node.name, "GPUs on the node",
+                "topology.gpus", Severity.ERROR, node.name, item,
                 expected=(f">= {need} ({replica.dp_size_local} data-parallel engines x TP x PP "
                           f"{replica.engine.world_size})" if replica.data_parallel else
                           f">= {need} (world size {replica.engine.world_size} / "
                           f"{replica.nnodes} nodes)"),
-                actual=str(have),
-                fix=(f"lower vllm_data_parallel_size_local or TP x PP so that their product "
-                     f"is at most {have}, or use nodes with {need} GPUs"
-                     if replica.data_parallel else
-                     f"lower TP x PP to {replica.nnodes} x {have}, or use nodes with {need} "
-                     "GPUs"),
+                actual=str(have), fix=fix,
                 source="vLLM local_world_size assertion (PR #28873)"))
         else:
-            findings.append(Finding("topology.gpus", Severity.OK, node.name, "GPUs on the node",
+            findings.append(Finding("topology.gpus", Severity.OK, node.name, item,
                                     expected=f">= {need}", actual=str(have)))
     return findings
 
@@ -278,4 +284,5 @@ def _topology(scope: ReplicaScope) -> list[Finding]:
     """Parallel sizes against the nodes' GPUs (CPU cores on ``cpu``)."""
     from vllm_provision.checks.context import device_counts
 
-    return check_topology(scope.replica, device_counts(scope.facts, scope.device))
+    return check_topology(scope.replica, device_counts(scope.facts, scope.device,
+                                                       scope.replica))

@@ -35,7 +35,7 @@ RENDERED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "HF_
                 "VLLM_CACHE_ROOT", "TMPDIR", "HOME", "VLLM_API_KEY", "HF_TOKEN", "RAY_ADDRESS",
                 "RAY_memory_monitor_refresh_ms", "RAY_USAGE_STATS_ENABLED",
                 "RAY_CGRAPH_get_timeout", "RAY_CGRAPH_submit_timeout", "RAY_AUTH_MODE",
-                "RAY_AUTH_TOKEN_PATH")
+                "RAY_AUTH_TOKEN_PATH", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")
 
 
 def installed_release(facts: HostFacts | None) -> str | None:

@@ -108,11 +108,16 @@ class Node:
         rank: node rank, 0..nnodes-1; rank 0 is the master (mp) or the Ray head.
         host_ip: this node's address on the cluster network (``vllm_host_ip``, default the
             host's ``ansible_host``); becomes ``VLLM_HOST_IP`` and Ray's ``--node-ip-address``.
+        gpus: the GPU indexes (nvidia-smi's ``index``) of ``vllm_gpus``, in the order written
+            (CUDA numbers the visible devices in that order), checked at load: distinct ints
+            >= 0, at least the replica's :attr:`Replica.gpus_per_node`; rendered as
+            ``CUDA_VISIBLE_DEVICES``. None: unset, the replica uses GPUs ``0..N-1``.
     """
 
     host: Host
     rank: int
     host_ip: str
+    gpus: tuple[int, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -202,6 +207,20 @@ class Replica:
         if self.data_parallel:
             return self.engine.world_size * self.dp_size_local
         return self.engine.world_size // max(1, self.nnodes)
+
+    def node_gpus(self, node: Node) -> tuple[int, ...]:
+        """The GPU indexes (nvidia-smi's ``index``) this replica's processes may use on
+        ``node``: its ``vllm_gpus`` (:attr:`Node.gpus`, every one listed: mp's workers take the
+        first :attr:`gpus_per_node` of them, Ray may hand out any), else ``0..gpus_per_node-1``
+        (vLLM puts its local ranks on the first visible devices). The GPU checks of preflight
+        and the shared pool's gang start read these and no others.
+
+        Args:
+            node: one of :attr:`nodes`.
+        """
+        if node.gpus is not None:
+            return node.gpus
+        return tuple(range(self.gpus_per_node))
 
     @property
     def hybrid(self) -> bool:

@@ -15,7 +15,7 @@ Pure parts: :func:`parse_holders`, :func:`foreign_holders`, :func:`describe`,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from vllm_provision.core.errors import Problem, ProvisionError
@@ -98,20 +98,21 @@ def parse_holders(host: str, text: str) -> list[Holder]:
     return holders
 
 
-def foreign_holders(holders: Iterable[Holder], used_gpus: int,
+def foreign_holders(holders: Iterable[Holder], used_gpus: Collection[int],
                     own_units: Sequence[str]) -> list[Holder]:
     """The holders that keep the replica from starting on a node.
 
     Args:
         holders: one node's :func:`parse_holders`.
-        used_gpus: GPUs the replica uses on the node (its local world size): vLLM places its
-            local ranks on the first ones (docs/preflight.md, "Used GPUs").
+        used_gpus: the indexes of the GPUs the replica uses on the node
+            (``Replica.node_gpus``): its ``vllm_gpus``, else the first local-world-size ones,
+            where vLLM places its local ranks (docs/preflight.md, "Used GPUs").
         own_units: units of this replica (``vllm.service``, Ray's units): never foreign.
 
     Returns:
         Holders on a used GPU (or on a GPU whose index is unknown) that are not in our units.
     """
-    return [h for h in holders if (h.gpu < used_gpus)
+    return [h for h in holders if (h.gpu < 0 or h.gpu in used_gpus)
             and not (h.unit and h.unit in own_units)]
 
 

@@ -286,6 +286,92 @@ def _check_data_parallel(replica: str, agreed: Mapping[str, Any], backend: str, 
     return True
 
 
+# Ray's words when ``ray start --num-gpus`` asks for more GPUs than CUDA_VISIBLE_DEVICES holds
+# (ResourceAndLabelSpec._resolve_accelerator_resources, ray/_private/resource_and_label_spec.py).
+RAY_VISIBLE_GPUS_ERROR = ("Attempting to start raylet with {asked} GPU, but CUDA_VISIBLE_DEVICES "
+                          "contains {visible}.")
+
+
+def _check_gpu_sets(replica: Replica, agreed: Mapping[str, Any],
+                    settings: Mapping[str, Mapping[str, Setting]], problems: Problems) -> bool:
+    """Refuse a ``vllm_gpus`` that cannot hold the node's share of the replica, naming the file,
+    the replica, the node and the fix; False when a problem was recorded.
+
+    Rules (docs/inventory.md, "GPU sets"): each node's list holds at least
+    :attr:`Replica.gpus_per_node` indexes (vLLM's mp executor asserts "local_world_size ... must
+    be less than or equal to the number of visible devices", vllm PR #28873; Ray's placement
+    group waits for GPUs no node shows); not with ``vllm_device: cpu`` (no GPU is used); a Ray
+    node's ``ray_num_gpus`` is at most the list's length (Ray refuses to start:
+    :data:`RAY_VISIBLE_GPUS_ERROR`); ``vllm_env``, ``ray_env`` and ``vllm_node_env`` set
+    neither ``CUDA_VISIBLE_DEVICES`` nor ``CUDA_DEVICE_ORDER`` (one source: both are rendered
+    from ``vllm_gpus``, :data:`~vllm_provision.settings.kinds.GPU_SET_ENV`). Whether the host
+    has those GPUs is known from facts only: preflight's ``host.gpus``.
+    """
+    ok = True
+    need = replica.gpus_per_node
+    reported: set[str] = set()  # a group's vllm_env is one place, however many nodes read it
+    for node in replica.nodes:
+        if node.gpus is None:
+            continue
+        values = settings[node.name]
+        setting = values["vllm_gpus"]
+        where = setting.origin.where
+        shown = "[" + ", ".join(map(str, node.gpus)) + "]"
+        if agreed.get("vllm_device") == "cpu":
+            problems.add(where, f"vllm_gpus is set on {node.name}, but replica {replica.name!r} "
+                         "runs on CPUs (vllm_device: cpu)", expected="no vllm_gpus with "
+                         "vllm_device: cpu", actual=shown,
+                         fix=f"remove vllm_gpus from {node.name}, or set vllm_device: cuda")
+            ok = False
+            continue
+        if len(node.gpus) < need:
+            why = (f"{replica.dp_size_local} data-parallel engines x TP x PP "
+                   f"{replica.engine.world_size}" if replica.data_parallel else
+                   f"TP x PP {replica.engine.world_size} over {replica.nnodes} nodes")
+            problems.add(where, f"vllm_gpus of {node.name} lists {len(node.gpus)} GPU"
+                         f"{'s' if len(node.gpus) != 1 else ''}, but replica {replica.name!r} "
+                         f"needs {need} on each node ({why})",
+                         expected=f"at least {need} GPU indexes in vllm_gpus", actual=shown,
+                         fix=f"list {need} of {node.name}'s GPUs in vllm_gpus, or lower the "
+                             "replica's TP x PP"
+                             + (" or vllm_data_parallel_size_local" if replica.data_parallel
+                                else ""))
+            ok = False
+        if replica.backend_type.ray_cluster:
+            declared = values.get("ray_num_gpus")
+            if declared is not None and declared.value is not INVALID \
+                    and declared.value > len(node.gpus):
+                problems.add(declared.origin.where,
+                             f"ray_num_gpus {declared.value} of {node.name} is more than the "
+                             f"{len(node.gpus)} GPUs of its vllm_gpus {shown}; Ray would not "
+                             "start: " + RAY_VISIBLE_GPUS_ERROR.format(
+                                 asked=declared.value,
+                                 visible=[str(i) for i in node.gpus]),
+                             expected=f"ray_num_gpus <= {len(node.gpus)}",
+                             actual=str(declared.value),
+                             fix=f"remove ray_num_gpus from {node.name} (Ray then counts the "
+                                 "GPUs of vllm_gpus), or list more GPUs in vllm_gpus")
+                ok = False
+        for env_name in ("vllm_env", "ray_env", "vllm_node_env"):
+            env = values.get(env_name)
+            if env is None or not isinstance(env.value, Mapping):
+                continue
+            for key in kinds.GPU_SET_ENV:
+                if key not in env.value:
+                    continue
+                ok = False
+                at = env.origin.child(key).where
+                if at in reported:
+                    continue
+                reported.add(at)
+                problems.add(at, f"{env_name} sets {key}, which follows from vllm_gpus "
+                             f"({shown}) on host {node.name}",
+                             actual=f"{key}={env.value[key]!r}",
+                             fix=f"remove {key} from {env_name} and list the GPUs in "
+                                 "vllm_gpus")
+    return ok
+
+
 def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                    settings: Mapping[str, Mapping[str, Setting]],
                    group_vars: Mapping[str, Any], problems: Problems) -> tuple[Replica, ...]:
@@ -294,7 +380,8 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
     Checks: a replica has hosts; a host is in one replica only; ranks are 0..N-1, unique and
     complete (a single-host replica may omit its rank: 0); each node has an IP address; every
     replica-scope variable (engine arguments, backend, service settings) is equal on all nodes;
-    ``vllm_model`` is set; ``vllm_extra_args`` holds no option we render. A replica without
+    ``vllm_model`` is set; ``vllm_extra_args`` holds no option we render; each node's
+    ``vllm_gpus`` can hold its share of the replica (:func:`_check_gpu_sets`). A replica without
     ``vllm_backend`` gets vLLM's default backend (``backends.choice.backend_choice``), with the
     reason kept in ``Replica.backend_reason``.
 
@@ -366,10 +453,12 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
                 continue
             ranks.setdefault(rank, []).append(host)
             host_ip = _host_ip(hosts[host], settings[host], problems, file)
-            if host_ip is None:
+            gpus = _value(settings[host], "vllm_gpus")
+            if host_ip is None or gpus is INVALID:
                 ok = False
                 continue
-            nodes.append(Node(hosts[host], rank, host_ip))
+            nodes.append(Node(hosts[host], rank, host_ip,
+                              None if gpus is None else tuple(int(i) for i in gpus)))
         for rank, holders in sorted(ranks.items()):
             if len(holders) > 1:
                 problems.add(settings[holders[1]]["vllm_node_rank"].origin.where,
@@ -423,11 +512,13 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
         if not _check_data_parallel(name, agreed, backend, len(nodes), settings[members[0]],
                                     problems, group_where):
             continue
-        replicas.append(Replica(name=name, backend=backend,
-                                nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
-                                engine=EngineArgs(**engine_values), vars=replica_vars,
-                                backend_reason=backend_reason,
-                                declared_id=agreed["vllm_replica_id"]))
+        replica = Replica(name=name, backend=backend,
+                          nodes=tuple(sorted(nodes, key=lambda n: n.rank)),
+                          engine=EngineArgs(**engine_values), vars=replica_vars,
+                          backend_reason=backend_reason, declared_id=agreed["vllm_replica_id"])
+        if not _check_gpu_sets(replica, agreed, settings, problems):
+            continue
+        replicas.append(replica)
     _check_replica_ids(replicas, tree, settings, problems)
     return tuple(replicas)
 

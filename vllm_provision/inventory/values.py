@@ -138,6 +138,10 @@ def _coerce(var: Variable, value: Any, *, from_command_line: bool) -> Any:
     if var.type is list:
         if not isinstance(value, list):
             return _INVALID
+        if var.items is int:  # integers only: a "2" or a 2.0 is not a GPU index
+            if not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+                return _INVALID
+            return [int(item) for item in value]
         if not all(isinstance(item, str | int | float) and not isinstance(item, bool)
                    for item in value):
             return _INVALID
@@ -158,7 +162,7 @@ def _strings_of(value: Any) -> list[tuple[str | int | None, str]]:
     if isinstance(value, str):
         return [(None, value)]
     if isinstance(value, list):
-        return [(index, item) for index, item in enumerate(value)]
+        return [(index, item) for index, item in enumerate(value) if isinstance(item, str)]
     if isinstance(value, dict):
         pairs: list[tuple[str | int | None, str]] = []
         for key, item in value.items():
@@ -277,7 +281,9 @@ def check_setting(name: str, setting: Setting, problems: Problems) -> Setting | 
     converted = _coerce(var, value, from_command_line=setting.origin.file is None)
     if converted is _INVALID:
         fix = f"write {name}: {var.example}"
-        if var.type is list and isinstance(value, str):
+        if var.type is list and var.items is int:
+            fix = f"write a list of integers (no quotes), e.g. {name}: {var.example}"
+        elif var.type is list and isinstance(value, str):
             fix = f"write one list item per word, e.g. {name}: {var.example}"
         problems.add(where, f"{name} has the wrong type", expected=var.expected(),
                      actual=show(name, value), fix=fix)

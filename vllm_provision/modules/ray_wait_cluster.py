@@ -341,8 +341,10 @@ def read_head_snapshot(conn: Connection, replica: Replica, vars_: Mapping[str, A
 def expected_gpus(ctx: ModuleContext, replica: Replica,
                   gpus_per_node: float | None) -> dict[str, float]:
     """Node IP -> GPUs it must show in Ray: ``gpus_per_node``, else the node's own
-    ``ray_num_gpus``, else the GPUs preflight found on that node, else the world size divided
-    evenly over the nodes.
+    ``ray_num_gpus``, else the GPUs of its ``vllm_gpus`` (``Node.gpus``: all ``ray start`` sees
+    through CUDA_VISIBLE_DEVICES, and its ``--num-gpus``), else the GPUs preflight found on that
+    node, else the world size divided evenly over the nodes (roles/ray/templates/ray-unit.j2
+    renders ``--num-gpus`` by the same rule).
 
     ``ray_num_gpus`` is a host variable (docs/inventory.md): each node's ``ray start`` gets its
     own (roles/ray/templates/ray-unit.j2 renders it on that host), so the expectation reads the
@@ -354,6 +356,8 @@ def expected_gpus(ctx: ModuleContext, replica: Replica,
         value: Any = gpus_per_node if gpus_per_node is not None else settings.node_settings(
             replica, node).get("ray_num_gpus")
         facts = ctx.facts.get(node.name) if isinstance(ctx.facts, Mapping) else None
+        if value is None and node.gpus is not None:
+            value = len(node.gpus)
         if value is None and facts is not None and getattr(facts, "gpus", None):
             value = len(facts.gpus)
         if value is None:

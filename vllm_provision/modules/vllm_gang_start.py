@@ -3,7 +3,8 @@
 Run on the master (mp, ``vllm_gpu_pool: shared``; roles/vllm_mp/plays/start.yml). Before it
 starts any node it waits, up to ``timeout_s`` in all, until one reading of every node (in
 parallel) finds no process outside the replica's units on the GPUs the replica uses
-(:mod:`vllm_provision.facts.gpu_pool`); then it starts the nodes in mp's order (headless followers
+(``Replica.node_gpus``: each node's ``vllm_gpus``, else its first GPUs;
+:mod:`vllm_provision.facts.gpu_pool`); then it starts the nodes in mp's order (headless followers
 by
 rank, then rank 0), reading every node again right before each start, so no node is started
 while another node's GPUs are held. While it waits it prints one line to stderr naming each
@@ -96,7 +97,6 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     own_units = sorted({unit for node in replica.nodes
                         for unit in replica.backend_type.node_units(replica, node,
                                                                     node.host.vars)})
-    used = replica.gpus_per_node
     units = replica.backend_type.replica_units(replica, ctx.vars)
     nodes = start_order(replica)
     missing = [n.name for n in nodes if n.name not in ctx.connections]
@@ -113,8 +113,9 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
                              message="cannot read the GPUs' processes",
                              expected="nvidia-smi --query-compute-apps to answer",
                              fix=f"check nvidia-smi on {node.name}")
+        # only the GPUs this replica uses there: its vllm_gpus, else the first ones
         return gpu_pool.foreign_holders(gpu_pool.parse_holders(node.name, result.stdout),
-                                        used, own_units)
+                                        replica.node_gpus(node), own_units)
 
     pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)))
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -366,7 +366,7 @@ class Top:
                     reason = one_line(failed[f"node {node.name}"])
                 reading = read.get(f"node {node.name}")
                 nodes.append(node_view(node.name, node.rank, units.get(node.name, []),
-                                       reading, reason))
+                                       reading, reason, gpus=node.gpus))
             replicas.append(replica_view(replica, api, list(history), nodes,
                                          cumulative=cumulative,
                                          fresh=api.metrics is not None))
@@ -375,10 +375,15 @@ class Top:
 
 
 def node_view(host: str, rank: int, units: Sequence[str], reading: NodeReading | None,
-              reason: str | None) -> dict[str, Any]:
+              reason: str | None, *, gpus: Collection[int] | None = None) -> dict[str, Any]:
     """One node of the view: its units (state, ``NRestarts``, restarts in the last hour), its
     GPUs' memory, and ``error`` (why it was not read; None when it was). Host text is made
-    printable (:func:`~vllm_provision.core.text.printable`) here, once."""
+    printable (:func:`~vllm_provision.core.text.printable`) here, once.
+
+    Args:
+        gpus: the node's ``vllm_gpus`` (``Node.gpus``): only those GPUs are shown, the
+            others are not the replica's; None: every GPU nvidia-smi lists.
+    """
     if reading is None:
         return {"host": host, "node_rank": rank, "error": printable(reason or "not read",
                                                                     limit=200),
@@ -392,7 +397,8 @@ def node_view(host: str, rank: int, units: Sequence[str], reading: NodeReading |
                        "restarts": s.restarts,
                        "restarts_1h": reading.restarts_1h.get(s.unit)}
                       for s in reading.units],
-            "gpus": [dict(g) for g in reading.gpus], "gpu_error": reading.gpu_error}
+            "gpus": [dict(g) for g in reading.gpus if gpus is None or g["index"] in gpus],
+            "gpu_error": reading.gpu_error}
 
 
 def replica_view(replica: Replica, api: ApiReading, history: Sequence[Scrape],

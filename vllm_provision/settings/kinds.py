@@ -73,6 +73,8 @@ RESERVED_ENV = {
 }
 # Set from vllm_cluster_interface when that is set (roles/vllm_common/templates/macros.j2).
 INTERFACE_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# Set from vllm_gpus when that is set (the same macro): the GPUs a node's processes see.
+GPU_SET_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 def check_interface(value: str) -> str | None:
@@ -327,7 +329,7 @@ OWN_RULES: dict[str, Checker] = {
 
 # name -> kind. Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address, ssh_host,
 # ssh_user, ssh_args, port, cidr_list, interface, engine_arg, engine_args, env, secret, version,
-# count, seconds, rate, fraction, flag, choice, text, data, replica_id, package.
+# count, seconds, rate, fraction, flag, choice, text, data, replica_id, package, gpu_indexes.
 KINDS: dict[str, str] = {
     # connection
     "ansible_host": "ssh_host",
@@ -347,6 +349,7 @@ KINDS: dict[str, str] = {
     "vllm_host_ip": "address",
     "vllm_cluster_interface": "interface",
     "vllm_device": "choice",
+    "vllm_gpus": "gpu_indexes",  # checked by its table entry (check_gpu_indexes)
     # engine arguments
     "vllm_model": "engine_arg",
     "vllm_served_model_name": "engine_arg",

@@ -95,6 +95,23 @@ def check_owned_dirs_list(value: list[str]) -> str | None:
     return None
 
 
+def check_gpu_indexes(value: list[int]) -> str | None:
+    """Return why ``value`` cannot be ``vllm_gpus``, or None: a non-empty list of distinct
+    GPU indexes >= 0 (nvidia-smi's ``index``; CUDA_VISIBLE_DEVICES names each device once,
+    and an index below 0 names none). The items are already integers
+    (``Variable.items``); whether the host has them is preflight's ``host.gpus``."""
+    if not value:
+        return "at least one GPU index, such as [2, 3] (remove vllm_gpus to use GPUs 0..N-1)"
+    for item in value:
+        if item < 0:
+            return f"GPU indexes >= 0, nvidia-smi's index column (bad item {item})"
+    repeated = sorted({item for item in value if value.count(item) > 1})
+    if repeated:
+        return ("distinct GPU indexes (listed more than once: "
+                + ", ".join(map(str, repeated)) + ")")
+    return None
+
+
 # The shortest secret accepted: a shorter one is easy to guess, and the masker, which replaces
 # every occurrence of a secret in the output, would also hide ordinary words that equal it.
 MIN_SECRET_LENGTH = 8
@@ -186,6 +203,8 @@ class Variable:
         maximum: largest allowed ``int`` (ports: 65535).
         check: extra rule on a value of the right type; returns what is expected, or None if fine.
         engine_field: the :class:`~vllm_provision.core.models.EngineArgs` field it fills, if any.
+        items: the type of a ``list``'s items: ``str`` (numbers written in YAML become text)
+            or ``int`` (integers only, kept as ``int``: ``vllm_gpus``).
     """
 
     name: str
@@ -201,6 +220,7 @@ class Variable:
     maximum: int | None = None
     check: Callable[[Any], str | None] | None = None
     engine_field: str | None = None
+    items: type = str
 
     def expected(self) -> str:
         """Describe a valid value in words (``"an integer 1-65535"``)."""
@@ -217,7 +237,7 @@ class Variable:
         if self.type is float:
             return "a number"
         if self.type is list:
-            return "a list of strings"
+            return "a list of integers" if self.items is int else "a list of strings"
         if self.type is dict:
             return "a mapping of names to strings"
         return "a string"
@@ -361,6 +381,15 @@ _TABLE: tuple[Variable, ...] = (
              "GPUs, checked with nvidia-smi) or `cpu` (vLLM's CPU build: preflight counts CPU "
              "cores as the node's devices and does not ask for GPUs).", "cpu",
              choices=("cuda", "cpu")),
+    Variable("vllm_gpus", list, None, "The GPUs this node's vLLM and Ray processes may use, "
+             "as nvidia-smi's `index` numbers: rendered as `CUDA_VISIBLE_DEVICES` into the "
+             "node's env files (vLLM's, and Ray's, whose `--num-gpus` is then their count), and "
+             "the only GPUs preflight and the shared pool's gang start look at. At least the "
+             "node's GPU workers (TP x PP over the nodes, times the engines per node with data "
+             "parallel); more are allowed: CUDA numbers the listed GPUs in this order and vLLM's "
+             "mp workers take the first ones, Ray may hand out any. Unset: GPUs 0..N-1 and no "
+             "`CUDA_VISIBLE_DEVICES` (docs/inventory.md, \"GPU sets\").", "[2, 3]",
+             scope="host", items=int, check=check_gpu_indexes),
     # Service settings.
     Variable("vllm_venv", str, "/opt/vllm", "Python virtual environment holding vLLM.",
              "/opt/vllm", check=check_absolute_path),
@@ -649,7 +678,7 @@ def render_markdown_table() -> str:
             default = "unset" if v.default is None else f"`{v.default!r}`"
         else:
             default = f"`{str(v.default).lower() if v.type is bool else v.default}`"
-        kind = type_names[v.type]
+        kind = "list of integers" if v.type is list and v.items is int else type_names[v.type]
         if v.choices:
             kind += " (" + " \\| ".join(v.choices) + ")"
         elif v.type is int and (v.minimum is not None or v.maximum is not None):

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .common import visible_devices
+
 
 class ConfigError(Exception):
     """A configuration vLLM rejects before starting; ``str()`` is vLLM's message."""
@@ -246,7 +248,9 @@ class ServeConfig:
 
 
 def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
-    """Apply vLLM's checks to parsed flags, for a host with ``spec["gpus"]`` GPUs.
+    """Apply vLLM's checks to parsed flags, for a host with ``spec["gpus"]`` GPUs of which this
+    process sees those of ``CUDA_VISIBLE_DEVICES`` (:func:`.common.visible_devices`: vLLM
+    counts the visible devices, ``cuda_device_count_stateless``).
 
     Raises:
         ConfigError: with vLLM's text, for: ``--headless`` with ``--api-server-count``
@@ -262,7 +266,7 @@ def resolve(ns: argparse.Namespace, spec: dict[str, Any]) -> ServeConfig:
         raise ConfigError(f"--api-server-count={ns.api_server_count} cannot be used with "
                           "--headless (no API servers are started in headless mode).")
     world_size = ns.tensor_parallel_size * ns.pipeline_parallel_size
-    gpu_count = int(spec["gpus"])
+    gpu_count = len(visible_devices(spec))
     dp = _data_parallel(ns, world_size)
     if dp is not None:
         if dp["local_world_size"] > gpu_count:

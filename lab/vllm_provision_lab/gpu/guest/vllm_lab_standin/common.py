@@ -85,12 +85,29 @@ def check_free_memory(spec: dict[str, Any], gpus: list[int], utilization: float)
                 "reduce GPU memory used by other processes.")
 
 
-def visible_gpus(count: int) -> list[int]:
-    """Return the GPU indexes this process uses: ``CUDA_VISIBLE_DEVICES`` or ``0..count-1``."""
+def visible_devices(spec: dict[str, Any]) -> list[int]:
+    """Return the GPU indexes CUDA shows this process, in CUDA's order: those of
+    ``CUDA_VISIBLE_DEVICES`` up to the first one that names no GPU of the host (CUDA C
+    Programming Guide, "CUDA Environment Variables": "only the devices whose index precedes
+    the invalid index are visible"), else ``0..gpus-1`` of the spec. An empty value counts as
+    unset, as the stand-in always read it."""
+    total = int(spec["gpus"])
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible:
-        return [int(x) for x in visible.split(",") if x.strip().isdigit()][:count]
-    return list(range(count))
+    if not visible:
+        return list(range(total))
+    shown: list[int] = []
+    for word in visible.split(","):
+        word = word.strip()
+        if not word.isdigit() or int(word) >= total or int(word) in shown:
+            break
+        shown.append(int(word))
+    return shown
+
+
+def visible_gpus(count: int, spec: dict[str, Any]) -> list[int]:
+    """Return the GPU indexes a node's ``count`` local ranks use: the first ``count`` devices
+    CUDA shows (:func:`visible_devices`), local rank i on device i as vLLM places them."""
+    return visible_devices(spec)[:count]
 
 
 def versions(spec: dict[str, Any]) -> dict[str, str]:

@@ -234,7 +234,7 @@ def load(spec: dict[str, Any], config: ServeConfig, who: str) -> None:
     """'Load the weights': check GPU memory, show up in nvidia-smi, then go through vLLM's
     start-up phases in ``load_s`` seconds in all, printing vLLM 0.32's lines at each
     (:func:`.common.startup_phases`)."""
-    gpus = visible_gpus(config.local_world_size)
+    gpus = visible_gpus(config.local_world_size, spec)
     check_free_memory(spec, gpus, config.gpu_memory_utilization)
     used = int(config.gpu_memory_utilization * int(spec["gpu_memory_mib"]))
     register_compute_app(gpus, used, "VLLM::Worker")
