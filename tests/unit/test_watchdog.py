@@ -220,6 +220,80 @@ def test_hold_file_counts_only_until_its_deadline(tmp_path: Path) -> None:
     assert wd.held_until(str(hold), 1000.0) is None
 
 
+def _idle_watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A watchdog of one unit and no rules (whole whenever it is not held), listening on a free
+    loopback port."""
+    monkeypatch.setattr(wd.subprocess, "run", FakeSystemctl())
+    config = {"node": "h1", "units": ["vllm.service"], "rules": [], "peers": {},
+              "hold_file": str(tmp_path / "hold"), "state_file": str(tmp_path / "state.json"),
+              "listen_host": "127.0.0.1", "listen_port": 0}
+    return wd.Watchdog(config, wd.Settings())
+
+
+def test_pause_wakes_when_the_hold_file_appears_and_when_it_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    watchdog = _idle_watchdog(tmp_path, monkeypatch)
+    watchdog.poll()
+    hold = tmp_path / "hold"
+    hold.write_text(f"{time.time() + 600}\n")  # a run took the hold: the next read sees it
+    start = time.monotonic()
+    watchdog.pause(30.0)
+    assert time.monotonic() - start < 15.0
+    watchdog.poll()
+    assert watchdog.published["held_until"] is not None and not watchdog.released()
+    hold.unlink()  # the run released it
+    start = time.monotonic()
+    watchdog.pause(30.0)
+    assert time.monotonic() - start < 15.0
+
+
+def test_pause_sleeps_its_whole_time_while_nothing_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    watchdog = _idle_watchdog(tmp_path, monkeypatch)
+    watchdog.poll()
+    start = time.monotonic()
+    watchdog.pause(0.3)
+    assert time.monotonic() - start >= 0.3
+
+
+def _get_state(port: int, query: str, into: list[dict[str, Any]]) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/state{query}", timeout=30) as answer:
+        into.append(json.loads(answer.read()))
+
+
+def test_state_wait_released_answers_once_the_watchdog_is_whole_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    watchdog = _idle_watchdog(tmp_path, monkeypatch)
+    hold = tmp_path / "hold"
+    hold.write_text(f"{time.time() + 600}\n")
+    watchdog.poll()
+    server = wd.serve(watchdog)
+    try:
+        answers: list[dict[str, Any]] = []
+        waiter = threading.Thread(target=_get_state,
+                                  args=(server.server_address[1], "?wait_released=9", answers))
+        waiter.start()
+        time.sleep(0.2)
+        assert answers == []  # still held: the request waits
+        hold.unlink()
+        watchdog.poll()  # the next round sees the release and wakes the waiting request
+        waiter.join(timeout=8)
+        assert answers and answers[0]["held_until"] is None and answers[0]["whole"] is True
+        held: list[dict[str, Any]] = []
+        hold.write_text(f"{time.time() + 600}\n")
+        watchdog.poll()
+        _get_state(server.server_address[1], "?wait_released=0.2", held)  # gives up: held
+        assert held[0]["held_until"] is not None
+        plain: list[dict[str, Any]] = []
+        _get_state(server.server_address[1], "", plain)  # no wait asked: answers at once
+        assert plain[0]["node"] == "h1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # --- rendered files -----------------------------------------------------------------------------
 
 def _replica(backend: str, nodes: int = 3) -> Replica:

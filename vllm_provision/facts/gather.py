@@ -451,10 +451,10 @@ def probe_host(host: Host, conn: Connection, replica: Replica | None,
 
 def probe_commands(inventory: Inventory, names: Sequence[str], options: ProbeOptions
                    ) -> dict[str, tuple[dict[str, Any], str]]:
-    """Host name -> ``(its probe's settings, the probe command)`` for each of ``names``, as
-    :func:`gather_facts` would send them; for a caller that sends the probes itself (``up``:
-    in the run lock's first answer, all hosts at once, as the reachability test needs) and
-    parses each answer with :func:`parse_probe_result`."""
+    """Host name -> ``(its probe's settings, the probe command)`` for each of ``names``: what
+    :func:`gather_facts` sends, and what a caller that sends the probes itself sends (``up``:
+    in the run lock's first answer, all hosts at once, as the reachability test needs) before
+    it parses each answer with :func:`parse_probe_result`."""
     from vllm_provision.stack.lock import lock_packages
 
     commands = {}
@@ -515,14 +515,14 @@ def gather_facts(inventory: Inventory, connections: Mapping[str, Connection],
     """
     options = options or ProbeOptions()
     names = [name for name in (hosts or list(connections)) if name in connections]
+    commands = probe_commands(inventory, names, options)
 
     def one(name: str) -> tuple[str, HostFacts | ProvisionError]:
-        from vllm_provision.stack.lock import lock_packages
-
-        host = inventory.hosts[name]
-        mine = replace(options, extra_packages=lock_packages(inventory, name))
+        config, command = commands[name]
         try:
-            return name, probe_host(host, connections[name], inventory.replica_of(name), mine)
+            result = connections[name].run(command, timeout_s=options.command_timeout_s)
+            return name, parse_probe_result(inventory.hosts[name], config, result.stdout,
+                                            result.stderr, result.exit_code)
         except (UnreachableError, ProvisionError) as exc:
             return name, exc
 
