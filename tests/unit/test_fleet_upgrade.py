@@ -162,7 +162,7 @@ def test_status_watch_prints_the_capacity_record(health_server: int, tmp_path: P
 
     inventory = tmp_path / "fleet.yml"
     replicas = {name: {"vars": {"vllm_api_port": port}, "hosts": {
-        host: {"ansible_host": "127.0.0.1", "vllm_host_ip": ip}}}
+        host: {"ansible_host": ip, "vllm_host_ip": ip}}}
         for name, host, ip, port in (("r1", "a", "127.0.0.1", health_server),
                                      ("r2", "b", "127.0.0.2", _closed_port()))}
     inventory.write_text(json.dumps({"all": {"children": {"vllm_replicas": {

@@ -119,7 +119,8 @@ def test_the_checks_run_in_the_order_preflight_has_always_run_them() -> None:
         "gpu_health.persistence", "gpu_health.fabric_manager", "gpu_health.clock",
         "host.front_door_cpus", "host.venv", "host.shm", "host.remove_ipc",
         "host.model_present", "host.memory", "platform.platform"]
-    assert [e.name for e in checks_of("inventory")] == ["ownership.ownership", "stack.lock"]
+    assert [e.name for e in checks_of("inventory")] == [
+        "servers.one_node", "ownership.ownership", "stack.lock"]
 
 
 def test_a_check_with_an_unknown_scope_is_refused() -> None:

@@ -15,14 +15,16 @@ import pytest
 
 
 @pytest.fixture
-def closing_port() -> Iterator[int]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
+def closing_port() -> Iterator[tuple[int, int]]:
+    """Two such ports (one per host: two inventory hosts may not be one SSH target)."""
+    servers = [socket.socket(), socket.socket()]
+    for server in servers:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        server.settimeout(0.2)
     stop = threading.Event()
 
-    def serve() -> None:
-        server.settimeout(0.2)
+    def serve(server: socket.socket) -> None:
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
@@ -30,15 +32,19 @@ def closing_port() -> Iterator[int]:
                 continue
             conn.close()  # before any banner
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
+    threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    yield servers[0].getsockname()[1], servers[1].getsockname()[1]
     stop.set()
-    thread.join()
-    server.close()
+    for thread in threads:
+        thread.join()
+    for server in servers:
+        server.close()
 
 
-def _run(tmp_path: Path, port: int, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, ports: tuple[int, int], *extra: str
+         ) -> subprocess.CompletedProcess[str]:
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(f"""\
 all:
@@ -48,9 +54,9 @@ all:
         llama:
           vars: {{vllm_model: /srv/models/m, vllm_tensor_parallel_size: 1}}
           hosts:
-            h1: {{ansible_host: 127.0.0.1, ansible_port: {port}, vllm_node_rank: 0,
+            h1: {{ansible_host: 127.0.0.1, ansible_port: {ports[0]}, vllm_node_rank: 0,
                  vllm_host_ip: 10.0.0.1}}
-            h2: {{ansible_host: 127.0.0.1, ansible_port: {port}, vllm_node_rank: 1,
+            h2: {{ansible_host: 127.0.0.1, ansible_port: {ports[1]}, vllm_node_rank: 1,
                  vllm_host_ip: 10.0.0.2}}
 """)
     return subprocess.run(
@@ -60,7 +66,7 @@ all:
 
 
 def test_a_host_closing_before_the_banner_is_unreachable_without_a_traceback(
-        tmp_path: Path, closing_port: int) -> None:
+        tmp_path: Path, closing_port: tuple[int, int]) -> None:
     result = _run(tmp_path, closing_port)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
@@ -68,7 +74,7 @@ def test_a_host_closing_before_the_banner_is_unreachable_without_a_traceback(
     assert "Traceback" not in output and "ERROR paramiko" not in output, output
 
 
-def test_an_incomplete_plan_says_so(tmp_path: Path, closing_port: int) -> None:
+def test_an_incomplete_plan_says_so(tmp_path: Path, closing_port: tuple[int, int]) -> None:
     """A check-mode plan that could not read every node claims nothing about the replica."""
     output = _run(tmp_path, closing_port).stdout
     assert "keeps serving" not in output, output

@@ -142,11 +142,12 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
     findings = unreachable_findings(errors or {})
     identity = inventory_identity(inventory.path)
     locks = replica_locks(inventory)
+    nodes = {node.name: r.name for r in inventory.replicas for node in r.nodes}
     for replica in inventory.replicas if replicas is None else replicas:
         settings = settings_for(replica, defaults)
         skipped = (*skip, *settings.skip_checks)
         found = check_replica(replica, facts, settings)
-        scope = InventoryScope(ReplicaScope(replica, facts, settings), identity, locks)
+        scope = InventoryScope(ReplicaScope(replica, facts, settings), identity, locks, nodes)
         for entry in checks_of("inventory"):
             found += entry.obj(scope)
         findings += [replace(f, replica=replica.name) for f in found

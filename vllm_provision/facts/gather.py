@@ -23,6 +23,7 @@ from vllm_provision.core.models import Host, Inventory, Replica
 from vllm_provision.core.parallel import split_map
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import python_loader
+from vllm_provision.core.text import printable
 from vllm_provision.facts import parsers, weights
 from vllm_provision.facts.model import (
     HostFacts,
@@ -321,6 +322,8 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
         nvidia_smi_error=smi_error,
         hostname=str((raw.get("hostname") or {}).get("hostname", "")),
         hostname_addresses=tuple((raw.get("hostname") or {}).get("addresses", [])),
+        machine_id=printable(str((raw.get("hostname") or {}).get("machine_id") or ""), limit=64),
+        boot_id=printable(str((raw.get("hostname") or {}).get("boot_id") or ""), limit=64),
         interfaces=interfaces,
         routes=routes,
         shm_bytes=(raw.get("shm") or {}).get("size"),

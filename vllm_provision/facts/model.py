@@ -456,6 +456,9 @@ class HostFacts:
         nvidia_smi_error: why nvidia-smi could not be read, else ``""``.
         hostname: ``socket.gethostname()``.
         hostname_addresses: what the hostname resolves to.
+        machine_id: ``/etc/machine-id`` (machine-id(5): one per installation), ``""`` unread.
+        boot_id: ``/proc/sys/kernel/random/boot_id`` (one per boot of a kernel, shared by its
+            containers), ``""`` unread. Together: which running system the host is.
         interfaces: by name.
         routes: route to each peer address, by peer address.
         shm_bytes: size of /dev/shm.
@@ -513,6 +516,8 @@ class HostFacts:
     nvidia_smi_error: str = ""
     hostname: str = ""
     hostname_addresses: tuple[str, ...] = ()
+    machine_id: str = ""
+    boot_id: str = ""
     interfaces: Mapping[str, Interface] = field(default_factory=dict)
     routes: Mapping[str, Route] = field(default_factory=dict)
     shm_bytes: int | None = None

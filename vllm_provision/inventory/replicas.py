@@ -520,7 +520,44 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
             continue
         replicas.append(replica)
     _check_replica_ids(replicas, tree, settings, problems)
+    _check_one_node_per_server(replicas, tree, problems)
     return tuple(replicas)
+
+
+def _check_one_node_per_server(replicas: list[Replica], tree: Tree, problems: Problems) -> None:
+    """Record a problem for every node whose SSH target (address and port) an earlier node of
+    the inventory already has, naming both hosts and their replicas.
+
+    Two entries for one server (an alias, often made to put two replicas on one 8-GPU server)
+    would install the same units (``vllm.service``), the same watchdog, firewall table and
+    state record there, each run undoing the other's, and one run would wait on its own run
+    lock. The same machine under two addresses is found by preflight (``servers.one_node``,
+    from each host's machine-id and boot id). Rule source: docs/inventory.md, "One node per
+    server".
+    """
+    seen: dict[tuple[str, int], tuple[Node, str]] = {}
+    for replica in replicas:
+        for node in replica.nodes:
+            target = (canonical_ip(node.host.address).lower(), node.host.port)
+            if target not in seen:
+                seen[target] = (node, replica.name)
+                continue
+            first, first_replica = seen[target]
+            if first.name == node.name:
+                continue  # one host in two replicas: build_replicas already said so
+            if first_replica == replica.name and canonical_ip(first.host_ip) == \
+                    canonical_ip(node.host_ip):
+                continue  # the same cluster IP twice: build_replicas already said so
+            both = (f"replica {first_replica!r}" if first_replica == replica.name else
+                    f"replicas {first_replica!r} and {replica.name!r}")
+            problems.add(f"{tree.file}: " + ".".join(map(str, tree.hosts[node.name].key)),
+                         f"hosts {first.name} and {node.name} ({both}) are one server: both "
+                         f"connect to {node.host.address} port {node.host.port}",
+                         expected="one node per server (one entry per machine)",
+                         actual=f"{first.name} and {node.name}",
+                         fix="put each replica on servers of its own; to serve several "
+                             "copies of a model from one server, make it one replica with "
+                             "vllm_data_parallel_size (docs/serving.md)")
 
 
 def _check_replica_ids(replicas: list[Replica], tree: Tree,
