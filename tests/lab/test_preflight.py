@@ -173,6 +173,10 @@ def test_facts_is_one_ssh_round_trip_per_host(lab, monkeypatch):
     assert errs == {}
     assert len(calls) == len(hosts) == len(facts)
     assert all(f.gpus and f.packages.get("vllm") for f in facts.values())
+    # which running system each host is (servers.one_node): each lab host has a machine-id of
+    # its own, and systemd-nspawn gives each container a boot id of its own too
+    assert len({f.machine_id for f in facts.values()}) == len(facts)
+    assert all(len(f.machine_id) == 32 and len(f.boot_id) == 36 for f in facts.values())
 
 
 def test_mtu_mismatch_and_gpu_faults_on_h2_are_errors_on_the_right_gpu(lab):

@@ -8,8 +8,9 @@ address and port (docs/inventory.md, "One node per server"); this check finds th
 under two addresses (a management and a cluster address, a DNS alias), from what each host
 says it is: ``/etc/machine-id`` (machine-id(5): one per installation) and the kernel's boot id
 (``/proc/sys/kernel/random/boot_id``: one per boot). Two cloned installations share a
-machine-id but not a boot id; containers of one kernel share the boot id but not the
-machine-id; only the same running system shares both.
+machine-id but not a boot id; containers of one kernel may share the boot id (systemd-nspawn
+gives each its own, others may not) but not the machine-id; only the same running system shares
+both.
 """
 
 from __future__ import annotations

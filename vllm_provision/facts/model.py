@@ -457,8 +457,8 @@ class HostFacts:
         hostname: ``socket.gethostname()``.
         hostname_addresses: what the hostname resolves to.
         machine_id: ``/etc/machine-id`` (machine-id(5): one per installation), ``""`` unread.
-        boot_id: ``/proc/sys/kernel/random/boot_id`` (one per boot of a kernel, shared by its
-            containers), ``""`` unread. Together: which running system the host is.
+        boot_id: ``/proc/sys/kernel/random/boot_id`` (one per boot; systemd-nspawn gives each
+            container its own), ``""`` unread. Together: which running system the host is.
         interfaces: by name.
         routes: route to each peer address, by peer address.
         shm_bytes: size of /dev/shm.

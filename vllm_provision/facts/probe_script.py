@@ -386,8 +386,7 @@ def resolve_hostname():
     except OSError as exc:
         addresses = []
         ERRORS.append("hostname %s does not resolve: %s" % (name, exc))
-    # which running system this is: machine-id(5) names the installation, the kernel's boot id
-    # the boot (one per kernel: every container of a host shares it)
+    # which running system this is: machine-id(5) names the installation, the boot id the boot
     return {"hostname": name, "addresses": addresses,
             "machine_id": (read_text("/etc/machine-id") or "").strip()[:64],
             "boot_id": (read_text("/proc/sys/kernel/random/boot_id") or "").strip()[:64]}
