@@ -105,7 +105,7 @@ def test_one_machine_under_two_addresses_fails_both_replicas_naming_the_other(
 
 @pytest.mark.parametrize(("second", "why"), [
     ((MACHINE_A, BOOT_2), "a cloned installation: the same machine-id, another boot"),
-    ((MACHINE_B, BOOT_1), "containers sharing their kernel's boot id, each with its own machine-id"),
+    ((MACHINE_B, BOOT_1), "containers sharing a boot id, each with a machine-id of its own"),
     (("", BOOT_1), "a probe that could not read /etc/machine-id"),
 ])
 def test_only_the_same_running_system_counts(tmp_path: Path, second: tuple[str, str],
