@@ -93,7 +93,7 @@ class TaskExecutor:
                 and not self._check_mode(task)):
             try:
                 persist(task, self.state.connections[host.name],
-                        self.state.options.pending_dir)
+                        self.state.pending_dir(host.name))
             except UnreachableError as exc:
                 result = TaskResult(host.name, label, Status.UNREACHABLE,
                                     masker.text(exc.render()), duration_s=duration)
@@ -113,7 +113,7 @@ class TaskExecutor:
             host_state=state.host_state.setdefault(host.name, {}),
             run_state=state.host_state,
             notify_script=("" if check or not task.notify
-                           else notify_script(task, state.options.pending_dir)),
+                           else notify_script(task, state.pending_dir(host.name))),
             task_name=task.name, no_log=task.no_log, facts=self.variables.facts,
         )
 
