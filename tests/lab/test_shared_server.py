@@ -6,18 +6,20 @@ host entered twice (``a1``/``a2`` and ``b1``/``b2``, one ``ansible_host`` per se
 ``a`` with ``vllm_instance: a`` on GPUs 0 and 1, replica ``b`` with ``vllm_instance: b`` on GPUs
 2 and 3, each with its own API, master and watchdog ports. As an operator would:
 
-- ``provision up`` serves both; on each server, read over the lab's SSH with pytest-testinfra:
+- ``provision up`` serves both, ``status`` finds both serving with whole watchdogs and
+  ``drift`` finds nothing; on each server, read over the lab's SSH with pytest-testinfra:
   ``vllm-a.service`` and ``vllm-b.service`` run, each env file names its own GPUs, nvidia-smi
   lists each replica's processes on its own GPUs only, and each replica has its own state
   record under ``/var/lib/vllm-provision/instances/``; a second ``up`` changes nothing;
 - ``kill -9`` of replica ``a``'s vLLM on h2 heals ``a`` (its watchdogs restart its group) while
   ``b`` keeps serving: a completion from ``b`` every half second meanwhile, and ``b``'s units
   keep the InvocationIDs they had;
-- ``provision down`` stops both: no unit of either is left.
+- ``provision down --purge --limit a`` removes replica ``a``'s units and files while ``b``
+  serves on; a second purge removes ``b``'s; the lab's own replica keeps its state record.
 
-Cost: about 70 s on one lab instance alone (two replicas' up 15 s, the second up 3 s, the heal
-about 20 s, down 8 s, plus the broker's naming of what the hosts hold); docs/testing.md, "Per
-module".
+Cost: about 66 s on one lab instance alone (measured 2026-12-05: 66 s; both replicas' up with
+status, drift and the second up 19 s, the heal 28 s, the two purges 16 s, plus the broker's
+naming of what the hosts hold); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -132,6 +134,13 @@ def test_two_replicas_serve_from_the_same_two_servers(shared: dict[str, Any],
             assert record.exists and record.mode == 0o600, (server, name)
         assert not host.file("/var/lib/vllm-provision/state.json").exists, server
         assert not host.service("vllm.service").is_running, server
+    status = provision(shared["state"], "status", "-i", shared["path"], "--json")
+    assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+    seen = {r["replica"]: r for r in json.loads(status.stdout)["replicas"]}
+    assert {name: r["verdict"] for name, r in seen.items()} == {"a": "serving", "b": "serving"}
+    assert all(r["whole"] for r in seen.values()), {n: (r["whole"], r["watchdogs"]) for n, r in seen.items()}
+    drift = provision(shared["state"], "drift", "-i", shared["path"])
+    assert drift.returncode == 0, drift.stdout[-2000:] + drift.stderr[-2000:]
     before = {(server, name): unit_view(shared["lab"], server, f"vllm-{name}.service")
               for server in SERVERS for name in REPLICAS}
     again = provision(shared["state"], "up", "-i", shared["path"], "--json")
@@ -180,13 +189,29 @@ def test_kill_9_heals_one_replica_while_the_other_keeps_serving(shared: dict[str
             for server in SERVERS} == b_before
 
 
-def test_down_stops_both_and_leaves_no_unit(shared: dict[str, Any], lab_host: Any) -> None:
-    down = provision(shared["state"], "down", "-i", shared["path"])
-    shared["down"] = down.returncode == 0
-    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+def test_purging_one_replica_leaves_the_other_serving(shared: dict[str, Any],
+                                                      lab_host: Any) -> None:
+    lab = shared["lab"]
+    lab_record = {server: lab_host(server).file("/var/lib/vllm-provision/state.json").exists
+                  for server in SERVERS}
+    purge_a = provision(shared["state"], "down", "--purge", "-i", shared["path"], "--limit", "a")
+    assert purge_a.returncode == 0, purge_a.stdout[-2000:] + purge_a.stderr[-2000:]
+    assert serves(lab, "b"), "purging replica a stopped replica b"
+    for server in SERVERS:
+        host = lab_host(server)
+        assert sorted(processes_by_gpu(host)) == [2, 3], server
+        assert not host.file("/etc/systemd/system/vllm-a.service").exists, server
+        assert not host.file("/etc/vllm-provision/a/vllm.env").exists, server
+        assert host.file("/etc/vllm-provision/b/vllm.env").exists, server
+        assert host.service("vllm-b.service").is_running, server
+    purge_b = provision(shared["state"], "down", "--purge", "-i", shared["path"])
+    shared["down"] = purge_b.returncode == 0
+    assert purge_b.returncode == 0, purge_b.stdout[-2000:] + purge_b.stderr[-2000:]
     for server in SERVERS:
         host = lab_host(server)
         assert processes_by_gpu(host) == {}, server
         for name in REPLICAS:
-            assert not host.service(f"vllm-{name}.service").is_running, (server, name)
-            assert not host.service(f"vllm-watchdog-{name}.service").is_running, (server, name)
+            assert not host.file(f"/etc/systemd/system/vllm-{name}.service").exists
+            assert not host.file(f"/etc/systemd/system/vllm-watchdog-{name}.service").exists
+        # the lab's own replica, stopped by the broker, keeps its record
+        assert host.file("/var/lib/vllm-provision/state.json").exists == lab_record[server]

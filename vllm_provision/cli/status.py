@@ -54,6 +54,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     from vllm_provision.modules.vllm_wait_ready import replica_units
     from vllm_provision.state.recovery import (
         WATCHDOG_STATE,
+        WATCHDOG_UNIT,
         node_command,
         parse_node,
         replica_whole,
@@ -64,12 +65,15 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
 
     nodes = {node.name: node for node in replica.nodes}
 
-    def watchdog_state(host: str) -> str:
-        """The node's watchdog state file (``vllm_watchdog_state_file``: its own on a shared
-        server, docs/inventory.md "Shared servers")."""
+    def watchdog_of(host: str) -> tuple[str, str]:
+        """The node's watchdog state file and unit (``vllm_watchdog_state_file``,
+        ``vllm_watchdog_unit_name``: its own on a shared server, docs/inventory.md "Shared
+        servers")."""
         if host not in nodes:
-            return WATCHDOG_STATE
-        return str(settings.node_settings(replica, nodes[host])["vllm_watchdog_state_file"])
+            return WATCHDOG_STATE, WATCHDOG_UNIT
+        values = settings.node_settings(replica, nodes[host])
+        return (str(values["vllm_watchdog_state_file"]),
+                str(values["vllm_watchdog_unit_name"]))
 
     expected = replica_units(replica, vars_)
     lost = {host: reason for host, reason in (unreachable or {}).items() if host in expected}
@@ -81,7 +85,7 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
             continue
         try:
             result = connections[host].run(
-                show_command(units) + "; " + node_command(units, watchdog_state(host)),
+                show_command(units) + "; " + node_command(units, *watchdog_of(host)),
                 timeout_s=30)
         except UnreachableError as exc:
             lost[host] = one_line(exc)
