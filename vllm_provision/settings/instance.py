@@ -35,14 +35,14 @@ from vllm_provision.core.paths import STATE_DIR
 
 # a letter, then letters, digits or _: valid in a unit name (systemd.unit(5)), a path and an
 # nftables table name (nft(8), identifiers) without any quoting
-INSTANCE_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
+INSTANCE_RE = re.compile(r"[a-z][a-z0-9_]{0,15}")
 
 FIREWALL_TABLE = "vllm_provision"
 
 
 def check_instance(value: str) -> str | None:
     """Return what a valid ``vllm_instance`` is when ``value`` is not one, else None."""
-    return None if INSTANCE_RE.match(value) else (
+    return None if INSTANCE_RE.fullmatch(value) else (
         "a short name: a lower-case letter, then up to 15 lower-case letters, digits or _")
 
 
