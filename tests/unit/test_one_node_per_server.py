@@ -48,9 +48,9 @@ def test_two_replicas_on_one_server_are_refused_naming_both_hosts_and_replicas(
         "b": {"gpu1-b": {"ansible_host": "10.0.0.11", "vllm_gpus": [2, 3]}}})
     [problem] = _problems(path)
     assert problem.where == f"{path}: all.children.vllm_replicas.children.b.hosts.gpu1-b"
-    assert problem.message == ("hosts gpu1-a and gpu1-b (replicas 'a' and 'b') are one server: "
-                               "both connect to 10.0.0.11 port 22")
-    assert "vllm_data_parallel_size" in problem.fix
+    assert problem.message == ("hosts gpu1-a and gpu1-b (replicas 'a' and 'b') are one server "
+                               "(10.0.0.11 port 22): without a vllm_instance on each")
+    assert problem.fix.startswith("give 'a' and 'b' each a vllm_instance of its own")
 
 
 def test_one_name_written_in_two_cases_is_one_server(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_one_name_written_in_two_cases_is_one_server(tmp_path: Path) -> None:
         "a": {"h1": {"ansible_host": "gpu1.example.com", "vllm_host_ip": "10.0.0.11"}},
         "b": {"h2": {"ansible_host": "GPU1.example.com", "vllm_host_ip": "10.0.0.12"}}})
     [problem] = _problems(path)
-    assert "hosts h1 and h2 (replicas 'a' and 'b') are one server" in problem.message
+    assert "hosts h1 and h2 (replicas 'a' and 'b') are one server (GPU1" in problem.message
 
 
 def test_two_nodes_of_one_replica_on_one_server_are_refused(tmp_path: Path) -> None:
@@ -67,7 +67,8 @@ def test_two_nodes_of_one_replica_on_one_server_are_refused(tmp_path: Path) -> N
         "h1": {"ansible_host": "10.0.0.11", "vllm_host_ip": "192.168.0.1"},
         "h2": {"ansible_host": "10.0.0.11", "vllm_host_ip": "192.168.0.2"}}})
     [problem] = _problems(path)
-    assert problem.message.startswith("hosts h1 and h2 (replica 'a') are one server")
+    assert problem.message == ("hosts h1 and h2 (replica 'a') are one server (10.0.0.11 port "
+                               "22): two nodes of one replica")
 
 
 def test_one_address_on_two_ssh_ports_is_two_servers(tmp_path: Path) -> None:
@@ -97,9 +98,10 @@ def test_one_machine_under_two_addresses_fails_both_replicas_naming_the_other(
     a, b, c = inventory.replicas
     [on_a] = findings_of(a, findings)
     assert (on_a.severity, on_a.host) == (Severity.ERROR, "h1")
-    assert on_a.actual.startswith("the same machine as h2 (replica 'b'): machine-id aaaaaaaaaaaa")
+    assert on_a.actual == ("the same machine (machine-id aaaaaaaaaaaa..., the same boot) as h2 "
+                           "(replica 'b'): without a vllm_instance on each replica")
     [on_b] = findings_of(b, findings)
-    assert on_b.host == "h2" and "h1 (replica 'a')" in on_b.actual
+    assert on_b.host == "h2" and "as h1 (replica 'a')" in on_b.actual
     assert findings_of(c, findings) == []  # the third replica is not held back
 
 
@@ -112,8 +114,8 @@ def test_only_the_same_running_system_counts(tmp_path: Path, second: tuple[str, 
                                              why: str) -> None:
     inventory = two_replicas(tmp_path, {"a": ("h1",), "b": ("h2",)})
     facts = _facts(inventory, {"h1": (MACHINE_A, BOOT_1), "h2": second})
-    assert check_one_node_per_server(inventory.replicas[0], facts,
-                                     {"h1": "a", "h2": "b"}) == [], why
+    a, b = inventory.replicas
+    assert check_one_node_per_server(a, facts, {"h1": a, "h2": b}) == [], why
 
 
 def test_a_host_that_is_no_node_may_share_a_node_s_machine(tmp_path: Path) -> None:

@@ -156,7 +156,8 @@ def test_the_guard_removes_nothing_anywhere_when_one_host_s_record_is_not_ours(
               "h2": _owner({f"{u}/ssh.service": "1"})}
     import vllm_provision.state as state_module
 
-    monkeypatch.setattr(state_module, "read_host_record", lambda conn: {"host": conn.name})
+    monkeypatch.setattr(state_module, "read_host_record",
+                        lambda conn, path=None: {"host": conn.name})
     monkeypatch.setattr(takeover, "parse_owner",
                         lambda name, raw, problems: owners[name])
     shells = {name: Shell(host["path"]) for name in ("h1", "h2")}

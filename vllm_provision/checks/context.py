@@ -233,14 +233,14 @@ class InventoryScope:
         identity: the inventory's path as state records hold it (``state.inventory_identity``);
             ownership compares replica ids and reads it only for records without one.
         locks: replica name -> its stack lock (``stack.replica_locks``).
-        nodes: every node of the inventory's replicas, by host name -> its replica's name
-            (the replicas this run does not check included).
+        nodes: every node of the inventory's replicas, by host name -> its replica (the
+            replicas this run does not check included).
     """
 
     of: ReplicaScope
     identity: Any
     locks: Mapping[str, Lock] = field(default_factory=dict)
-    nodes: Mapping[str, str] = field(default_factory=dict)
+    nodes: Mapping[str, Replica] = field(default_factory=dict)
 
     @property
     def replica(self) -> Replica:

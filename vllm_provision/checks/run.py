@@ -142,7 +142,7 @@ def run_checks(inventory: Inventory, facts: Mapping[str, HostFacts],
     findings = unreachable_findings(errors or {})
     identity = inventory_identity(inventory.path)
     locks = replica_locks(inventory)
-    nodes = {node.name: r.name for r in inventory.replicas for node in r.nodes}
+    nodes = {node.name: r for r in inventory.replicas for node in r.nodes}
     for replica in inventory.replicas if replicas is None else replicas:
         settings = settings_for(replica, defaults)
         skipped = (*skip, *settings.skip_checks)

@@ -85,12 +85,13 @@ def find_drift(opts: CommonOptions) -> dict[str, Any]:
             found = []
             for name, conn in connections.items():
                 try:
-                    host_record = state.read_host_record(conn)
+                    path = state.host_record_path(inventory.hosts[name].vars)
+                    host_record = state.read_host_record(conn, path)
                 except ProvisionError as exc:
                     errors[name] = exc.render()
                     continue
                 if host_record is not None:
-                    found.append((f"{name}:{state.HOST_STATE_FILE}", host_record))
+                    found.append((f"{name}:{path}", host_record))
             newest = _newest(found)
             if newest is None:
                 where = ", ".join(names) + " and " + source if names else source

@@ -50,11 +50,30 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
     (bool, None when unknown; False when a node is unreachable),
     ``verdict`` (never ``serving`` when a node is unreachable).
     """
+    from vllm_provision import settings
     from vllm_provision.modules.vllm_wait_ready import replica_units
-    from vllm_provision.state.recovery import node_command, parse_node, replica_whole
+    from vllm_provision.state.recovery import (
+        WATCHDOG_STATE,
+        WATCHDOG_UNIT,
+        node_command,
+        parse_node,
+        replica_whole,
+    )
     from vllm_provision.transport.api import Endpoint, parse_show, show_command, verdict
     from vllm_provision.transport.base import UnreachableError
     from vllm_provision.transport.tunnel import route_for
+
+    nodes = {node.name: node for node in replica.nodes}
+
+    def watchdog_of(host: str) -> tuple[str, str]:
+        """The node's watchdog state file and unit (``vllm_watchdog_state_file``,
+        ``vllm_watchdog_unit_name``: its own on a shared server, docs/inventory.md "Shared
+        servers")."""
+        if host not in nodes:
+            return WATCHDOG_STATE, WATCHDOG_UNIT
+        values = settings.node_settings(replica, nodes[host])
+        return (str(values["vllm_watchdog_state_file"]),
+                str(values["vllm_watchdog_unit_name"]))
 
     expected = replica_units(replica, vars_)
     lost = {host: reason for host, reason in (unreachable or {}).items() if host in expected}
@@ -65,8 +84,9 @@ def replica_status(replica: Any, connections: dict[str, Any], vars_: dict[str, A
             lost.setdefault(host, f"{host}: no connection")
             continue
         try:
-            result = connections[host].run(show_command(units) + "; " + node_command(units),
-                                           timeout_s=30)
+            result = connections[host].run(
+                show_command(units) + "; " + node_command(units, *watchdog_of(host)),
+                timeout_s=30)
         except UnreachableError as exc:
             lost[host] = one_line(exc)
             continue

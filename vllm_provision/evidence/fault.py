@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.quoting import quote
 
@@ -93,11 +94,13 @@ def describe_fate(item: Mapping[str, Any]) -> str:
     return f"error after {item['tokens']} tokens: {item['error']} ({item['detail'][:80]})"
 
 
-def journal_command(units: Sequence[str], since_epoch: float) -> str:
-    """The journal of ``units`` and the watchdog since ``since_epoch`` (``@<seconds>``), one
+def journal_command(units: Sequence[str], since_epoch: float,
+                    watchdog_unit: str = WATCHDOG_UNIT) -> str:
+    """The journal of ``units`` and the watchdog (``watchdog_unit``: the node's
+    ``vllm_watchdog_unit_name``) since ``since_epoch`` (``@<seconds>``), one
     ``<epoch.micro> <host> <ident>[pid]: <message>`` line each (``-o short-unix``), then
     ``@@result <unit> <Result>`` per unit (``systemctl show -p Result``)."""
-    names = [*units, WATCHDOG_UNIT]
+    names = [*units, watchdog_unit]
     selectors = " ".join(f"-u {quote(u)}" for u in names)
     results = " ".join(quote(u) for u in units)
     return (f"journalctl -o short-unix --no-pager --since @{since_epoch:.0f} {selectors} "
@@ -344,8 +347,9 @@ def run(replica: Any, connections: Mapping[str, Any], vars_: Mapping[str, Any], 
     for other in replica.nodes:
         units = replica.backend_type.node_units(replica, other, other.host.vars)
         try:
-            out = connections[other.name].run(journal_command(units, fault_epoch - 1),
-                                              timeout_s=60)
+            watchdog = settings.node_settings(replica, other)["vllm_watchdog_unit_name"]
+            out = connections[other.name].run(
+                journal_command(units, fault_epoch - 1, str(watchdog)), timeout_s=60)
         except UnreachableError as exc:
             events.append({"host": other.name, "t_s": None, "source": "provision",
                            "message": f"journal not read: {exc.problems[0].message}"})

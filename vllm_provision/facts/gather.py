@@ -21,7 +21,6 @@ from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory, Replica
 from vllm_provision.core.parallel import split_map
-from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import python_loader
 from vllm_provision.core.text import printable
 from vllm_provision.facts import parsers, weights
@@ -38,11 +37,8 @@ from vllm_provision.facts.model import (
     UnitStart,
     VenvFound,
 )
-from vllm_provision.settings import variables
+from vllm_provision.settings import instance, variables
 from vllm_provision.transport.base import Connection, UnreachableError
-
-# The host's copy of the state record (vllm_provision.state.HOST_STATE_FILE).
-HOST_STATE_FILE = f"{STATE_DIR}/state.json"
 
 PACKAGES: tuple[str, ...] = (
     "vllm", "torch", "ray", "transformers", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
@@ -154,7 +150,7 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         "nccl_loaded": options.nccl_loaded,
         "torch_cuda_runtime": options.torch_cuda_runtime,
         "peers": [],
-        "state_file": HOST_STATE_FILE,
+        "state_file": f"{instance.state_dir(host.vars)}/state.json",
     }
     if options.venv_search:
         config["venv_search"] = list(options.venv_search)

@@ -10,6 +10,7 @@ from typing import Any
 from vllm_provision.core.models import Host
 from vllm_provision.inventory.source import Problems, Setting
 from vllm_provision.inventory.tree import Tree
+from vllm_provision.settings import instance
 
 INVALID = object()
 """Value of a setting that failed validation (already reported): later checks skip it."""
@@ -142,5 +143,14 @@ def build_host(name: str, settings: Mapping[str, Setting], groups: tuple[str, ..
         become=values.get("ansible_become", False),
         become_user=values.get("ansible_become_user", "root"),
         groups=groups,
-        vars=values,
+        vars={**_instance_vars(values), **values},
     )
+
+
+def _instance_vars(values: Mapping[str, Any]) -> dict[str, str]:
+    """The names a valid ``vllm_instance`` derives (:func:`vllm_provision.settings.instance.
+    derived`), below every value the inventory sets itself; none without one."""
+    name = values.get("vllm_instance")
+    if not isinstance(name, str) or instance.check_instance(name) is not None:
+        return {}
+    return instance.derived(name)

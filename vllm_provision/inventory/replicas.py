@@ -20,7 +20,8 @@ from vllm_provision.inventory.hosts import INVALID
 from vllm_provision.inventory.source import Problems, Setting
 from vllm_provision.inventory.tree import Tree
 from vllm_provision.inventory.values import show
-from vllm_provision.settings import kinds, monitoring, variables, vllm_cli
+from vllm_provision.settings import instance, kinds, monitoring, variables, vllm_cli
+from vllm_provision.settings import node_settings as settings_of
 from vllm_provision.settings.monitoring import VARIABLES as MONITORING_VARIABLES
 
 REPLICAS_GROUP = "vllm_replicas"
@@ -501,7 +502,11 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
         engine_values = {v.engine_field: agreed[v.name] for v in variables.VARIABLES.values()
                          if v.engine_field}
         engine_values["extra_args"] = tuple(engine_values["extra_args"] or ())
-        replica_vars = {**{k: v for k, v in agreed.items() if v is not None},
+        # the names vllm_instance derives, under what the inventory sets (settings.instance)
+        derived = {var: value for var, value in instance.derived(agreed["vllm_instance"]).items()
+                   if not any(var in settings[host] for host in members)}
+        agreed.update({var: value for var, value in derived.items() if var in agreed})
+        replica_vars = {**derived, **{k: v for k, v in agreed.items() if v is not None},
                         **group_vars.get(name, {})}
         replica_vars.update({k: v for k, v in agreed.items() if v is not None})
         backend, backend_reason = agreed["vllm_backend"], ""
@@ -526,38 +531,89 @@ def build_replicas(tree: Tree, hosts: Mapping[str, Host],
 
 def _check_one_node_per_server(replicas: list[Replica], tree: Tree, problems: Problems) -> None:
     """Record a problem for every node whose SSH target (address and port) an earlier node of
-    the inventory already has, naming both hosts and their replicas.
+    the inventory already has, unless the two may share the server: nodes of two replicas
+    that each declare their own ``vllm_instance``, both on the mp backend, on disjoint
+    ``vllm_gpus``, with no port in common (:func:`_check_shared_server`).
 
-    Two entries for one server (an alias, often made to put two replicas on one 8-GPU server)
-    would install the same units (``vllm.service``), the same watchdog, firewall table and
-    state record there, each run undoing the other's, and one run would wait on its own run
-    lock. The same machine under two addresses is found by preflight (``servers.one_node``,
-    from each host's machine-id and boot id). Rule source: docs/inventory.md, "One node per
-    server".
+    Two entries for one server without instances would install the same units
+    (``vllm.service``), the same watchdog, firewall table and state record there, each run
+    undoing the other's, and one run would wait on its own run lock. The same machine under
+    two addresses is found by preflight (``servers.one_node``, from each host's machine-id and
+    boot id). Rule source: docs/inventory.md, "Shared servers".
     """
-    seen: dict[tuple[str, int], tuple[Node, str]] = {}
+    seen: dict[tuple[str, int], list[tuple[Node, Replica]]] = {}
     for replica in replicas:
         for node in replica.nodes:
             target = (canonical_ip(node.host.address).lower(), node.host.port)
-            if target not in seen:
-                seen[target] = (node, replica.name)
-                continue
-            first, first_replica = seen[target]
-            if first.name == node.name:
-                continue  # one host in two replicas: build_replicas already said so
-            if first_replica == replica.name and canonical_ip(first.host_ip) == \
-                    canonical_ip(node.host_ip):
-                continue  # the same cluster IP twice: build_replicas already said so
-            both = (f"replica {first_replica!r}" if first_replica == replica.name else
-                    f"replicas {first_replica!r} and {replica.name!r}")
-            problems.add(f"{tree.file}: " + ".".join(map(str, tree.hosts[node.name].key)),
-                         f"hosts {first.name} and {node.name} ({both}) are one server: both "
-                         f"connect to {node.host.address} port {node.host.port}",
-                         expected="one node per server (one entry per machine)",
-                         actual=f"{first.name} and {node.name}",
-                         fix="put each replica on servers of its own; to serve several "
-                             "copies of a model from one server, make it one replica with "
-                             "vllm_data_parallel_size (docs/serving.md)")
+            for first, first_replica in seen.get(target, []):
+                if first.name == node.name:
+                    continue  # one host in two replicas: build_replicas already said so
+                if first_replica.name == replica.name and canonical_ip(first.host_ip) == \
+                        canonical_ip(node.host_ip):
+                    continue  # the same cluster IP twice: build_replicas already said so
+                where = f"{tree.file}: " + ".".join(map(str, tree.hosts[node.name].key))
+                _check_shared_server((first, first_replica), (node, replica), where, problems)
+            seen.setdefault(target, []).append((node, replica))
+
+
+def _node_ports(replica: Replica, node: Node) -> dict[int, str]:
+    """Port -> the variable that sets it, for every port ``node`` of ``replica`` listens on
+    (API, the backend's other ports, the watchdog)."""
+    values = settings_of(replica, node)
+    chosen = backends.find(replica.backend) or backends.get("mp")
+    ports = {"vllm_api_port": values.get("vllm_api_port"),
+             "vllm_watchdog_port": values.get("vllm_watchdog_port"),
+             **chosen.other_ports(values, values.get)}
+    return {port: name for name, port in ports.items() if isinstance(port, int)}
+
+
+def _check_shared_server(first: tuple[Node, Replica], second: tuple[Node, Replica], where: str,
+                         problems: Problems) -> None:
+    """Record why two nodes with one SSH target may not share their server, if they may not
+    (docs/inventory.md, "Shared servers")."""
+    (a, ra), (b, rb) = first, second
+    both = (f"replica {ra.name!r}" if ra.name == rb.name else
+            f"replicas {ra.name!r} and {rb.name!r}")
+    head = f"hosts {a.name} and {b.name} ({both}) are one server ({b.host.address} port " \
+           f"{b.host.port})"
+    ia, ib = ra.vars.get("vllm_instance"), rb.vars.get("vllm_instance")
+    if ra.name == rb.name or not ia or not ib or ia == ib:
+        why = ("two nodes of one replica" if ra.name == rb.name else
+               f"both use vllm_instance {ia!r}" if ia and ia == ib else
+               "without a vllm_instance on each")
+        problems.add(where, f"{head}: {why}",
+                     expected="one node per server, or replicas that each declare their own "
+                              "vllm_instance",
+                     actual=f"{a.name} and {b.name}",
+                     fix=f"give {ra.name!r} and {rb.name!r} each a vllm_instance of its own "
+                         "(with disjoint vllm_gpus and their own ports), or put them on "
+                         "servers of their own" if ra.name != rb.name else
+                         f"put the nodes of {ra.name!r} on servers of their own")
+        return
+    ray = [r.name for r in (ra, rb) if r.backend != "mp"]
+    if ray:
+        problems.add(where, f"{head}: replica {ray[0]!r} runs on Ray, which cannot share a "
+                     "server yet", expected="mp replicas on a shared server",
+                     actual=f"vllm_backend {[r for r in (ra, rb) if r.name == ray[0]][0].backend}",
+                     fix=f"give {ray[0]!r} servers of its own, or set vllm_backend: mp")
+        return
+    if a.gpus is None or b.gpus is None:
+        missing = a.name if a.gpus is None else b.name
+        problems.add(where, f"{head}: {missing} has no vllm_gpus, so it would take GPUs 0..N-1 "
+                     "of the server", expected="vllm_gpus on both, with no GPU in common",
+                     fix=f"set vllm_gpus of {missing} to GPUs the other replica does not use")
+    elif set(a.gpus) & set(b.gpus):
+        common = ", ".join(map(str, sorted(set(a.gpus) & set(b.gpus))))
+        problems.add(where, f"{head}: their vllm_gpus overlap (GPU {common})",
+                     expected="disjoint GPU sets", actual=f"{a.name}: {list(a.gpus)}, "
+                     f"{b.name}: {list(b.gpus)}",
+                     fix=f"give {ra.name!r} and {rb.name!r} GPUs of their own")
+    ports_a, ports_b = _node_ports(ra, a), _node_ports(rb, b)
+    for port in sorted(set(ports_a) & set(ports_b)):
+        problems.add(where, f"{head}: both listen on port {port} ({ports_a[port]} of "
+                     f"{ra.name!r}, {ports_b[port]} of {rb.name!r})",
+                     expected="ports of their own on a shared server", actual=str(port),
+                     fix=f"set {ports_b[port]} of {rb.name!r} to a free port")
 
 
 def _check_replica_ids(replicas: list[Replica], tree: Tree,

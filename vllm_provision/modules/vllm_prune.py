@@ -59,13 +59,13 @@ def role_value(node: Node, name: str) -> str:
 
 def owner_of(ctx: ModuleContext, node: Node) -> HostOwner | None:
     """The node's state record, from the facts preflight gathered, else read now."""
-    from vllm_provision.state import read_host_record
+    from vllm_provision.state import host_record_path, read_host_record
 
     facts = ctx.facts.get(node.name)
     if facts is not None and getattr(facts, "owner", None) is not None:
         return facts.owner  # type: ignore[no-any-return]
     try:
-        record = read_host_record(ctx.connections[node.name])
+        record = read_host_record(ctx.connections[node.name], host_record_path(node.host.vars))
     except ProvisionError:
         return None  # not a record we can read: nothing of it is trusted
     return parse_owner(node.name, {"record": record}, [])

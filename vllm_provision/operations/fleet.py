@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.quoting import quote
 from vllm_provision.evidence.stats import metric_sum
+from vllm_provision.settings import instance
 
 if TYPE_CHECKING:
     from vllm_provision.transport.tunnel import ApiRoute
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 # environment files as they were, plus the list of those that did not exist yet), so that a
 # replica whose new version fails is put back exactly as it was.
 SNAPSHOT_DIR = "/var/lib/vllm-provision/upgrade"
-SNAPSHOT_TAR = f"{SNAPSHOT_DIR}/prev.tar"
-SNAPSHOT_ABSENT = f"{SNAPSHOT_DIR}/absent"
 
 # The recap's outcome of each replica.
 UPGRADED = "upgraded"
@@ -194,7 +193,15 @@ def wait_idle(endpoint: str, timeout_s: float, poll_s: float = 0.5,
         sleep(poll_s)
 
 
-def snapshot_script(present: Sequence[str], absent: Sequence[str]) -> str:
+def snapshot_dir(replica: Any) -> str:
+    """The replica's snapshot folder on its nodes: ``upgrade`` in its ``provision_state_dir``
+    (:data:`SNAPSHOT_DIR` unless the replica has a ``vllm_instance``: docs/inventory.md,
+    "Shared servers")."""
+    return f"{instance.state_dir(replica.vars)}/upgrade"
+
+
+def snapshot_script(present: Sequence[str], absent: Sequence[str],
+                    folder: str = SNAPSHOT_DIR) -> str:
     """The shell command that keeps a node's current unit and env files before an upgrade
     applies new ones: a tar of ``present`` (paths as they are, owner and mode kept) and the list
     of ``absent`` paths, written to temporary names and renamed into :data:`SNAPSHOT_DIR`
@@ -203,8 +210,9 @@ def snapshot_script(present: Sequence[str], absent: Sequence[str]) -> str:
     Args:
         present: absolute paths of the managed files that exist now.
         absent: absolute paths that the new version would create.
+        folder: the snapshot folder (:func:`snapshot_dir`).
     """
-    folder = quote(SNAPSHOT_DIR)
+    folder = quote(folder)
     steps = ["set -e", f"mkdir -p -m 0700 {folder}", f"cd {folder}",
              "rm -f prev.tar.tmp absent.tmp"]
     if present:
@@ -218,11 +226,12 @@ def snapshot_script(present: Sequence[str], absent: Sequence[str]) -> str:
     return "{ " + "; ".join(steps) + "; }"
 
 
-def restore_script() -> str:
-    """The shell command that puts a node's snapshot back (:func:`snapshot_script`): files that
-    did not exist are removed, the others extracted with their owner and mode, then systemd
-    reloads its units. The snapshot stays until the next upgrade replaces it."""
-    tar, absent = quote(SNAPSHOT_TAR), quote(SNAPSHOT_ABSENT)
+def restore_script(folder: str = SNAPSHOT_DIR) -> str:
+    """The shell command that puts a node's snapshot back (:func:`snapshot_script`, kept in
+    ``folder``): files that did not exist are removed, the others extracted with their owner
+    and mode, then systemd reloads its units. The snapshot stays until the next upgrade
+    replaces it."""
+    tar, absent = quote(f"{folder}/prev.tar"), quote(f"{folder}/absent")
     return ("{ set -e; "
             f"while IFS= read -r p; do [ -n \"$p\" ] && rm -f -- \"$p\"; done < {absent}; "
             f"tar -xpf {tar} -C /; systemctl daemon-reload; }}")

@@ -175,7 +175,7 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
             removal that failed on a host.
     """
     from vllm_provision.state import (
-        HOST_STATE_FILE,
+        host_record_path,
         inventory_identity,
         parse_record,
         read_host_record,
@@ -190,13 +190,13 @@ def guard(inventory: Inventory, hosts: Sequence[str], plays_files: Mapping[str, 
             if node.name not in wanted or node.name not in connections:
                 continue
             conn = connections[node.name]
+            path = host_record_path(node.host.vars)
             try:
                 if node.name in known:  # read by the run lock, under it
                     text = known[node.name]
-                    record = None if text is None else parse_record(
-                        text, f"{node.name}:{HOST_STATE_FILE}")
+                    record = None if text is None else parse_record(text, f"{node.name}:{path}")
                 else:
-                    record = read_host_record(conn)
+                    record = read_host_record(conn, path)
             except ProvisionError:
                 record = None  # not a record we can read: nobody's (drift reports it)
             owner: HostOwner | None = parse_owner(node.name, {"record": record}, [])

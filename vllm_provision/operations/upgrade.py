@@ -268,7 +268,7 @@ class _Upgrade:
             present = set(found.stdout.split("\n")) if found else set()
             kept = [p for p in paths if p in present]
             error = self.on_nodes_one(node, fleet.snapshot_script(
-                kept, [p for p in paths if p not in present]))
+                kept, [p for p in paths if p not in present], fleet.snapshot_dir(replica)))
             if error:
                 return error
         return None
@@ -391,7 +391,7 @@ def _roll_back(upgrade: _Upgrade, entry: fleet.ReplicaOutcome, replica: Any, rea
     """Put the replica's kept files back and restart it in order; record the outcome."""
     echo(f"replica {entry.name}: its new version failed ({reason}); rolling back")
     started = time.monotonic()
-    error = upgrade.on_nodes(replica, fleet.restore_script())
+    error = upgrade.on_nodes(replica, fleet.restore_script(fleet.snapshot_dir(replica)))
     served = False
     if error is None:
         outcome = upgrade.run(upgrade.restart_plays, [entry.name])

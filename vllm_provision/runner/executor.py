@@ -8,12 +8,14 @@ controller), ``become`` per task; ``no_log`` hides output (docs/security.md).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Host
+from vllm_provision.core.models import Host, canonical_ip
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import UNAFFECTED_KEY, UNAFFECTED_NOTE, ModuleResult, find_module
 from vllm_provision.runner.context import TaskContext
@@ -48,6 +50,19 @@ class TaskExecutor:
         self.state = state
         self.variables = variables
         self.connection_factory = connection_factory
+        # one lock per server that several hosts of the inventory are (replicas sharing it,
+        # docs/inventory.md "Shared servers"): their tasks run there one at a time, so two
+        # installs of one shared thing (the service user, the watchdog's program, a package)
+        # never race; every other host runs unlocked
+        servers: dict[tuple[str, int], list[str]] = {}
+        for host in state.inventory.hosts.values():
+            servers.setdefault((canonical_ip(host.address).lower(), host.port),
+                               []).append(host.name)
+        self._server_locks: dict[str, contextlib.AbstractContextManager[Any]] = {}
+        for names in servers.values():
+            if len(names) > 1:
+                shared = threading.Lock()
+                self._server_locks.update({name: shared for name in names})
 
     def connect(self, hosts: list[Host]) -> None:
         """Open a connection to each of ``hosts`` not connected yet, in parallel (each wrapped
@@ -74,7 +89,8 @@ class TaskExecutor:
         label = task.name
         masker = self.state.masker
         try:
-            module_result, persisted = self._execute(play, task, host)
+            with self._server_locks.get(host.name, contextlib.nullcontext()):
+                module_result, persisted = self._execute(play, task, host)
         except UnreachableError as exc:
             result = TaskResult(host.name, label, Status.UNREACHABLE, masker.text(exc.render()),
                                 duration_s=time.monotonic() - started)
@@ -93,7 +109,7 @@ class TaskExecutor:
                 and not self._check_mode(task)):
             try:
                 persist(task, self.state.connections[host.name],
-                        self.state.options.pending_dir)
+                        self.state.pending_dir(host.name))
             except UnreachableError as exc:
                 result = TaskResult(host.name, label, Status.UNREACHABLE,
                                     masker.text(exc.render()), duration_s=duration)
@@ -113,7 +129,7 @@ class TaskExecutor:
             host_state=state.host_state.setdefault(host.name, {}),
             run_state=state.host_state,
             notify_script=("" if check or not task.notify
-                           else notify_script(task, state.options.pending_dir)),
+                           else notify_script(task, state.pending_dir(host.name))),
             task_name=task.name, no_log=task.no_log, facts=self.variables.facts,
         )
 

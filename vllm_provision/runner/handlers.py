@@ -96,9 +96,8 @@ class HandlerQueue:
         if not play.handlers:
             return
         targets = {h.name for h in play.handlers} | {t for h in play.handlers for t in h.listen}
-        script = handlers_state.read_script(self.state.options.pending_dir)
-
         def read(host: Host) -> tuple[Host, list[handlers_state.PendingNotification] | str]:
+            script = handlers_state.read_script(self.state.pending_dir(host.name))
             try:
                 result = self.state.connections[host.name].run(script)
             except UnreachableError as exc:
@@ -163,7 +162,7 @@ class HandlerQueue:
                 continue
             try:
                 self.state.connections[host_name].run(
-                    handlers_state.clear_script(cleared, self.state.options.pending_dir))
+                    handlers_state.clear_script(cleared, self.state.pending_dir(host_name)))
             except UnreachableError as exc:
                 self.state.drop_unreachable(host_name, "Clear pending notifications",
                                             exc.render())

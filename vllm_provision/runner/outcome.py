@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from vllm_provision.core.models import Inventory
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.runner import handlers_state
+from vllm_provision.settings import instance
 from vllm_provision.settings.masking import Masker
 from vllm_provision.transport.base import ConnectionOptions
 
@@ -129,6 +130,15 @@ class RunState:
     host_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     pool: ThreadPoolExecutor | None = None
     aborted: bool = False
+
+    def pending_dir(self, host_name: str) -> str:
+        """Where ``host_name``'s notifications are persisted: ``options.pending_dir``, or, left
+        at its default, ``pending`` in the host's own ``provision_state_dir`` (a replica on a
+        shared server has its own: docs/inventory.md, "Shared servers")."""
+        host = self.inventory.hosts.get(host_name)
+        if self.options.pending_dir != handlers_state.PENDING_DIR or host is None:
+            return self.options.pending_dir
+        return f"{instance.state_dir(host.vars)}/pending"
 
     def record(self, result: TaskResult) -> TaskResult:
         """Append ``result`` to the outcome and report it; return it."""

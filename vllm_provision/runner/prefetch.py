@@ -284,7 +284,7 @@ class Prefetcher:
                 return
             commands = self._reads(play, host, conn, 0)
             if play.handlers:
-                commands.insert(0, handlers_state.read_script(self.state.options.pending_dir))
+                commands.insert(0, handlers_state.read_script(self.state.pending_dir(host.name)))
             if not self._ahead.get(host.name) and conn.holds(commands):
                 log.debug("%s: play %r: its %d reads were fetched ahead", host.name, play.name,
                           len(commands))
@@ -340,7 +340,7 @@ class Prefetcher:
             except Exception:  # noqa: BLE001 - an optimisation only
                 return found
             if later.handlers:
-                reads.insert(0, handlers_state.read_script(self.state.options.pending_dir))
+                reads.insert(0, handlers_state.read_script(self.state.pending_dir(host.name)))
             found.extend(c for c in reads if c not in seen)
             seen.update(reads)
             if not complete:

@@ -28,13 +28,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm_provision.settings import instance
+
 if TYPE_CHECKING:
     from vllm_provision.core.models import Replica
 
-# The table of ours on every node (a host is in one replica, so one name per host: a renamed
-# replica replaces it instead of leaving an old one behind). nft(8): "inet" is IPv4 and IPv6.
+# The table of ours on every node: one name per replica on the host (``vllm_provision``, or
+# ``vllm_provision_<instance>`` on a shared server: settings/instance.py), so a renamed replica
+# replaces it instead of leaving an old one behind. nft(8): "inet" is IPv4 and IPv6.
 FAMILY = "inet"
-TABLE = "vllm_provision"
+TABLE = instance.FIREWALL_TABLE
 # Our input chain runs at the filter priority (nft(8), "Standard priority names": filter = 0).
 CHAIN = "input"
 
@@ -133,8 +136,13 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iter
 
     Returns:
         the text of an ``nft -f`` file: one transaction that replaces ``inet vllm_provision``
-        and touches no other table.
+        (``vllm_provision_<instance>`` for a replica with a ``vllm_instance``:
+        :func:`vllm_provision.settings.instance.firewall_table`) and touches no other table.
+
+    Raises:
+        ProvisionError: a ``vllm_firewall_table`` that is not one of ours.
     """
+    table = instance.firewall_table(replica.vars)
     # a zone id (fe80::1%eth0) is no part of a packet's source address
     peers = sorted({ipaddress.ip_address(n.host_ip.split("%", 1)[0]) for n in replica.nodes},
                    key=lambda a: (a.version, int(a)))
@@ -166,9 +174,9 @@ def ruleset(replica: Replica, allow_from: Iterable[Any] = (), metrics_from: Iter
            + (f"from the peers and {_elements(metrics)}." if metrics else "from any source.")]
           if gateway else []),
         "# One transaction (nft -f): create-if-absent, delete, define: replaces our table only.",
-        f"table {FAMILY} {TABLE}",
-        f"delete table {FAMILY} {TABLE}",
-        f"table {FAMILY} {TABLE} {{",
+        f"table {FAMILY} {table}",
+        f"delete table {FAMILY} {table}",
+        f"table {FAMILY} {table} {{",
     ]
     for name, kind, members, flags in (("peers4", "ipv4_addr", peers4, False),
                                        ("peers6", "ipv6_addr", peers6, False),

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from vllm_provision.settings import instance
+
 # Linux dev_valid_name() (net/core/dev.c): 1..15 bytes (IFNAMSIZ 16 with the NUL), not "." or
 # "..", no "/", ":" or whitespace. We also refuse a leading "-" (it would read as an option of
 # ip(8)) and keep to the characters udev and every distribution use.
@@ -325,6 +327,10 @@ OWN_RULES: dict[str, Checker] = {
     "ray_cgraph_get_timeout_s": check_whole_seconds,
     "ray_cgraph_submit_timeout_s": check_whole_seconds,
     "preflight_parity": check_severities,
+    "vllm_firewall_table": lambda value: None if value == instance.FIREWALL_TABLE or (
+        isinstance(value, str) and value.startswith(instance.FIREWALL_TABLE + "_")
+        and instance.check_instance(value[len(instance.FIREWALL_TABLE) + 1:]) is None) else (
+        "vllm_provision, or vllm_provision_<instance> (vllm_instance names it)"),
 }
 
 # name -> kind. Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address, ssh_host,
@@ -373,6 +379,7 @@ KINDS: dict[str, str] = {
     # service
     "vllm_venv": "path",
     "vllm_stack_lock": "controller_path",
+    "vllm_instance": "name",  # checked by its table entry (settings/instance.py)
     "vllm_service_user": "name",
     "vllm_service_group": "name",
     "vllm_unit_name": "unit",
@@ -438,6 +445,7 @@ KINDS: dict[str, str] = {
     "vllm_firewall_file": "owned_file",
     "vllm_firewall_unit_name": "unit",
     "vllm_firewall_nft": "path",
+    "vllm_firewall_table": "name",
     "ray_cgraph_get_timeout_s": "seconds",
     "ray_cgraph_submit_timeout_s": "seconds",
     "vllm_ray_auth": "choice",

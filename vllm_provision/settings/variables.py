@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vllm_provision import backends
-from vllm_provision.settings import kinds
+from vllm_provision.settings import instance, kinds
 from vllm_provision.settings.kinds import check_user_name
 
 Scope = Literal["host", "replica"]
@@ -293,6 +293,12 @@ _TABLE: tuple[Variable, ...] = (
              "another path is the same owner. Set it to keep the ownership across a change of "
              "those; unique among the inventory's replicas. 1-63 characters A-Za-z0-9 . _ -, "
              "starting with a letter or digit.", "llm-prod", check=kinds.check_replica_id),
+    Variable("vllm_instance", str, None, "This replica's name on servers it shares with other "
+             "replicas: its units, config files, firewall table, state record and run lock there "
+             "take it as a suffix (`vllm-a.service`), so replicas on disjoint `vllm_gpus` of one "
+             "server never touch each other's (docs/inventory.md, \"Shared servers\"). Set on "
+             "every replica with a node on a shared server; unset: today's names.", "a",
+             check=instance.check_instance),
     Variable("vllm_backend", str, None, "Executor backend: vLLM multi-node multiprocessing "
              "(`mp`) or a Ray cluster (`ray`). Unset: vLLM's own default rule picks it (`mp`; "
              "see \"Backend default\").", "mp", choices=backends.Names()),

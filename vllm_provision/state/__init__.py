@@ -84,6 +84,7 @@ from vllm_provision.core.models import EngineArgs, Inventory
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import quote
 from vllm_provision.facts.model import HostFacts
+from vllm_provision.settings import instance
 from vllm_provision.transport.base import Connection, UnreachableError
 
 SCHEMA = 1
@@ -455,6 +456,17 @@ def parse_hashes(stdout: str) -> dict[str, str]:
     return hashes
 
 
+def host_record_path(host_vars: Mapping[str, Any]) -> str:
+    """The host's copy of the record: ``state.json`` in its ``provision_state_dir``
+    (:func:`vllm_provision.settings.instance.state_dir`; :data:`HOST_STATE_FILE` unless the
+    host's replica shares the server, docs/inventory.md "Shared servers").
+
+    Args:
+        host_vars: the host's merged variables (``Host.vars``).
+    """
+    return f"{instance.state_dir(host_vars)}/state.json"
+
+
 def write_host_record_script(path: str = HOST_STATE_FILE) -> str:
     """Shell that writes stdin to ``path`` atomically, root-only (folder 0755, file 0600)."""
     folder = quote(os.path.dirname(path))
@@ -549,7 +561,7 @@ def save_record(inventory: Inventory, record: Mapping[str, Any],
         if found is not None and same_record(found.get(name), mine):
             continue
         try:
-            write_host_record(conn, mine)
+            write_host_record(conn, mine, host_record_path(inventory.hosts[name].vars))
         except (UnreachableError, ProvisionError) as exc:
             errors[name] = exc
     if previous is not None and same_record(previous, record):

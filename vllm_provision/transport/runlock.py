@@ -69,6 +69,7 @@ from vllm_provision.core.models import Host
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.quoting import shell_quote
 from vllm_provision.core.text import printable
+from vllm_provision.settings import instance
 from vllm_provision.transport.base import CommandResult, ConnectionOptions, UnreachableError
 from vllm_provision.transport.connection import HostConnection, close_all, open_connections
 from vllm_provision.transport.stats import STATS
@@ -221,14 +222,17 @@ class RunLock:
             holds a lost lock now; optional).
         started: host name -> the monotonic time its holder was started (default: now).
         me: this run's holder line (default: :func:`this_run` of ``"?"``).
-        state_dir: the folder of the lock and holder files.
+        state_dir: the folder of the lock and holder files: one for every host, or host name
+            -> its folder (``provision_state_dir``: a replica on a shared server has its own,
+            docs/inventory.md "Shared servers"; hosts absent: :data:`STATE_DIR`).
         clock: the monotonic clock, seconds (tests move it).
     """
 
     def __init__(self, channels: Mapping[str, Any], *,
                  connections: Mapping[str, Any] | None = None,
                  started: Mapping[str, float] | None = None, me: Holder | None = None,
-                 state_dir: str = STATE_DIR, clock: Callable[[], float] = time.monotonic,
+                 state_dir: str | Mapping[str, str] = STATE_DIR,
+                 clock: Callable[[], float] = time.monotonic,
                  ) -> None:
         self.channels = dict(channels)
         # host name -> the text of its state record as the lock found it (None: no record);
@@ -254,7 +258,7 @@ class RunLock:
 
     @classmethod
     def acquire(cls, connections: Mapping[str, Any], command: str,
-                warn: Callable[[str], None], state_dir: str = STATE_DIR,
+                warn: Callable[[str], None], state_dir: str | Mapping[str, str] = STATE_DIR,
                 clock: Callable[[], float] = time.monotonic,
                 first_reads: Mapping[str, str] | None = None,
                 first_timeout_s: float = _ANSWER_TIMEOUT_S) -> RunLock:
@@ -265,7 +269,8 @@ class RunLock:
                 write ``/var/lib/vllm-provision``).
             command: the provision command, for the holder file (``up``, ``stack sync``).
             warn: called with one line per stale lock taken over.
-            state_dir: the folder of the lock file (tests use a temporary one).
+            state_dir: the folder of the lock file, for every host or per host name (as the
+                class's; tests use a temporary one).
             clock: the monotonic clock of the heartbeat bookkeeping (tests move it).
             first_reads: host name -> one shell command (built by the caller, values quoted)
                 that the holder runs once the lock is taken, before its first answer ends, with
@@ -283,8 +288,10 @@ class RunLock:
         me = this_run(command)
         line = json.dumps({"controller": me.controller, "user": me.user, "pid": me.pid,
                            "started": me.started, "command": me.command})
-        script = (f"bash -c {shell_quote(_SCRIPT)} vllm-provision-lock "
-                  f"{shell_quote(state_dir)} {shell_quote(line)} {GIVE_UP_S}")
+        def script(name: str) -> str:
+            return (f"bash -c {shell_quote(_SCRIPT)} vllm-provision-lock "
+                    f"{shell_quote(folder_of(state_dir, name))} {shell_quote(line)} {GIVE_UP_S}")
+
         firsts = dict(first_reads or {})
         started: dict[str, float] = {}
 
@@ -293,7 +300,7 @@ class RunLock:
             try:
                 started[name] = clock()  # the holder's first read -t starts after this
                 channel = connections[name].start(
-                    script + (f" {shell_quote(first)}" if first else ""),
+                    script(name) + (f" {shell_quote(first)}" if first else ""),
                     timeout_s=_ANSWER_TIMEOUT_S)
                 answer = _read_answer(channel, max(_ANSWER_TIMEOUT_S, first_timeout_s)
                                       if first else _ANSWER_TIMEOUT_S)
@@ -463,7 +470,8 @@ class RunLock:
         if conn is None:
             return None
         try:
-            result = conn.run(f"cat -- {shell_quote(self._state_dir + '/run.lock.holder')}",
+            result = conn.run(f"cat -- {shell_quote(folder_of(self._state_dir, name))}"
+                              "/run.lock.holder",
                               timeout_s=5)
             holder = Holder.parse(result.stdout or "")
         except Exception:  # noqa: BLE001 - only a detail of the message; the host may be down
@@ -597,6 +605,12 @@ def _read_answer(channel: Any, timeout_s: float = _ANSWER_TIMEOUT_S) -> str:
         if data.startswith((b"NOFLOCK", b"NODIR")):
             break
     return data.decode(errors="replace")
+
+
+def folder_of(state_dir: str | Mapping[str, str], name: str) -> str:
+    """The lock's folder on host ``name``: ``state_dir`` itself, or its entry for the host
+    (:data:`STATE_DIR` when it has none)."""
+    return state_dir if isinstance(state_dir, str) else state_dir.get(name, STATE_DIR)
 
 
 def _problem(name: str, state: str, rest: str) -> Any:
@@ -749,7 +763,8 @@ def locked_run(hosts: Sequence[Host], options: ConnectionOptions, command: str,
     opened, errors = open_connections(unique, options)
     try:
         lock = RunLock.acquire(opened, command, warn, first_reads=first_reads,
-                               first_timeout_s=options.command_timeout_s)
+                               first_timeout_s=options.command_timeout_s,
+                               state_dir={h.name: instance.state_dir(h.vars) for h in unique})
     except BaseException:
         close_all(opened)
         raise
