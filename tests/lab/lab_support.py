@@ -58,6 +58,26 @@ def provision(*args: str, state_home: Path | None = None, timeout: float | None 
                           env=environ, check=False, stdin=stdin, cwd=cwd)
 
 
+@contextlib.contextmanager
+def own_inventory(replicas: Any, path: Path, state: Path,
+                  **extra: Any) -> Iterator[dict[str, Any]]:
+    """Hold the broker's lab hosts exclusively, from stopped, for a module that deploys an
+    inventory of its own on them (``path``, with the controller state folder ``state``).
+
+    Yields ``{"path", "state", "down": False, **extra}``; a test that takes the inventory's
+    replicas down itself sets ``"down"`` True, else they are taken down (``provision down``)
+    when the block ends. Either way the broker is told its replica is left down.
+    """
+    info = {"path": str(path), "state": state, "down": False, **extra}
+    with replicas.exclusive("mp", start="stopped") as lease:
+        try:
+            yield info
+        finally:
+            if not info["down"]:
+                provision("down", "-i", str(path), state_home=state, timeout=300)
+            lease.leave("down")
+
+
 def complete(base_url: str, model: str, timeout_s: float = 10) -> bool:
     """Send one real completion (4 tokens of "Hello") to ``base_url``; True when it answered
     200 with at least one choice, False on any HTTP, network or decoding failure."""

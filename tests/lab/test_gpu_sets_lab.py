@@ -60,14 +60,8 @@ def inventory(lab: Any, replicas: Any,
     path.write_text(yaml.safe_dump({"all": {"vars": source["all"]["vars"], "children": {
         "vllm_replicas": {"children": {"gpus": {"vars": group_vars, "hosts": hosts}}}}}},
         sort_keys=False))
-    info = {"path": str(path), "state": folder / "state", "down": False}
-    with replicas.exclusive("mp", start="stopped") as lease:
-        try:
-            yield info
-        finally:
-            if not info["down"]:
-                provision(info["state"], "down", "-i", str(path))
-            lease.leave("down")
+    with lab_support.own_inventory(replicas, path, folder / "state") as info:
+        yield info
 
 
 def processes_by_gpu(host: Any) -> dict[int, list[str]]:

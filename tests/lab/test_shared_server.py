@@ -77,14 +77,8 @@ def shared(lab: Any, replicas: Any,
     path = folder / "shared.yml"
     path.write_text(yaml.safe_dump({"all": {"vars": source["all"]["vars"], "children": {
         "vllm_replicas": {"children": children}}}}, sort_keys=False))
-    info = {"path": str(path), "state": folder / "state", "down": False, "lab": lab}
-    with replicas.exclusive("mp", start="stopped") as lease:
-        try:
-            yield info
-        finally:
-            if not info["down"]:
-                provision(info["state"], "down", "-i", str(path))
-            lease.leave("down")
+    with lab_support.own_inventory(replicas, path, folder / "state", lab=lab) as info:
+        yield info
 
 
 def api(lab: Any, name: str) -> str:

@@ -35,7 +35,8 @@ def _write(tmp_path: Path, replicas: dict[str, dict[str, dict[str, Any]]]) -> Pa
     return path
 
 
-def _problems(path: Path) -> list[Any]:
+def refusals(path: Path) -> list[Any]:
+    """The problems the loader records for ``path`` (it must refuse it)."""
     with pytest.raises(InventoryError) as caught:
         load_inventory(path)
     return caught.value.problems
@@ -46,7 +47,7 @@ def test_two_replicas_on_one_server_are_refused_naming_both_hosts_and_replicas(
     path = _write(tmp_path, {
         "a": {"gpu1-a": {"ansible_host": "10.0.0.11", "vllm_gpus": [0, 1]}},
         "b": {"gpu1-b": {"ansible_host": "10.0.0.11", "vllm_gpus": [2, 3]}}})
-    [problem] = _problems(path)
+    [problem] = refusals(path)
     assert problem.where == f"{path}: all.children.vllm_replicas.children.b.hosts.gpu1-b"
     assert problem.message == ("hosts gpu1-a and gpu1-b (replicas 'a' and 'b') are one server "
                                "(10.0.0.11 port 22): without a vllm_instance on each")
@@ -58,7 +59,7 @@ def test_one_name_written_in_two_cases_is_one_server(tmp_path: Path) -> None:
     path = _write(tmp_path, {
         "a": {"h1": {"ansible_host": "gpu1.example.com", "vllm_host_ip": "10.0.0.11"}},
         "b": {"h2": {"ansible_host": "GPU1.example.com", "vllm_host_ip": "10.0.0.12"}}})
-    [problem] = _problems(path)
+    [problem] = refusals(path)
     assert "hosts h1 and h2 (replicas 'a' and 'b') are one server (GPU1" in problem.message
 
 
@@ -66,7 +67,7 @@ def test_two_nodes_of_one_replica_on_one_server_are_refused(tmp_path: Path) -> N
     path = _write(tmp_path, {"a": {
         "h1": {"ansible_host": "10.0.0.11", "vllm_host_ip": "192.168.0.1"},
         "h2": {"ansible_host": "10.0.0.11", "vllm_host_ip": "192.168.0.2"}}})
-    [problem] = _problems(path)
+    [problem] = refusals(path)
     assert problem.message == ("hosts h1 and h2 (replica 'a') are one server (10.0.0.11 port "
                                "22): two nodes of one replica")
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 import yaml
+from test_one_node_per_server import refusals
 from test_replicas_independent import facts_for
 
 from vllm_provision import settings
 from vllm_provision.checks.servers import check_one_node_per_server
-from vllm_provision.core.errors import InventoryError, ProvisionError
+from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.paths import STATE_DIR
 from vllm_provision.core.results import Status
 from vllm_provision.inventory import load_inventory
@@ -55,9 +56,7 @@ def _write(tmp_path: Path, a: dict[str, Any], b: dict[str, Any],
 
 
 def _messages(path: Path) -> list[str]:
-    with pytest.raises(InventoryError) as caught:
-        load_inventory(path)
-    return [p.message for p in caught.value.problems]
+    return [p.message for p in refusals(path)]
 
 
 # -- what an instance names ----------------------------------------------------------------
