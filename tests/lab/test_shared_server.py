@@ -126,7 +126,8 @@ def test_two_replicas_serve_from_the_same_two_servers(shared: dict[str, Any],
             assert f'CUDA_VISIBLE_DEVICES="{visible}"' in env.splitlines(), env
             record = host.file(f"/var/lib/vllm-provision/instances/{name}/state.json")
             assert record.exists and record.mode == 0o600, (server, name)
-        assert not host.file("/var/lib/vllm-provision/state.json").exists, server
+        default = host.file("/var/lib/vllm-provision/state.json")  # the lab replica's, if any
+        assert not default.exists or '"replica": "lab"' in default.content_string, server
         assert not host.service("vllm.service").is_running, server
     status = provision(shared["state"], "status", "-i", shared["path"], "--json")
     assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
