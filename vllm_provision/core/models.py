@@ -50,6 +50,13 @@ class Host:
     groups: tuple[str, ...] = ("all",)
     vars: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def server(self) -> tuple[str, int]:
+        """Which server this host is, by its SSH target: the address (:func:`canonical_ip`; a
+        name without case, RFC 4343) and the port. Two hosts with one target are one server
+        (docs/inventory.md, "Shared servers")."""
+        return canonical_ip(self.address).lower(), self.port
+
 
 @dataclass(frozen=True)
 class Group:

@@ -150,7 +150,7 @@ def probe_config(host: Host, replica: Replica | None, options: ProbeOptions) -> 
         "nccl_loaded": options.nccl_loaded,
         "torch_cuda_runtime": options.torch_cuda_runtime,
         "peers": [],
-        "state_file": f"{instance.state_dir(host.vars)}/state.json",
+        "state_file": instance.record_file(host.vars),
     }
     if options.venv_search:
         config["venv_search"] = list(options.venv_search)

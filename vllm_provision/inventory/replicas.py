@@ -544,8 +544,7 @@ def _check_one_node_per_server(replicas: list[Replica], tree: Tree, problems: Pr
     seen: dict[tuple[str, int], list[tuple[Node, Replica]]] = {}
     for replica in replicas:
         for node in replica.nodes:
-            target = (canonical_ip(node.host.address).lower(), node.host.port)
-            for first, first_replica in seen.get(target, []):
+            for first, first_replica in seen.get(node.host.server, []):
                 if first.name == node.name:
                     continue  # one host in two replicas: build_replicas already said so
                 if first_replica.name == replica.name and canonical_ip(first.host_ip) == \
@@ -553,7 +552,7 @@ def _check_one_node_per_server(replicas: list[Replica], tree: Tree, problems: Pr
                     continue  # the same cluster IP twice: build_replicas already said so
                 where = f"{tree.file}: " + ".".join(map(str, tree.hosts[node.name].key))
                 _check_shared_server((first, first_replica), (node, replica), where, problems)
-            seen.setdefault(target, []).append((node, replica))
+            seen.setdefault(node.host.server, []).append((node, replica))
 
 
 def _node_ports(replica: Replica, node: Node) -> dict[int, str]:
@@ -590,12 +589,12 @@ def _check_shared_server(first: tuple[Node, Replica], second: tuple[Node, Replic
                          "servers of their own" if ra.name != rb.name else
                          f"put the nodes of {ra.name!r} on servers of their own")
         return
-    ray = [r.name for r in (ra, rb) if r.backend != "mp"]
-    if ray:
-        problems.add(where, f"{head}: replica {ray[0]!r} runs on Ray, which cannot share a "
+    ray = next((r for r in (ra, rb) if r.backend != "mp"), None)
+    if ray is not None:
+        problems.add(where, f"{head}: replica {ray.name!r} runs on Ray, which cannot share a "
                      "server yet", expected="mp replicas on a shared server",
-                     actual=f"vllm_backend {[r for r in (ra, rb) if r.name == ray[0]][0].backend}",
-                     fix=f"give {ray[0]!r} servers of its own, or set vllm_backend: mp")
+                     actual=f"vllm_backend {ray.backend}",
+                     fix=f"give {ray.name!r} servers of its own, or set vllm_backend: mp")
         return
     if a.gpus is None or b.gpus is None:
         missing = a.name if a.gpus is None else b.name

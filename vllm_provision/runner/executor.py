@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Host, canonical_ip
+from vllm_provision.core.models import Host
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.modules import UNAFFECTED_KEY, UNAFFECTED_NOTE, ModuleResult, find_module
 from vllm_provision.runner.context import TaskContext
@@ -56,8 +56,7 @@ class TaskExecutor:
         # never race; every other host runs unlocked
         servers: dict[tuple[str, int], list[str]] = {}
         for host in state.inventory.hosts.values():
-            servers.setdefault((canonical_ip(host.address).lower(), host.port),
-                               []).append(host.name)
+            servers.setdefault(host.server, []).append(host.name)
         self._server_locks: dict[str, contextlib.AbstractContextManager[Any]] = {}
         for names in servers.values():
             if len(names) > 1:

@@ -68,11 +68,27 @@ def derived(instance: str | None) -> dict[str, str]:
     }
 
 
+def record_file(host_vars: Mapping[str, Any]) -> str:
+    """The host's copy of the state record: ``state.json`` in its :func:`state_dir`."""
+    return f"{state_dir(host_vars)}/state.json"
+
+
 def state_dir(host_vars: Mapping[str, Any]) -> str:
     """Where this tool keeps its own files on the host (``provision_state_dir``: the state
     record ``state.json``, the run lock, ``pending/``, ``upgrade/``), from the host's merged
     variables (``Host.vars``)."""
     return str(host_vars.get("provision_state_dir") or STATE_DIR)
+
+
+def check_firewall_table(value: Any) -> str | None:
+    """Return what a valid ``vllm_firewall_table`` is when ``value`` is not one, else None:
+    ``vllm_provision`` or ``vllm_provision_<instance>`` (the name is written into the nft file
+    as it is)."""
+    if value == FIREWALL_TABLE or (
+            isinstance(value, str) and value.startswith(FIREWALL_TABLE + "_")
+            and check_instance(value[len(FIREWALL_TABLE) + 1:]) is None):
+        return None
+    return f"{FIREWALL_TABLE}, or {FIREWALL_TABLE}_<instance> (vllm_instance names it)"
 
 
 def firewall_table(host_vars: Mapping[str, Any]) -> str:
@@ -84,9 +100,7 @@ def firewall_table(host_vars: Mapping[str, Any]) -> str:
             ``vllm_provision_<instance>`` (the name is written into the nft file as it is).
     """
     table = host_vars.get("vllm_firewall_table") or FIREWALL_TABLE
-    if table != FIREWALL_TABLE and not (
-            isinstance(table, str) and table.startswith(FIREWALL_TABLE + "_")
-            and check_instance(table[len(FIREWALL_TABLE) + 1:]) is None):
+    if check_firewall_table(table) is not None:
         from vllm_provision.core.errors import ProvisionError
 
         raise ProvisionError.single("vllm_firewall_table", "not a table name of ours",

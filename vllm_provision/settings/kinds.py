@@ -327,10 +327,7 @@ OWN_RULES: dict[str, Checker] = {
     "ray_cgraph_get_timeout_s": check_whole_seconds,
     "ray_cgraph_submit_timeout_s": check_whole_seconds,
     "preflight_parity": check_severities,
-    "vllm_firewall_table": lambda value: None if value == instance.FIREWALL_TABLE or (
-        isinstance(value, str) and value.startswith(instance.FIREWALL_TABLE + "_")
-        and instance.check_instance(value[len(instance.FIREWALL_TABLE) + 1:]) is None) else (
-        "vllm_provision, or vllm_provision_<instance> (vllm_instance names it)"),
+    "vllm_firewall_table": instance.check_firewall_table,
 }
 
 # name -> kind. Kinds: name, unit, path, owned_dir, owned_file, unit_dir, address, ssh_host,

@@ -464,7 +464,7 @@ def host_record_path(host_vars: Mapping[str, Any]) -> str:
     Args:
         host_vars: the host's merged variables (``Host.vars``).
     """
-    return f"{instance.state_dir(host_vars)}/state.json"
+    return instance.record_file(host_vars)
 
 
 def write_host_record_script(path: str = HOST_STATE_FILE) -> str:
