@@ -128,3 +128,35 @@ def test_a_check_with_an_unknown_scope_is_refused() -> None:
 
     with pytest.raises(ProvisionError, match="unknown check scope"):
         check("x.y", order=1, scope="host")
+
+
+def test_a_check_with_an_unknown_device_is_refused() -> None:
+    from vllm_provision.checks.context import check
+
+    with pytest.raises(ProvisionError, match="unknown check only"):
+        check("x.y", order=1, scope="node", only="tpu")
+
+
+def test_a_rule_registered_with_reads_stays_itself_and_gets_its_arguments_from_the_scope(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from vllm_provision.checks import context
+
+    monkeypatch.setattr(context, "CHECKS", Registry("check"))
+    calls = []
+
+    @context.check("x.rule", order=1, scope="node", reads=("node", "settings.min_shm_mib"),
+                   only="gpu")
+    def rule(node: str, shm: int) -> list[str]:
+        calls.append((node, shm))
+        return [f"{node}:{shm}"]
+
+    assert rule("direct", 1) == ["direct:1"], "the decorated rule is returned unchanged"
+    (entry,) = context.CHECKS.entries()
+    assert (entry.name, entry.module, entry.meta["scope"]) == ("x.rule", __name__, "node")
+    on_gpu = SimpleNamespace(node="h1", settings=SimpleNamespace(min_shm_mib=64), gpu=True)
+    assert entry.obj(on_gpu) == ["h1:64"]
+    assert entry.obj(SimpleNamespace(node="h2", settings=None, gpu=False)) == [], \
+        "a GPU-only check finds nothing on a CPU replica, and reads nothing there"
+    assert calls == [("direct", 1), ("h1", 64)]

@@ -1,12 +1,20 @@
 """The check registry and what a registered check is given.
 
-A check is a function in a module of this package, registered where it is defined::
+A check is a function in a module of this package, registered where it is defined. A rule
+that keeps its own arguments names the scope's attributes it takes, in order (it stays callable
+with them, as its unit tests call it)::
 
-    from vllm_provision.checks.context import NodeScope, check
+    from vllm_provision.checks.context import check
 
-    @check("mything.thing", order=195, scope="node")
-    def thing(scope: NodeScope) -> list[Finding]:
-        return check_thing(scope.node, scope.facts)
+    @check("mything.thing", order=195, scope="node", reads=("node", "facts"), only="gpu")
+    def check_thing(node: Node, facts: HostFacts) -> list[Finding]:
+        ...
+
+A check that must compute from the scope takes the scope itself (no ``reads``)::
+
+    @check("mything.other", order=196, scope="node")
+    def _other(scope: NodeScope) -> list[Finding]:
+        return check_other(scope.node, scope.facts, derive(scope))
 
 ``checks/run.py`` imports every module of the package (:func:`vllm_provision.core.registry.
 import_submodules`) and runs the registered checks in their declared ``order`` (the order of
@@ -21,15 +29,16 @@ their findings before ``run_checks`` sorts them), in three scopes:
     identity and the stack locks (:class:`InventoryScope`).
 
 A check returns its findings (a list, empty when it does not apply, such as a GPU check on a
-CPU replica). The pure rules themselves (``check_*`` functions) keep their own arguments; the
-registered function only picks them from the scope.
+CPU replica: ``only="gpu"`` says so). A rule registered with ``reads`` keeps its own arguments:
+the registry picks them from the scope, and tests call the rule with its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, wraps
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from vllm_provision.core.registry import Registry
@@ -48,10 +57,11 @@ SCOPES = ("replica", "node", "inventory")
 CHECKS: Registry[Callable[[Any], list[Finding]]] = Registry("check")
 
 
-def check(name: str, *, order: float,
-          scope: str) -> Callable[[Callable[[Any], list[Finding]]],
-                                  Callable[[Any], list[Finding]]]:
-    """Register the decorated function as the check ``name`` (:data:`CHECKS`).
+def check(name: str, *, order: float, scope: str, reads: Sequence[str] | None = None,
+          only: str | None = None) -> Callable[[Callable[..., list[Finding]]],
+                                               Callable[..., list[Finding]]]:
+    """Register the decorated function as the check ``name`` (:data:`CHECKS`) and return it
+    unchanged.
 
     Args:
         name: ``<module>.<what>`` in lower case (``network.routes``); unique.
@@ -59,17 +69,37 @@ def check(name: str, *, order: float,
             takes a free number between them).
         scope: ``replica`` (called with a :class:`ReplicaScope`), ``node``
             (:class:`NodeScope`) or ``inventory`` (:class:`InventoryScope`).
+        reads: the scope's attributes the function takes, in order (dotted paths such as
+            ``settings.min_shm_mib`` reach inside one); None: it takes the scope itself.
+        only: ``gpu`` or ``cpu``: the check applies only to replicas on that device
+            (``vllm_device``); elsewhere it finds nothing. None: every replica.
 
     Raises:
-        ProvisionError: an unknown scope, an invalid name, or a name taken by another check
-            (naming both modules).
+        ProvisionError: an unknown scope or ``only``, an invalid name, or a name taken by
+            another check (naming both modules).
     """
-    if scope not in SCOPES:
+    if scope not in SCOPES or only not in (None, "gpu", "cpu"):
         from vllm_provision.core.errors import ProvisionError
 
-        raise ProvisionError.single(f"check {name!r}", "unknown check scope",
-                                    expected=" or ".join(SCOPES), actual=repr(scope))
-    return CHECKS.register(name, order=order, scope=scope)
+        what, want, got = (("scope", " or ".join(SCOPES), scope) if scope not in SCOPES
+                           else ("only", "gpu or cpu", only))
+        raise ProvisionError.single(f"check {name!r}", f"unknown check {what}",
+                                    expected=want, actual=repr(got))
+    if reads is None and only is None:
+        return CHECKS.register(name, order=order, scope=scope)
+    getters = [attrgetter(path) for path in reads] if reads is not None else None
+
+    def decorate(rule: Callable[..., list[Finding]]) -> Callable[..., list[Finding]]:
+        @wraps(rule)
+        def run(given: Any) -> list[Finding]:
+            if only is not None and given.gpu != (only == "gpu"):
+                return []
+            return rule(*(get(given) for get in getters)) if getters is not None else rule(given)
+
+        CHECKS.add(name, run, order=order, module=rule.__module__, scope=scope)
+        return rule
+
+    return decorate
 
 
 def device_counts(facts: Mapping[str, HostFacts], device: str,
@@ -211,6 +241,16 @@ class NodeScope:
     def settings(self) -> PreflightSettings:
         """The replica's merged preflight settings."""
         return self.of.settings
+
+    @property
+    def gpu(self) -> bool:
+        """True unless the replica runs on CPUs."""
+        return self.of.gpu
+
+    @property
+    def used_gpus(self) -> tuple[int, ...]:
+        """The GPU indexes the replica uses on this node (``Replica.node_gpus``)."""
+        return self.replica.node_gpus(self.node)
 
     @cached_property
     def interface(self) -> Any:

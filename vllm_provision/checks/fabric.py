@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vllm_provision.checks.context import ReplicaScope, check
+from vllm_provision.checks.context import check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.checks.network import interface_of
 from vllm_provision.core.models import Node, Replica
@@ -33,6 +33,7 @@ def cluster_interface(node: Node, facts: HostFacts, interface: str | None) -> In
     return interface_of(facts, node.host_ip)
 
 
+@check("fabric.mtu", order=90, scope="replica", reads=("replica", "facts", "interface"))
 def check_mtu(replica: Replica, facts: Mapping[str, HostFacts],
               interface: str | None) -> list[Finding]:
     """The cluster interfaces of all nodes have the same MTU (error when they differ).
@@ -68,6 +69,7 @@ def check_mtu(replica: Replica, facts: Mapping[str, HostFacts],
                     expected="equal", actual=described)]
 
 
+@check("fabric.rdma", order=100, scope="replica", reads=("replica", "facts"))
 def check_rdma(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding]:
     """RDMA (an ACTIVE InfiniBand/RoCE port) is on every node or on none (warning otherwise).
 
@@ -102,6 +104,7 @@ def check_rdma(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding
                     actual=state)]
 
 
+@check("fabric.peer_reach", order=110, scope="replica", reads=("replica", "facts"))
 def check_peer_reach(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding]:
     """Every node reached every peer's API and watchdog ports over TCP during the probe.
 
@@ -144,23 +147,3 @@ def check_peer_reach(replica: Replica, facts: Mapping[str, HostFacts]) -> list[F
                                     "TCP to the peers' ports", expected="reachable",
                                     actual=", ".join(reached)))
     return findings
-
-
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("fabric.mtu", order=90, scope="replica")
-def _mtu(scope: ReplicaScope) -> list[Finding]:
-    """The same MTU on every node's cluster interface."""
-    return check_mtu(scope.replica, scope.facts, scope.interface)
-
-
-@check("fabric.rdma", order=100, scope="replica")
-def _rdma(scope: ReplicaScope) -> list[Finding]:
-    """RDMA ports are active on every node or on none."""
-    return check_rdma(scope.replica, scope.facts)
-
-
-@check("fabric.peer_reach", order=110, scope="replica")
-def _peer_reach(scope: ReplicaScope) -> list[Finding]:
-    """Every peer's API and watchdog ports are reachable through the firewall."""
-    return check_peer_reach(scope.replica, scope.facts)

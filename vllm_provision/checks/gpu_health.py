@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from vllm_provision.checks.context import NodeScope, check
+from vllm_provision.checks.context import check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node
 from vllm_provision.facts.model import Gpu, HostFacts, pci_key
@@ -40,6 +40,8 @@ def _faults(facts: HostFacts, gpu: Gpu) -> list[str]:
     return faults
 
 
+@check("gpu_health.errors", order=90, scope="node", reads=("node", "facts", "used_gpus"),
+       only="gpu")
 def check_gpu_errors(node: Node, facts: HostFacts, used: Collection[int]) -> list[Finding]:
     """No used GPU has uncorrectable ECC errors or an Xid in the kernel log of the last day.
 
@@ -79,6 +81,8 @@ def check_gpu_errors(node: Node, facts: HostFacts, used: Collection[int]) -> lis
     return findings
 
 
+@check("gpu_health.mig", order=100, scope="node", reads=("node", "facts", "used_gpus"),
+       only="gpu")
 def check_mig(node: Node, facts: HostFacts, used: Collection[int]) -> list[Finding]:
     """MIG is off on every used GPU (error otherwise).
 
@@ -100,6 +104,8 @@ def check_mig(node: Node, facts: HostFacts, used: Collection[int]) -> list[Findi
     return []
 
 
+@check("gpu_health.persistence", order=110, scope="node", reads=("node", "facts", "used_gpus"),
+       only="gpu")
 def check_persistence(node: Node, facts: HostFacts, used: Collection[int]) -> list[Finding]:
     """Persistence mode is on for every used GPU (warning otherwise).
 
@@ -120,6 +126,7 @@ def check_persistence(node: Node, facts: HostFacts, used: Collection[int]) -> li
     return []
 
 
+@check("gpu_health.fabric_manager", order=120, scope="node", reads=("node", "facts"), only="gpu")
 def check_fabric_manager(node: Node, facts: HostFacts) -> list[Finding]:
     """On a node with NVSwitches, nvidia-fabricmanager is active (error otherwise).
 
@@ -142,6 +149,7 @@ def check_fabric_manager(node: Node, facts: HostFacts) -> list[Finding]:
                     expected="active", actual=f"active ({facts.nvswitch_count} NVSwitches)")]
 
 
+@check("gpu_health.clock", order=130, scope="node", reads=("node", "facts"))
 def check_clock(node: Node, facts: HostFacts,
                 max_offset_s: float = CLOCK_OFFSET_WARN_S) -> list[Finding]:
     """The clock is synchronised and chrony's offset is within ``max_offset_s`` seconds.
@@ -173,39 +181,3 @@ def check_clock(node: Node, facts: HostFacts,
         return [Finding("host.clock", Severity.OK, node.name, "clock", expected="synchronised",
                         actual=actual)]
     return []
-
-
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-def _used(scope: NodeScope) -> tuple[int, ...]:
-    return scope.replica.node_gpus(scope.node)
-
-
-@check("gpu_health.errors", order=90, scope="node")
-def _errors(scope: NodeScope) -> list[Finding]:
-    """No ECC or Xid errors on the GPUs the replica uses (GPU replicas)."""
-    return check_gpu_errors(scope.node, scope.facts, _used(scope)) if scope.of.gpu else []
-
-
-@check("gpu_health.mig", order=100, scope="node")
-def _mig(scope: NodeScope) -> list[Finding]:
-    """MIG is off on the GPUs the replica uses (GPU replicas)."""
-    return check_mig(scope.node, scope.facts, _used(scope)) if scope.of.gpu else []
-
-
-@check("gpu_health.persistence", order=110, scope="node")
-def _persistence(scope: NodeScope) -> list[Finding]:
-    """Persistence mode is on (GPU replicas)."""
-    return check_persistence(scope.node, scope.facts, _used(scope)) if scope.of.gpu else []
-
-
-@check("gpu_health.fabric_manager", order=120, scope="node")
-def _fabric_manager(scope: NodeScope) -> list[Finding]:
-    """The fabric manager runs where NVSwitch needs it (GPU replicas)."""
-    return check_fabric_manager(scope.node, scope.facts) if scope.of.gpu else []
-
-
-@check("gpu_health.clock", order=130, scope="node")
-def _clock(scope: NodeScope) -> list[Finding]:
-    """The clock is synchronised."""
-    return check_clock(scope.node, scope.facts)

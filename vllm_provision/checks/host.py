@@ -22,6 +22,7 @@ CUDA_VISIBLE_SOURCE = ("CUDA C Programming Guide: CUDA Environment Variables "
                        "(CUDA_VISIBLE_DEVICES); nvidia-smi(1) index")
 
 
+@check("host.gpus_visible", order=70, scope="node", reads=("node", "facts"), only="gpu")
 def check_gpus_visible(node: Node, facts: HostFacts) -> list[Finding]:
     """nvidia-smi runs and lists at least one GPU (``nvidia-smi --query-gpu``), and every GPU
     of the node's ``vllm_gpus`` (``Node.gpus``): an error names each index the host lacks and
@@ -54,6 +55,7 @@ def check_gpus_visible(node: Node, facts: HostFacts) -> list[Finding]:
                     f"{facts.driver_version}, CUDA {facts.cuda_driver_version}{chosen}")]
 
 
+@check("host.cpu_device", order=60, scope="node", reads=("node", "facts"), only="cpu")
 def check_cpu_device(node: Node, facts: HostFacts) -> list[Finding]:
     """``vllm_device: cpu``: the node has logical CPUs for its ranks; no GPU is asked for.
 
@@ -151,6 +153,7 @@ def check_venv(node: Node, facts: HostFacts, venv: str, backend: str) -> list[Fi
     return findings
 
 
+@check("host.shm", order=150, scope="node", reads=("node", "facts", "settings.min_shm_mib"))
 def check_shm(node: Node, facts: HostFacts, min_mib: int) -> list[Finding]:
     """/dev/shm is at least ``min_mib`` MiB.
 
@@ -174,6 +177,7 @@ def check_shm(node: Node, facts: HostFacts, min_mib: int) -> list[Finding]:
                     expected=f">= {min_mib} MiB", actual=f"{have} MiB")]
 
 
+@check("host.remove_ipc", order=160, scope="node", reads=("node", "facts"))
 def check_remove_ipc(node: Node, facts: HostFacts) -> list[Finding]:
     """logind ``RemoveIPC=yes`` with a non-system service user is an error.
 
@@ -199,6 +203,7 @@ def check_remove_ipc(node: Node, facts: HostFacts) -> list[Finding]:
                     actual=f"uid {user.uid}, RemoveIPC={'yes' if facts.remove_ipc else 'no'}")]
 
 
+@check("host.model_present", order=170, scope="node", reads=("node", "facts"))
 def check_model_present(node: Node, facts: HostFacts) -> list[Finding]:
     """The model path exists on the node (an absolute path: the same on every node).
 
@@ -281,18 +286,7 @@ def check_front_door_cpus(node: Node, facts: HostFacts, gpus: int) -> list[Findi
                     expected=f">= {need} cores", actual=f"{facts.cpu_count} logical CPUs")]
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("host.cpu_device", order=60, scope="node")
-def _cpu_device(scope: NodeScope) -> list[Finding]:
-    """A CPU replica's node can run vLLM's CPU build."""
-    return check_cpu_device(scope.node, scope.facts) if not scope.of.gpu else []
-
-
-@check("host.gpus_visible", order=70, scope="node")
-def _gpus_visible(scope: NodeScope) -> list[Finding]:
-    """nvidia-smi sees the node's GPUs (GPU replicas)."""
-    return check_gpus_visible(scope.node, scope.facts) if scope.of.gpu else []
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 
 @check("host.foreign_gpu_processes", order=80, scope="node")
@@ -325,24 +319,6 @@ def _venv(scope: NodeScope) -> list[Finding]:
 
     return check_venv(scope.node, scope.facts, str(host_var(scope.node.host, "vllm_venv")),
                       scope.replica.backend)
-
-
-@check("host.shm", order=150, scope="node")
-def _shm(scope: NodeScope) -> list[Finding]:
-    """/dev/shm is large enough."""
-    return check_shm(scope.node, scope.facts, scope.settings.min_shm_mib)
-
-
-@check("host.remove_ipc", order=160, scope="node")
-def _remove_ipc(scope: NodeScope) -> list[Finding]:
-    """logind does not remove the service user's IPC objects."""
-    return check_remove_ipc(scope.node, scope.facts)
-
-
-@check("host.model_present", order=170, scope="node")
-def _model_present(scope: NodeScope) -> list[Finding]:
-    """The model folder is on the node."""
-    return check_model_present(scope.node, scope.facts)
 
 
 @check("host.memory", order=180, scope="node")

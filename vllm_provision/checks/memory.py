@@ -392,7 +392,7 @@ def check_memory_fit(replica: Replica, facts: Mapping[str, HostFacts], overhead_
                     actual=per_gpu, source=SOURCE)], result
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 @check("memory.fit", order=120, scope="replica")
 def _fit(scope: ReplicaScope) -> list[Finding]:

@@ -23,6 +23,7 @@ def interface_of(facts: HostFacts, address: str) -> Interface | None:
     return None
 
 
+@check("network.interface", order=10, scope="node", reads=("node", "facts", "interface"))
 def check_interface(node: Node, facts: HostFacts, interface_name: str | None) -> list[Finding]:
     """The cluster interface exists, is UP, and holds the node's VLLM_HOST_IP.
 
@@ -72,6 +73,7 @@ def check_interface(node: Node, facts: HostFacts, interface_name: str | None) ->
     return findings
 
 
+@check("network.host_ip_unique", order=60, scope="replica", reads=("replica",))
 def check_host_ip_unique(replica: Replica) -> list[Finding]:
     """VLLM_HOST_IP is unique per node.
 
@@ -95,6 +97,7 @@ def check_host_ip_unique(replica: Replica) -> list[Finding]:
     return findings
 
 
+@check("network.routes", order=70, scope="replica", reads=("replica", "facts", "interface"))
 def check_routes(replica: Replica, facts: Mapping[str, HostFacts],
                  interface_name: str | None) -> list[Finding]:
     """Traffic to each peer leaves through the cluster interface (warning otherwise).
@@ -124,6 +127,7 @@ def check_routes(replica: Replica, facts: Mapping[str, HostFacts],
     return findings
 
 
+@check("network.hostname", order=30, scope="node", reads=("node", "facts"))
 def check_hostname(node: Node, facts: HostFacts) -> list[Finding]:
     """The hostname resolves (warning): Gloo falls back to it without GLOO_SOCKET_IFNAME.
 
@@ -247,6 +251,7 @@ def check_watchdog_port(node: Node, facts: HostFacts, port: int,
         source="docs/recovery.md §2 (the peer watchdog serves its state on this port)")
 
 
+@check("network.exposure", order=20, scope="node", reads=("node", "facts", "replica", "interface"))
 def check_exposure(node: Node, facts: HostFacts, replica: Replica,
                    interface_name: str | None) -> list[Finding]:
     """Warn when the cluster interface holds a public address and ``vllm_firewall`` is off.
@@ -292,6 +297,7 @@ def check_exposure(node: Node, facts: HostFacts, replica: Replica,
         source="Ray docs, Security (CVE-2023-48022); vllm --master-port has no authentication")]
 
 
+@check("network.ray_auth", order=25, scope="node", reads=("node", "facts", "replica"))
 def check_ray_auth(node: Node, facts: HostFacts, replica: Replica) -> list[Finding]:
     """Ray token authentication on a Ray node: Ray below 2.52 has none (Ray's docs, "Ray token
     authentication", https://docs.ray.io/en/latest/ray-security/token-auth.html) and lets
@@ -338,18 +344,7 @@ def check_ray_auth(node: Node, facts: HostFacts, replica: Replica) -> list[Findi
         source="Ray docs, Ray token authentication (Ray 2.52)")]
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("network.host_ip_unique", order=60, scope="replica")
-def _host_ip_unique(scope: ReplicaScope) -> list[Finding]:
-    """No two nodes share a host IP."""
-    return check_host_ip_unique(scope.replica)
-
-
-@check("network.routes", order=70, scope="replica")
-def _routes(scope: ReplicaScope) -> list[Finding]:
-    """Every node routes to its peers (over the cluster interface when set)."""
-    return check_routes(scope.replica, scope.facts, scope.interface)
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 
 @check("network.reachability", order=80, scope="replica")
@@ -359,30 +354,6 @@ def _reachability(scope: ReplicaScope) -> list[Finding]:
     if meeting is None:
         return []
     return check_reachability(scope.replica, scope.facts, *meeting)
-
-
-@check("network.interface", order=10, scope="node")
-def _interface(scope: NodeScope) -> list[Finding]:
-    """The node's cluster interface exists and is up."""
-    return check_interface(scope.node, scope.facts, scope.interface)
-
-
-@check("network.exposure", order=20, scope="node")
-def _exposure(scope: NodeScope) -> list[Finding]:
-    """Peer-only ports are not exposed beyond the cluster interface."""
-    return check_exposure(scope.node, scope.facts, scope.replica, scope.interface)
-
-
-@check("network.ray_auth", order=25, scope="node")
-def _ray_auth(scope: NodeScope) -> list[Finding]:
-    """Ray on the node has token authentication, or its ports are closed to outsiders."""
-    return check_ray_auth(scope.node, scope.facts, scope.replica)
-
-
-@check("network.hostname", order=30, scope="node")
-def _hostname(scope: NodeScope) -> list[Finding]:
-    """The node's hostname resolves."""
-    return check_hostname(scope.node, scope.facts)
 
 
 @check("network.ports", order=40, scope="node")

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_provision.checks.context import InventoryScope, check
+from vllm_provision.checks.context import check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Replica
 from vllm_provision.facts.model import HostOwner
@@ -139,6 +139,7 @@ def take_over_fix(item: Conflict) -> str:
             f"leave it to its owner ({where}), or run `provision down` from there to free it")
 
 
+@check("ownership.ownership", order=10, scope="inventory", reads=("replica", "owners", "identity"))
 def check_ownership(replica: Replica, owners: Mapping[str, HostOwner | None],
                     inventory: str) -> list[Finding]:
     """One finding per node of ``replica`` with a known owner (pure).
@@ -172,11 +173,3 @@ def check_ownership(replica: Replica, owners: Mapping[str, HostOwner | None],
                 CHECK, Severity.ERROR, node.name, "owner of the host", expected=expected,
                 actual=recorded_owner(found.owner), fix=take_over_fix(found), source=SOURCE))
     return findings
-
-
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("ownership.ownership", order=10, scope="inventory")
-def _ownership(scope: InventoryScope) -> list[Finding]:
-    """No node belongs to another replica (the state records)."""
-    return check_ownership(scope.replica, scope.owners, scope.identity)

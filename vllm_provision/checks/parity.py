@@ -302,6 +302,7 @@ def _major(version: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+@check("parity.driver_minimum", order=50, scope="replica", reads=("replica", "facts"))
 def check_driver_minimum(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding]:
     """Each node's driver meets the minimum for torch's CUDA major (12.x >= 525, 13.x >= 580).
 
@@ -335,7 +336,7 @@ def check_driver_minimum(replica: Replica, facts: Mapping[str, HostFacts]) -> li
     return findings
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 @check("parity.parity", order=30, scope="replica")
 def _parity(scope: ReplicaScope) -> list[Finding]:
@@ -354,7 +355,3 @@ def _pins(scope: ReplicaScope) -> list[Finding]:
     return check_pins(scope.replica, scope.facts, pins)
 
 
-@check("parity.driver_minimum", order=50, scope="replica")
-def _driver_minimum(scope: ReplicaScope) -> list[Finding]:
-    """The driver is new enough for the CUDA build."""
-    return check_driver_minimum(scope.replica, scope.facts)

@@ -610,7 +610,7 @@ def check_logical_gpus(replica: Replica, physical: Mapping[str, int],
     return findings
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 @check("placement.backend", order=20, scope="replica")
 def _backend(scope: ReplicaScope) -> list[Finding]:

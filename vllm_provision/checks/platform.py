@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from vllm_provision.checks.context import NodeScope, check
+from vllm_provision.checks.context import check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node
 from vllm_provision.facts.model import HostFacts
@@ -83,6 +83,7 @@ def check_python(node: Node, facts: HostFacts) -> list[Finding]:
         f"rebuild the venv on {node.name} with Python {minimum} or newer")
 
 
+@check("platform.platform", order=190, scope="node", reads=("node", "facts"))
 def check_platform(node: Node, facts: HostFacts) -> list[Finding]:
     """All platform checks of one node."""
     return [*check_systemd(node, facts), *check_openssh(node, facts), *check_python(node, facts)]
@@ -92,11 +93,3 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     """``"3.9.2"`` -> ``(3, 9, 2)``; ``"8.4"`` -> ``(8, 4)`` (leading numbers only)."""
     match = re.match(r"[0-9]+(\.[0-9]+)*", text.strip())
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
-
-
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("platform.platform", order=190, scope="node")
-def _platform(scope: NodeScope) -> list[Finding]:
-    """systemd, OpenSSH and Python are in the supported range."""
-    return check_platform(scope.node, scope.facts)

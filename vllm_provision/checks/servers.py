@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vllm_provision.checks.context import InventoryScope, check
+from vllm_provision.checks.context import check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node, Replica
 from vllm_provision.facts.model import HostFacts
@@ -26,6 +26,7 @@ from vllm_provision.facts.model import HostFacts
 SOURCE = "machine-id(5); proc(5) /proc/sys/kernel/random/boot_id; docs/inventory.md"
 
 
+@check("servers.one_node", order=5, scope="inventory", reads=("replica", "of.facts", "nodes"))
 def check_one_node_per_server(replica: Replica, facts: Mapping[str, HostFacts],
                               nodes: Mapping[str, Replica]) -> list[Finding]:
     """One ``servers.one_node`` error per node of ``replica`` that is the same running system
@@ -85,11 +86,3 @@ def _why_not_shared(replica: Replica, node: Node, other_replica: Replica, other:
         return "without vllm_gpus on both"
     common = sorted(set(node.gpus) & set(peer.gpus))
     return f"their vllm_gpus overlap (GPU {', '.join(map(str, common))})" if common else ""
-
-
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("servers.one_node", order=5, scope="inventory")
-def _one_node(scope: InventoryScope) -> list[Finding]:
-    """No two nodes of the inventory are one running system."""
-    return check_one_node_per_server(scope.replica, scope.of.facts, scope.nodes)

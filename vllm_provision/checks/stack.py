@@ -49,7 +49,7 @@ def check_lock(replica: Replica, facts: Mapping[str, HostFacts], lock: Lock) -> 
     return findings
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 @check("stack.lock", order=20, scope="inventory")
 def _lock(scope: InventoryScope) -> list[Finding]:

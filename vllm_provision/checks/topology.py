@@ -277,7 +277,7 @@ def check_topology(replica: Replica, gpu_counts: Mapping[str, int]) -> list[Find
             + check_default_backend(replica, gpu_counts) + check_backend_args(replica))
 
 
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
+# -- checks that read their scope (checks/context.py) -----------------------------------
 
 @check("topology.topology", order=10, scope="replica")
 def _topology(scope: ReplicaScope) -> list[Finding]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vllm_provision.checks.context import ReplicaScope, check
+from vllm_provision.checks.context import check
 from vllm_provision.checks.finding import Finding, Severity
 from vllm_provision.core.models import Node, Replica
 from vllm_provision.facts.model import HostFacts
@@ -199,6 +199,7 @@ def _env_names(replica: Replica, node: Node, values: Mapping[str, Any]) -> list[
     return names
 
 
+@check("vllm_serve.options", order=12, scope="replica", reads=("replica", "facts", "values"))
 def check_serve_options(replica: Replica, facts: Mapping[str, HostFacts],
                         values: Mapping[str, Any] | None = None) -> list[Finding]:
     """``vllm_serve.options`` on every node with facts and vLLM: see
@@ -222,6 +223,7 @@ def check_serve_options(replica: Replica, facts: Mapping[str, HostFacts],
     return findings
 
 
+@check("vllm_serve.rules", order=14, scope="replica", reads=("replica", "facts"))
 def check_flag_rules(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding]:
     """``vllm_serve.rules``: an error, in vLLM's words, for each of vLLM's rules between
     options (:data:`~vllm_provision.settings.vllm_cli.rules.RULES`) that a node's
@@ -262,6 +264,7 @@ def _layout(replica: Replica) -> known.Layout:
                         options=frozenset(options))
 
 
+@check("vllm_serve.breakages", order=16, scope="replica", reads=("replica", "facts"))
 def check_breakages(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Finding]:
     """``vllm_serve.breakages``: for each node, each known breakage
     (``settings/vllm_cli/breakages.json``) of its installed vLLM that the replica's layout
@@ -305,23 +308,3 @@ def check_breakages(replica: Replica, facts: Mapping[str, HostFacts]) -> list[Fi
                                          "layout", actual="none applies",
                                 source="settings/vllm_cli/breakages.json"))
     return findings
-
-
-# -- registered checks (checks/context.py): what run.py runs, in this order ------------------
-
-@check("vllm_serve.options", order=12, scope="replica")
-def _options(scope: ReplicaScope) -> list[Finding]:
-    """Every option of each node's ``vllm serve`` exists in its installed vLLM."""
-    return check_serve_options(scope.replica, scope.facts, scope.values)
-
-
-@check("vllm_serve.rules", order=14, scope="replica")
-def _rules(scope: ReplicaScope) -> list[Finding]:
-    """vLLM's rules between options, for the installed release."""
-    return check_flag_rules(scope.replica, scope.facts)
-
-
-@check("vllm_serve.breakages", order=16, scope="replica")
-def _breakages(scope: ReplicaScope) -> list[Finding]:
-    """Known multi-node breakages of the installed release with this layout."""
-    return check_breakages(scope.replica, scope.facts)
