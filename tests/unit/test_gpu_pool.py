@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clock_support import FakeClock
 
 from vllm_provision.core.models import EngineArgs, Host, Node, Replica
 from vllm_provision.core.results import Status
@@ -72,35 +73,24 @@ def test_only_foreign_processes_on_used_gpus_hold_the_replica() -> None:
         "h1 a GPU: pid 13 python3 (no systemd unit)")
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 HELD = gpu_pool.Holder("h2", 0, 75, "python3", 120000, "vllm-lab-occupy-0.service")
 
 
 def test_waits_until_one_observation_finds_every_node_free() -> None:
-    time = FakeTime()
+    time = FakeClock()
     observations = iter([[HELD], [HELD], []])
     seen: list[float] = []
     waited = gpu_pool.wait_until_free(lambda: next(observations), timeout_s=30, where="r",
                                       poll_s=2, progress=lambda held, s: seen.append(s),
-                                      clock=time.clock, sleep=time.sleep)
+                                      clock=time, sleep=time.sleep)
     assert waited == 4.0 and seen == [0.0, 2.0]
 
 
 def test_a_hold_past_the_bound_fails_naming_the_holder() -> None:
-    time = FakeTime()
+    time = FakeClock()
     with pytest.raises(gpu_pool.GpusHeld) as caught:
         gpu_pool.wait_until_free(lambda: [HELD], timeout_s=5, where="r", poll_s=2,
-                                 clock=time.clock, sleep=time.sleep)
+                                 clock=time, sleep=time.sleep)
     assert time.now == 5.0  # the last sleep is cut to the bound, then one more reading
     assert "within 5 s" in caught.value.problems[0].message
     assert caught.value.problems[0].actual == HELD.describe()

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from clock_support import FakeClock
 from inventory_support import load_llama
 
 from vllm_provision.core.errors import InventoryError, Problem, ProvisionError
@@ -23,19 +24,6 @@ from vllm_provision.transport.api import Endpoint, Observation, Stalled, UnitSta
 from vllm_provision.transport.base import CommandResult
 
 REFUSED = Endpoint("http://127.0.0.1:9", timeout_s=1)  # nothing listens: "still loading"
-
-
-class FakeClock:
-    """Monotonic time that only advances when the code under test sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def _active(host: str) -> UnitState:

@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from clock_support import FakeClock
 
 from vllm_provision.core.errors import Problem, ProvisionError
 from vllm_provision.transport.api import (
@@ -94,21 +95,6 @@ def server() -> Iterator[tuple[FakeVllm, Endpoint]]:
     yield fake, Endpoint(f"http://127.0.0.1:{httpd.server_address[1]}", timeout_s=5)
     httpd.shutdown()
     httpd.server_close()
-
-
-class FakeClock:
-    """Monotonic time that only advances when the code under test sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def _active(unit: str = "vllm.service", host: str = "h1", restarts: int = 0) -> UnitState:
