@@ -191,6 +191,16 @@ def assert_status_down(deployed: Deployment) -> None:
     assert status.json()["replicas"][0]["verdict"] == "down"
 
 
+def down_and_assert_stopped(deployed: Deployment, lab_host: Any) -> None:
+    """``down`` exits 0, no unit of the replica runs on h1 or h2, and ``status`` says down."""
+    run = deployed.down()
+    assert run.code == 0, run.output
+    for name in ("h1", "h2"):
+        for unit in ALL_UNITS:
+            assert not lab_host(name).service(unit).is_running, f"{name}:{unit}"
+    assert_status_down(deployed)
+
+
 @contextmanager
 def max_model_len_changed(deployed: Deployment) -> Iterator[tuple[Units, Units, int]]:
     """``up -e vllm_max_model_len=4096`` (it must serve); yield the units before and after it
@@ -307,15 +317,11 @@ class TestMp:
     def test_down_stops_everything_status_says_down_then_up_serves(
             self, deployed: Deployment, lab_host: Any) -> None:
         try:
-            run = deployed.down()
-            assert run.code == 0, run.output
+            down_and_assert_stopped(deployed, lab_host)
             for name in ("h1", "h2"):
                 host = lab_host(name)
-                for unit in ALL_UNITS:
-                    assert not host.service(unit).is_running, f"{name}:{unit}"
                 assert not host.service("vllm.service").is_enabled
                 assert host.file("/etc/systemd/system/vllm.service").exists  # no --purge
-            assert_status_down(deployed)
         finally:
             again = deployed.up()
         assert_serving_output(again)
@@ -437,12 +443,7 @@ class TestRay:
     def test_down_stops_every_unit_and_status_says_down(
             self, deployed: Deployment, lab_host: Any) -> None:
         try:
-            run = deployed.down()
-            assert run.code == 0, run.output
-            for name in ("h1", "h2"):
-                for unit in ALL_UNITS:
-                    assert not lab_host(name).service(unit).is_running, f"{name}:{unit}"
-            assert_status_down(deployed)
+            down_and_assert_stopped(deployed, lab_host)
         finally:
             again = deployed.up()
         assert_serving_output(again)

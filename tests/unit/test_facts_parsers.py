@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,24 @@ REAL = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-real"
 STANDIN_REFS = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 
 
-@pytest.mark.parametrize(("name", "driver", "cuda"), [
-    ("table-515.48.07-cuda11.7.txt", "515.48.07", "11.7"),
-    ("table-535.129.03-cuda12.2.txt", "535.129.03", "12.2"),
-    ("table-565.57.01-cuda12.7.txt", "565.57.01", "12.7"),
-    ("table-570.158.01-cuda12.8.txt", "570.158.01", "12.8"),
-    ("table-595.71.05-cuda13.2.txt", "595.71.05", "13.2"),
-    ("query-q-565.57.01.txt", "565.57.01", "12.7"),
-])
-def test_header_gives_driver_and_cuda_version_on_every_driver_generation(name, driver, cuda):
-    assert parsers.parse_smi_header((REAL / name).read_text()) == (driver, cuda)
+# Each recorded table is named after what its driver printed: table-<driver>-cuda<CUDA>.txt.
+TABLES = sorted(REAL.glob("table-*.txt"))
+
+
+def test_every_driver_generation_from_515_to_595_is_recorded():
+    assert len(TABLES) >= 5 and {p.name.split(".")[0] for p in TABLES} >= {
+        "table-515", "table-535", "table-565", "table-570", "table-595"}
+
+
+@pytest.mark.parametrize("path", TABLES, ids=lambda path: path.name)
+def test_header_gives_driver_and_cuda_version_on_every_driver_generation(path):
+    driver, cuda = re.fullmatch(r"table-(.+)-cuda(.+)\.txt", path.name).groups()
+    assert parsers.parse_smi_header(path.read_text()) == (driver, cuda)
+
+
+def test_header_of_nvidia_smi_q_gives_driver_and_cuda_version():
+    text = (REAL / "query-q-565.57.01.txt").read_text()
+    assert parsers.parse_smi_header(text) == ("565.57.01", "12.7")
 
 
 def test_header_of_r610_kmd_and_umd_names_is_read():

@@ -6,6 +6,8 @@ one failing gateway recorded without stopping the others; the records fit upgrad
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +46,21 @@ def _doors(gateways: list[router.Gateway], conns: dict[str, Any]) -> front_door.
     return front_door.FrontDoors(gateways, connect)
 
 
+@contextmanager
+def _one_door(gateways: list[router.Gateway],
+              workers: dict[str, bool]) -> Iterator[tuple[FakeRouter, front_door.FrontDoors]]:
+    """The first gateway's router, serving ``workers`` (url -> healthy), and its front door."""
+    with serving(FakeRouter(workers)) as fake:
+        yield fake, _doors(gateways[:1], {"h3": ForwardingConnection(fake.port)})
+
+
 def _actions(steps: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
     return [(s["gateway"], s["action"], s["ok"]) for s in steps]
 
 
 def test_drain_removes_where_another_worker_serves_and_undrain_puts_it_back(
         gateways: list[router.Gateway]) -> None:
-    with serving(FakeRouter({A: True, B: True})) as fake:
-        doors = _doors(gateways[:1], {"h3": ForwardingConnection(fake.port)})
+    with _one_door(gateways, {A: True, B: True}) as (fake, doors):
         drained = doors.drain(A)
         assert _actions(drained) == [("h3", "removed", True)]
         assert list(fake.workers) == [B]
@@ -63,8 +72,7 @@ def test_drain_removes_where_another_worker_serves_and_undrain_puts_it_back(
 
 def test_the_only_healthy_worker_is_kept_and_not_added_back(
         gateways: list[router.Gateway]) -> None:
-    with serving(FakeRouter({A: True, B: False})) as fake:
-        doors = _doors(gateways[:1], {"h3": ForwardingConnection(fake.port)})
+    with _one_door(gateways, {A: True, B: False}) as (fake, doors):
         drained = doors.drain(A)
         assert _actions(drained) == [("h3", "kept", True)]
         assert "only healthy worker" in drained[0]["detail"]
@@ -88,8 +96,7 @@ def test_one_failing_gateway_is_recorded_and_the_other_still_drains(
 
 def test_replica_records_with_front_door_steps_fit_the_upgrade_schema(
         gateways: list[router.Gateway]) -> None:
-    with serving(FakeRouter({A: True, B: True})) as fake:
-        doors = _doors(gateways[:1], {"h3": ForwardingConnection(fake.port)})
+    with _one_door(gateways, {A: True, B: True}) as (fake, doors):
         entry = fleet.ReplicaOutcome("llama", 1, A, outcome=fleet.UPGRADED)
         entry.front_door += doors.drain(A)
         entry.front_door += doors.undrain(A, entry.front_door, timeout_s=5)
