@@ -53,15 +53,16 @@ def test_a_worker_name_fits_and_a_worker_past_the_last_net_is_refused() -> None:
         long.worker(5)
     assert caught.value.problems[0].where == "VLLM_PROVISION_LAB_NET"
 
+UNUSABLE = {
+    "VLLM_PROVISION_LAB_NAME": ("with-dash", "muchtoolongname"),  # "<name>-h16" > IFNAMSIZ
+    "VLLM_PROVISION_LAB_NET": ("10.213", "10.300.0"),
+    "VLLM_PROVISION_LAB_DIR": ("relative/dir",),
+    "VLLM_PROVISION_LAB_NICE": ("-25", "low"),
+}
+
+
 @pytest.mark.parametrize(("variable", "value"), [
-    ("VLLM_PROVISION_LAB_NAME", "with-dash"),
-    ("VLLM_PROVISION_LAB_NAME", "muchtoolongname"),  # "<name>-h16" would exceed IFNAMSIZ
-    ("VLLM_PROVISION_LAB_NET", "10.213"),
-    ("VLLM_PROVISION_LAB_NET", "10.300.0"),
-    ("VLLM_PROVISION_LAB_DIR", "relative/dir"),
-    ("VLLM_PROVISION_LAB_NICE", "-25"),
-    ("VLLM_PROVISION_LAB_NICE", "low"),
-])
+    (variable, value) for variable, values in UNUSABLE.items() for value in values])
 def test_unusable_setting_names_the_variable(variable: str, value: str) -> None:
     with pytest.raises(LabError) as caught:
         LabConfig.from_env({variable: value})

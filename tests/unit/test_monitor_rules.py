@@ -39,9 +39,7 @@ LOCK_HASH = "a" * 64
 
 @pytest.mark.parametrize(("release", "itl"), [
     ("0.10.0", "vllm:time_per_output_token_seconds"),
-    ("0.10.2", "vllm:inter_token_latency_seconds"),
-    ("0.12.0", "vllm:inter_token_latency_seconds"),
-    ("0.30.0", "vllm:inter_token_latency_seconds"),
+    *((release, "vllm:inter_token_latency_seconds") for release in ("0.10.2", "0.12.0", "0.30.0")),
 ])
 def test_a_known_release_gives_its_names_and_no_warning(release, itl):
     names, warning = names_for(release)

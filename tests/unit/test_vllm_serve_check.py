@@ -38,6 +38,15 @@ def facts_with(version: str | None, nodes: int = 2) -> dict[str, HostFacts]:
             for i in range(nodes)}
 
 
+def first_option_error(extra: tuple[str, ...], release: str):
+    """The first error ``vllm_serve.options`` finds with ``extra`` in vllm_extra_args, with
+    ``release`` installed on both nodes."""
+    replica = make_replica(extra=extra)
+    [error, *_] = by(vllm_serve.check_serve_options(replica, facts_with(release)),
+                     Severity.ERROR)
+    return error
+
+
 def by(findings, severity):
     return [f for f in findings if f.severity is severity]
 
@@ -65,9 +74,7 @@ def test_a_rendered_option_the_release_lacks_is_an_error_with_the_release_and_an
 
 
 def test_an_extra_option_of_a_later_release_says_remove_or_upgrade(small_table):
-    replica = make_replica(extra=("--max-num-partial-prefills", "2"))
-    [error, *_] = by(vllm_serve.check_serve_options(replica, facts_with("0.12.0")),
-                     Severity.ERROR)
+    error = first_option_error(("--max-num-partial-prefills", "2"), "0.12.0")
     assert error.item == "--max-num-partial-prefills (vllm_extra_args)"
     assert error.fix == ("remove it from vllm_extra_args, or upgrade vLLM on h1 to 0.15.0 or "
                          "later (`provision stack sync` with a lock that pins it, or "
@@ -75,25 +82,19 @@ def test_an_extra_option_of_a_later_release_says_remove_or_upgrade(small_table):
 
 
 def test_an_option_that_was_an_environment_variable_names_the_variable(small_table):
-    replica = make_replica(extra=("--all2all-backend", "naive"))
-    [error, *_] = by(vllm_serve.check_serve_options(replica, facts_with("0.11.1")),
-                     Severity.ERROR)
+    error = first_option_error(("--all2all-backend", "naive"), "0.11.1")
     assert error.fix == ("vLLM 0.11.1 reads this setting from the environment: set "
                          "VLLM_ALL2ALL_BACKEND in vllm_env instead, or upgrade vLLM on h1")
 
 
 def test_an_option_renamed_later_suggests_the_spelling_the_release_has(small_table):
-    replica = make_replica(extra=("--renamed-option", "x"))
-    [error, *_] = by(vllm_serve.check_serve_options(replica, facts_with("0.12.0")),
-                     Severity.ERROR)
+    error = first_option_error(("--renamed-option", "x"), "0.12.0")
     assert error.fix == ("write --old-option, the spelling vLLM 0.12.0 has, in "
                          "vllm_extra_args")
 
 
 def test_a_value_outside_the_choices_is_an_error_naming_them(small_table):
-    replica = make_replica(extra=("--kv-cache-dtype=fp4",))
-    [error, *_] = by(vllm_serve.check_serve_options(replica, facts_with("0.26.0")),
-                     Severity.ERROR)
+    error = first_option_error(("--kv-cache-dtype=fp4",), "0.26.0")
     assert error.actual == ("argument --kv-cache-dtype: invalid choice: 'fp4' (choose from "
                             "'auto', 'fp8') (vLLM 0.26.0)")
     assert error.expected == "one of 'auto', 'fp8'"
