@@ -64,20 +64,16 @@ class LabHost:
 
 
 @dataclass(frozen=True)
-class HostStatus:
-    """What ``lab status`` reports for one host.
+class HostStatus(LabHost):
+    """What ``lab status`` reports for one host: the host (:class:`LabHost`) and
 
     Attributes:
-        name: ``h1``.
-        address: ``10.213.0.11``.
         state: ``systemctl is-system-running`` over SSH (``running``, ``degraded``, ``starting``
             ...), ``unreachable`` when SSH fails, ``stopped`` when its nspawn is not running.
         nspawn_pid: pid of its systemd-nspawn on the main machine, or None.
         cut: True while ``lab cut`` drops its traffic.
     """
 
-    name: str
-    address: str
     state: str
     nspawn_pid: int | None
     cut: bool = False

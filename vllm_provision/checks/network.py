@@ -112,18 +112,19 @@ def check_routes(replica: Replica, facts: Mapping[str, HostFacts],
             continue
         expected_dev = interface_name or getattr(interface_of(f, node.host_ip), "name", "")
         for peer, route in f.routes.items():
-            if route.error:
-                findings.append(Finding(
-                    "network.route", Severity.ERROR, node.name, f"route to {peer}",
-                    expected=f"via {expected_dev or 'the cluster interface'}",
-                    actual=route.error, fix=f"add a route to {peer} on {node.name}",
-                    source="NCCL docs: IP network interfaces"))
+            if route.error:  # no route at all
+                severity, actual, fix = (Severity.ERROR, route.error,
+                                         f"add a route to {peer} on {node.name}")
             elif expected_dev and route.dev != expected_dev:
-                findings.append(Finding(
-                    "network.route", Severity.WARNING, node.name, f"route to {peer}",
-                    expected=f"via {expected_dev}", actual=f"via {route.dev}",
-                    fix=f"route the cluster network over {expected_dev} on {node.name}",
-                    source="NCCL docs: IP network interfaces"))
+                severity, actual, fix = (
+                    Severity.WARNING, f"via {route.dev}",
+                    f"route the cluster network over {expected_dev} on {node.name}")
+            else:
+                continue
+            findings.append(Finding(
+                "network.route", severity, node.name, f"route to {peer}",
+                expected=f"via {expected_dev or 'the cluster interface'}", actual=actual,
+                fix=fix, source="NCCL docs: IP network interfaces"))
     return findings
 
 
