@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from test_facts_probe import make_inventory
 
+from vllm_provision.checks.options import probe_for, replicas_on
 from vllm_provision.core.results import Status
 from vllm_provision.modules import vllm_preflight
 from vllm_provision.transport.local import LocalConnection
@@ -79,8 +80,7 @@ def test_a_host_without_facts_of_this_run_makes_the_task_probe_every_host(tmp_pa
 
 def test_facts_gathered_with_other_probe_options_are_probed_again(tmp_path, monkeypatch):
     first, probed = probed_once_counted(tmp_path, monkeypatch)
-    replicas = vllm_preflight.probed_replicas(first.inventory, first.connections)
-    own = vllm_preflight.probe_options(first.inventory, replicas)
+    own = probe_for(replicas_on(first.inventory, first.connections))
     other = replace(own, sha256=not own.sha256)
     for options, expected in ((own, []), (other, [["h1", "h2"]])):
         probed.clear()
@@ -90,3 +90,22 @@ def test_facts_gathered_with_other_probe_options_are_probed_again(tmp_path, monk
                            for name, facts in first.facts.items()}
         vllm_preflight.run(again, {})
         assert probed == expected
+
+
+def test_one_probe_serves_every_replica_it_probes_what_any_of_them_asks_for(tmp_path):
+    from test_replicas_independent import two_replicas
+
+    inventory = two_replicas(tmp_path, {"a": ("h1",), "b": ("h2",)})
+    a, b = inventory.replicas
+    b = replace(b, vars={"preflight_model_sha256": True, "preflight_nccl_loaded": True,
+                         "preflight_reach_timeout_s": 3})
+    a = replace(a, vars={"preflight_reach_timeout_s": 5})
+    assert replicas_on(inventory, ["h2", "elsewhere"]) == [inventory.replicas[1]]
+    both = probe_for([a, b])
+    assert (both.sha256, both.nccl_loaded, both.reach_timeout_s) == (True, True, 5.0), \
+        "the second replica's asks are not dropped; the first replica's timeout is used"
+    alone = probe_for([a])
+    assert (alone.sha256, alone.nccl_loaded) == (False, False)
+    none = probe_for([])
+    assert (none.sha256, none.nccl_loaded, none.reach_timeout_s) == (False, False, 8.0), \
+        "no replica: the preflight role's defaults"

@@ -7,7 +7,7 @@ estimate and the runner (``checks.run``) all read it, and it imports none of the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import yaml
 
 from vllm_provision import settings
 from vllm_provision.core.errors import ProvisionError
-from vllm_provision.core.models import Replica
+from vllm_provision.core.models import Inventory, Replica
 from vllm_provision.facts.gather import ProbeOptions
 
 # Activations, CUDA context, NCCL and cuBLAS workspaces and CUDA graphs per GPU, MiB: what
@@ -83,11 +83,6 @@ class PreflightSettings:
     watchdog_port: int = 29510
     gpu_overhead_mib: int = DEFAULT_OVERHEAD_MIB
 
-    def probe_options(self) -> ProbeOptions:
-        """The probe options these settings ask for."""
-        return ProbeOptions(nccl_loaded=self.nccl_loaded, sha256=self.model_sha256,
-                            reach_timeout_s=self.reach_timeout_s)
-
 
 def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = None,
                  ) -> PreflightSettings:
@@ -122,3 +117,33 @@ def settings_for(replica: Replica | None, defaults: Mapping[str, Any] | None = N
                            else settings.base())["vllm_watchdog_port"]),
         gpu_overhead_mib=int(values["preflight_gpu_overhead_mib"]),
     )
+
+
+def replicas_on(inventory: Inventory, hosts: Iterable[str]) -> list[Replica]:
+    """The replicas with a node among ``hosts`` (host names), in inventory order: the ones a
+    fact probe of those hosts checks (preflight's task, ``provision check --limit``, ``up``'s
+    first probe)."""
+    names = set(hosts)
+    return [r for r in inventory.replicas if any(node.name in names for node in r.nodes)]
+
+
+def probe_for(replicas: Sequence[Replica],
+              defaults: Mapping[str, Any] | None = None) -> ProbeOptions:
+    """What one fact probe gathers for ``replicas`` (:class:`PreflightSettings`): the first
+    replica's reach timeout; NCCL's loaded library (``preflight_nccl_loaded``) and the model
+    files' hashes (``preflight_model_sha256``) when any of them asks for them, so that every
+    command that probes (``up``, ``check``, ``drift``) gathers the same facts. No replica:
+    the role defaults'.
+
+    Args:
+        replicas: the replicas the probe serves.
+        defaults: the preflight role's defaults (default: :func:`load_defaults`).
+
+    Raises:
+        ProvisionError: the role defaults cannot be read.
+    """
+    found = load_defaults() if defaults is None else defaults
+    every = [settings_for(replica, found) for replica in replicas] or [settings_for(None, found)]
+    return ProbeOptions(nccl_loaded=any(s.nccl_loaded for s in every),
+                        sha256=any(s.model_sha256 for s in every),
+                        reach_timeout_s=every[0].reach_timeout_s)

@@ -142,13 +142,8 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     With --limit, only the replicas with a host matching the pattern are checked.
     Exit status 0 when no check is an error, 1 otherwise.
     """
-    from vllm_provision.checks.run import (
-        has_errors,
-        load_defaults,
-        memory_estimates,
-        run_checks,
-        settings_for,
-    )
+    from vllm_provision.checks.options import probe_for, replicas_on
+    from vllm_provision.checks.run import has_errors, load_defaults, memory_estimates, run_checks
     from vllm_provision.facts.collect import collect_facts
     from vllm_provision.inventory import select_hosts
     from vllm_provision.modules.vllm_preflight import api_path_json
@@ -158,16 +153,10 @@ def command(skip: tuple[str, ...], quiet_ok: bool, **kwargs: Any) -> None:
     inventory = opts.load_inventory(require_replica=True)
     replicas = list(inventory.replicas)
     if opts.limit:
-        wanted = {host.name for host in select_hosts(inventory, opts.limit)}
-        replicas = [r for r in replicas if any(node.name in wanted for node in r.nodes)]
+        replicas = replicas_on(inventory, (h.name for h in select_hosts(inventory, opts.limit)))
     hosts = [node.host for replica in replicas for node in replica.nodes]
     defaults = load_defaults()
-    settings = [settings_for(replica, defaults) for replica in replicas]
-    probe = settings[0].probe_options() if settings else None
-    if probe is not None and any(s.nccl_loaded for s in settings):
-        from dataclasses import replace
-
-        probe = replace(probe, nccl_loaded=True)
+    probe = probe_for(replicas, defaults) if replicas else None
     facts, errors = collect_facts(inventory, hosts, probe, opts.connection_options())
     findings = run_checks(inventory, facts, errors, skip=skip, replicas=replicas,
                           defaults=defaults)

@@ -27,17 +27,9 @@ NO_RECORD = "no record of a good `provision up`; run it first"
 def _probe_options(inventory: Any) -> Any:
     """The probe options preflight uses for these replicas (same facts, same values), without the
     reachability test (drift must not open listeners next to a running replica)."""
-    from vllm_provision.checks.run import load_defaults, settings_for
+    from vllm_provision.checks.options import probe_for
 
-    defaults = load_defaults()
-    settings = [settings_for(replica, defaults) for replica in inventory.replicas]
-    probe = settings[0].probe_options() if settings else None
-    if probe is None:
-        from vllm_provision.facts.gather import ProbeOptions
-        probe = ProbeOptions()
-    return replace(probe, reachability=False,
-                   nccl_loaded=any(s.nccl_loaded for s in settings),
-                   sha256=any(s.model_sha256 for s in settings))
+    return replace(probe_for(list(inventory.replicas)), reachability=False)
 
 
 def _newest(records: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]] | None:

@@ -27,14 +27,14 @@ Example task::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from vllm_provision.checks.finding import Finding, Severity
-from vllm_provision.checks.run import findings_of, load_defaults, run_checks, settings_for
-from vllm_provision.core.models import Inventory, Replica
+from vllm_provision.checks.options import probe_for, replicas_on
+from vllm_provision.checks.run import findings_of, load_defaults, run_checks
+from vllm_provision.core.models import Replica
 from vllm_provision.core.results import Status
-from vllm_provision.facts.gather import ProbeOptions, gather_facts
+from vllm_provision.facts.gather import gather_facts
 from vllm_provision.modules import ModuleResult
 from vllm_provision.modules.arguments import Argument, ArgumentSpec
 from vllm_provision.modules.context import ModuleContext
@@ -79,25 +79,6 @@ def api_path_json(replica: Replica, choice: Choice) -> dict[str, str]:
             "reason": choice.reason}
 
 
-def probe_options(inventory: Inventory, replicas: list[Replica],
-                  defaults: Mapping[str, Any] | None = None) -> ProbeOptions:
-    """What the probe gathers for ``replicas`` (the first one's settings; NCCL's loaded
-    library when any replica asks for it): the same for this task and for a command that
-    probes before it (``up``, in the run lock's first answer)."""
-    found = load_defaults() if defaults is None else defaults
-    settings = [settings_for(replica, found) for replica in replicas]
-    probe = settings[0].probe_options()
-    if any(s.nccl_loaded for s in settings):
-        probe = replace(probe, nccl_loaded=True)
-    return probe
-
-
-def probed_replicas(inventory: Inventory, hosts: Any) -> list[Replica]:
-    """The replicas this task probes when its play's connected hosts are ``hosts`` (names):
-    those with a node among them."""
-    names = set(hosts)
-    return [r for r in inventory.replicas if any(node.name in names for node in r.nodes)]
-
 
 def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """Probe the play's replicas, run the checks, store facts, fail on any error finding.
@@ -112,13 +93,13 @@ def run(ctx: ModuleContext, args: Mapping[str, Any]) -> ModuleResult:
     """
     values = ARGUMENT_SPEC.validate(args)
     inventory = ctx.inventory
-    replicas = probed_replicas(inventory, ctx.connections)
+    replicas = replicas_on(inventory, ctx.connections)
     if not replicas:
         return ModuleResult(Status.SKIPPED, "no replica among the play's hosts")
     skip = (_as_list(values["skip_checks"]) + _as_list(ctx.vars.get("skip_checks"))
             + _as_list(ctx.vars.get("preflight_skip_checks")))
     defaults = load_defaults()
-    probe = probe_options(inventory, replicas, defaults)
+    probe = probe_for(replicas, defaults)
     names = [node.name for replica in replicas for node in replica.nodes
              if node.name in ctx.connections]
     earlier = {name: ctx.run_state.get(name, {}).get(GATHERED) for name in names}

@@ -28,11 +28,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vllm_provision import resources, settings, state
+from vllm_provision.checks.options import probe_for, replicas_on
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.models import Host, Inventory
 from vllm_provision.core.results import Status, TaskResult
 from vllm_provision.facts import gather
-from vllm_provision.modules import vllm_preflight
 from vllm_provision.modules.vllm_preflight import GATHERED, GATHERED_WITH
 from vllm_provision.modules.vllm_wait_ready import replica_units
 from vllm_provision.operations import approval, takeover
@@ -189,7 +189,7 @@ class FirstProbe:
     """The fact probe ``up`` sends in the run lock's first answer (no channel of its own).
 
     Attributes:
-        options: what it gathers (``modules.vllm_preflight.probe_options``).
+        options: what it gathers (``checks.options.probe_for``).
         sent: host name -> ``(the probe's settings, its command)``
             (``facts.gather.probe_commands``).
     """
@@ -224,10 +224,10 @@ def first_probe(inventory: Inventory, plays: Sequence[Any], hosts: Sequence[Host
     if not any(task.module == "vllm_preflight" for play in plays for task in play.tasks):
         return None
     names = {host.name for host in hosts}
-    replicas = vllm_preflight.probed_replicas(inventory, names)
+    replicas = replicas_on(inventory, names)
     if not replicas:
         return None
-    options = vllm_preflight.probe_options(inventory, replicas)
+    options = probe_for(replicas)
     nodes = [node.name for replica in replicas for node in replica.nodes if node.name in names]
     return FirstProbe(options, gather.probe_commands(inventory, nodes, options))
 
