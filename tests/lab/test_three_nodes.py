@@ -113,6 +113,19 @@ class Deployed:
     def serves(self) -> bool:
         return lab_support.complete(self.base_url, MODEL)
 
+    def diagnosis(self) -> str:
+        """What an operator reads when it did not heal: ``provision status``, each host's unit
+        states, and the last lines of rank 0's vLLM and of each watchdog's journal."""
+        status = self.provision("status", timeout=120)
+        parts = [f"provision status (exit {status.returncode}):\n{status.stdout[-3000:]}",
+                 f"units: {self.unit_states()}"]
+        for host in NODES:
+            units = ["vllm-watchdog.service"] + (["vllm.service"] if host == "h1" else [])
+            journal = self.lab.ssh(host, "journalctl --no-pager -n 25 -o short-monotonic "
+                                   + " ".join(f"-u {unit}" for unit in units), timeout_s=30)
+            parts.append(f"{host} journal ({', '.join(units)}):\n{journal.stdout[-4000:]}")
+        return "\n".join(parts)
+
     def unit_states(self) -> dict[tuple[str, str], str]:
         states = {}
         for host, units in UNITS[self.kind].items():
@@ -170,7 +183,8 @@ def test_kill_9_of_the_middle_rank_heals_with_no_operator(deployed: Deployed) ->
             break
         time.sleep(1)
     print(f"\nthree nodes [{deployed.kind}] kill -9 of h2's {unit}: healed in {healed} s")
-    assert healed is not None, f"not serving from a new group within {HEAL_BOUND_S} s"
+    assert healed is not None, \
+        f"not serving from a new group within {HEAL_BOUND_S} s\n{deployed.diagnosis()}"
     deadline = time.monotonic() + 60
     while not all(s == "running" for s in deployed.unit_states().values()):
         assert time.monotonic() < deadline, deployed.unit_states()
