@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -128,6 +129,22 @@ def test_version_prints_the_spec_version_and_says_stand_in(host) -> None:  # typ
     proc = host("h1", "--version", vllm="0.33.1")
     out, err = proc.communicate(timeout=20)
     assert out.strip() == "0.33.1" and "lab stand-in" in err
+
+
+def test_a_client_that_resets_its_connection_leaves_no_traceback(host) -> None:  # type: ignore[no-untyped-def]
+    """uvicorn drops such a connection quietly; a traceback in the journal would read as a
+    failure of the engine to whoever looks there after a fault."""
+    port = _free_port()
+    proc = host("h1", "serve", "model", "-tp", "1", "--port", str(port))
+    assert _wait_for(lambda: _get(port, "/health") == 200)
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    assert _get(port, "/health") == 200
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert "Traceback" not in err, err[-3000:]
 
 
 def test_mp_pair_serves_only_after_both_joined_then_dies_like_vllm(host) -> None:  # type: ignore[no-untyped-def]

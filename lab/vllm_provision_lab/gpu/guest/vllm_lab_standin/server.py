@@ -9,6 +9,7 @@ Token pacing comes from the spec: ``ttft_s`` before the first token, ``token_s``
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
@@ -55,12 +56,22 @@ class Api:
         threading.Thread(target=self.on_dead, daemon=True).start()
 
 
+class _Server(ThreadingHTTPServer):
+    """A connection its client reset or closed mid-answer ends quietly, as uvicorn's does
+    (socketserver's own ``handle_error`` would print a traceback to the journal)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(api: Api) -> ThreadingHTTPServer:
     """Bind ``--host``/``--port`` (all interfaces when no host) and return the server."""
     handler = type("Handler", (Handler,), {"api": api})
-    server = ThreadingHTTPServer((api.config.host or "0.0.0.0", api.config.port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((api.config.host or "0.0.0.0", api.config.port), handler)
 
 
 class Handler(BaseHTTPRequestHandler):
