@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from render_support import exec_words, rendered_files
+from render_support import rendered_files, unit_words
 from test_runner_support import rendered_error, write_file
 
 from vllm_provision.cli import cli
@@ -170,8 +170,10 @@ def test_node_argv_is_what_the_unit_runs() -> None:
                 if argv is None:
                     assert node.name not in units
                     continue
-                # the Ray head's vLLM unit also has ExecStartPre (the start gate) before it
-                words = exec_words(units[node.name])[-1]
+                # the Ray head's vLLM unit also has ExecStartPre (the start gate) and ExecStopPost
+                [words] = [unit_words(line.removeprefix("ExecStart="))
+                           for line in units[node.name].splitlines()
+                           if line.startswith("ExecStart=")]
                 assert words[1:] == ["serve", *argv], node.name
 
 

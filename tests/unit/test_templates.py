@@ -249,8 +249,10 @@ def verify_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "opt/vllm/bin").mkdir(parents=True)
-    for name in ("vllm", "ray", "python3"):  # python3: the Ray vLLM unit's start gate
-        binary = root / "opt/vllm/bin" / name
+    (root / "bin").mkdir()
+    # python3: the Ray vLLM unit's start gate; /bin/sh: its ExecStopPost
+    for binary in [root / "opt/vllm/bin" / name for name in ("vllm", "ray", "python3")] + [
+            root / "bin/sh"]:
         binary.write_text("#!/bin/sh\n")
         binary.chmod(0o755)
     return root

@@ -476,16 +476,21 @@ class _FakeRay:
     (8.0, [False, True], True, 2),     # a pending trial is removed and made again
     (4.0, [], True, 0),                # GPUs held elsewhere: vLLM waits for them itself
     (8.0, [False] * 3, False, 3),      # every trial pending within the bound: the gate fails
+    (8.0, [False] * 5, False, 3),      # at most RAY_TRIAL_TRIES: then a new Ray head
 ])
 def test_the_gate_places_a_trial_group_of_vllms_shape_before_starting_vllm(
-        monkeypatch: pytest.MonkeyPatch, free: float, placed: list[bool], ok: bool,
-        tries: int) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, free: float, placed: list[bool],
+        ok: bool, tries: int) -> None:
     fake = _FakeRay(free, placed)
     for name, module in fake.modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(wd.time, "monotonic", lambda: fake.now)
-    result, words = wd.trial_placement("10.0.0.1:6379", 8.0, bound_s=40.0)
+    monkeypatch.chdir(tmp_path)  # the gate runs in vLLM's state folder
+    result, words = wd.trial_placement("10.0.0.1:6379", 8.0, bound_s=100.0)
     assert result is ok and len(fake.groups) == tries and fake.removed == fake.groups
+    marker = tmp_path / wd.RAY_STUCK_MARKER
+    assert marker.exists() is (not ok), "the marker asks vLLM's unit for a new Ray head"
+    assert ok or (marker.read_text().startswith("gave up: 3 trials") and "head" in words)
     assert fake.shut and fake.init_kwargs["address"] == "10.0.0.1:6379"
     for group in fake.groups:  # vLLM's bundles: 8 x {"GPU": 1}, bundle 0 on the head
         assert group.strategy == "PACK" and len(group.specs) == 8

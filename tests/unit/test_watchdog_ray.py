@@ -140,6 +140,33 @@ def test_vllm_on_ray_waits_for_every_node_before_it_starts() -> None:
     assert RayBackend().start_gate_argv(replica, "120.0")[2] == "120"
 
 
+def test_vllm_on_ray_restarts_the_ray_head_as_root_only_when_the_gate_left_its_marker(
+        tmp_path: Any) -> None:
+    """The gate's marker (rules.RAY_STUCK_MARKER) restarts the head once; no marker (every other
+    stop of vLLM: down, restart, a crash) changes nothing. The shell runs here with a stand-in
+    systemctl that records its arguments."""
+    import os
+    import subprocess
+
+    unit = render("vllm_ray/templates/vllm.service.j2", _replica("ray"), 0)
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStopPost="))
+    assert line.startswith("ExecStopPost=+/bin/sh "), line  # "+": as root, whatever User= says
+    words = [w.replace("$$", "$") for w in shlex.split(line.removeprefix("ExecStopPost=+"))]
+    assert words[3:] == ["sh", rules.RAY_STUCK_MARKER, "ray-head.service"]
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "systemctl"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "CALLS": str(tmp_path / "calls")}
+    for marker in (False, True, False):
+        if marker:
+            (tmp_path / rules.RAY_STUCK_MARKER).write_text("gave up: ...\n")
+        done = subprocess.run(words, cwd=tmp_path, env=env, check=False)
+        assert done.returncode == 0 and not (tmp_path / rules.RAY_STUCK_MARKER).exists()
+    assert (tmp_path / "calls").read_text() == "restart --no-block -- ray-head.service\n"
+
+
 def test_compiled_graph_timeouts_are_rendered_for_pipeline_parallel_only() -> None:
     pp = env_values(render("vllm_ray/templates/vllm.env.j2", _replica("ray"), 0))
     assert pp["RAY_CGRAPH_get_timeout"] == "600" and pp["RAY_CGRAPH_submit_timeout"] == "600"

@@ -1,22 +1,17 @@
 #!/usr/bin/python3
 """vllm-watchdog: peer-aware restarts for one node of a multi-node vLLM replica (stdlib only).
 
-Installed as it is by vllm-provision (role vllm_watchdog, the ``copy`` module, from the role's
-``files/``) as ``vllm-watchdog.service`` on every node; everything per node comes from its
-configuration, ``/etc/vllm-provision/watchdog.json`` (rendered by the role from
-``templates/watchdog.json.j2``). See docs/recovery.md for the design.
+Installed as it is by vllm-provision (role vllm_watchdog) as ``vllm-watchdog.service`` on every
+node, configured by ``/etc/vllm-provision/watchdog.json`` (``templates/watchdog.json.j2``);
+docs/recovery.md has the design. This file is the program (loop, ``systemctl``, ``/proc``, the
+``/state`` endpoint, HTTP to peers and the local API, the Ray helpers); the pure rules it
+applies live in ``vllm_watchdog_rules.py``, installed beside it and imported from its folder.
 
-This file is the program: its loop, ``systemctl`` calls, ``/proc`` reads, the ``/state``
-endpoint, the HTTP requests to peers and to the local API, and the Ray helpers' processes. The
-rules it applies (unit and binding state, timings, what to do given what it observed) are pure
-and live in ``vllm_watchdog_rules.py``, which the role installs beside this file and which this
-file imports from its own folder.
-
-Why: a torch.distributed group cannot be rejoined. Measured with vLLM 0.32.0 (docs/measured.md,
-"vLLM mp: a node dies"): after a follower dies, rank 0 keeps answering ``/health`` 200 until
-its next request fails, and after rank 0 dies a headless follower stays up forever. Ray workers
-do not rejoin a restarted head (ray-project/ray#1345). So every node watches the units it depends
-on, on its peers, and restarts its own unit when one of them restarted or vanished.
+Why: a torch.distributed group cannot be rejoined. With vLLM 0.32.0 (docs/measured.md, "vLLM mp:
+a node dies"), rank 0 answers ``/health`` 200 after a follower died until its next request
+fails, and a headless follower outlives rank 0 forever; Ray workers do not rejoin a restarted
+head (ray-project/ray#1345). So each node restarts its unit when a peer unit it depends on
+restarted or vanished.
 
 How: every ``poll_s`` seconds the watchdog reads its local units (``systemctl show``: InvocationID,
 ActiveState, SubState, ExecMainStartTimestampMonotonic) and each peer's published state
@@ -81,6 +76,8 @@ _WRITE_BYTECODE = sys.dont_write_bytecode
 sys.dont_write_bytecode = True
 from vllm_watchdog_rules import (  # noqa: E402 (after the sys.path entry above)
     RAY_KV_NAMESPACE,
+    RAY_STUCK_MARKER,
+    RAY_TRIAL_TRIES,
     RAY_TRIAL_WAIT_S,
     SHOW_PROPERTIES,
     Binding,
@@ -386,12 +383,13 @@ def _pending_words(ray: Any, group: Any) -> str:
 
 def trial_placement(address: str, gpus_needed: float, bound_s: float) -> tuple[bool, str]:
     """Place and remove trial placement groups of vLLM's shape (:func:`trial_specs`, bundle 0
-    on this node, the head) as a Ray driver of ``address`` until one is placed, a new one each
-    :data:`RAY_TRIAL_WAIT_S` (rules: why), within ``bound_s`` seconds. No trial when fewer
-    GPUs are free than vLLM needs (it waits for them itself) or the driver cannot connect.
+    on this head) as a Ray driver of ``address`` until one is placed: a new one each
+    :data:`RAY_TRIAL_WAIT_S`, at most :data:`RAY_TRIAL_TRIES` within ``bound_s`` s (rules: why);
+    none when fewer GPUs are free than vLLM needs (it waits itself) or no driver connects.
 
     Returns:
-        ``(True, words)`` to start vLLM, ``(False, words)`` when every trial stayed pending.
+        ``(True, words)`` to start vLLM; ``(False, words)`` when every trial stayed pending,
+        having written :data:`RAY_STUCK_MARKER` in the working directory (a new Ray head).
     """
     try:
         import ray  # noqa: PLC0415 (only on Ray nodes)
@@ -411,7 +409,7 @@ def trial_placement(address: str, gpus_needed: float, bound_s: float) -> tuple[b
             return True, (f"{free:g} GPUs free, vLLM needs {gpus_needed:g}: no trial placement, "
                           "vLLM waits for them itself: starting vLLM")
         specs = trial_specs(gpus_needed, address.rsplit(":", 1)[0])
-        while time.monotonic() - started < bound_s:
+        while time.monotonic() - started < bound_s and tries < RAY_TRIAL_TRIES:
             tries += 1
             group = placement_group(specs, strategy="PACK")
             ready, _ = ray.wait([group.ready()], timeout=min(
@@ -424,8 +422,10 @@ def trial_placement(address: str, gpus_needed: float, bound_s: float) -> tuple[b
                               f" (try {tries}, {took:.1f} s) and removed: starting vLLM")
             log(f"ray: trial placement group {tries} stayed pending {RAY_TRIAL_WAIT_S:g} s with "
                 f"{free:g} GPUs free ({seen}); removed, trying a new one")
-        return False, (f"gave up: {tries} trial placement groups of {len(specs)} bundles stayed "
-                       f"pending within {bound_s:.0f} s (see `ray status`)")
+        said = f"gave up: {tries} trials of {len(specs)} bundles stayed pending with the GPUs free"
+        with open(RAY_STUCK_MARKER, "w", encoding="utf-8") as marker:  # the unit reads it
+            marker.write(said + "\n")
+        return False, said + ": Ray's books are stuck, the Ray head restarts"
     finally:
         ray.shutdown()
 

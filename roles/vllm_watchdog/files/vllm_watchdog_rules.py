@@ -305,6 +305,17 @@ RAY_SETTLE_S = 3.0  # seconds a newly registered raylet is given before vLLM pla
 # what is free.
 RAY_TRIAL_WAIT_S = 15.0  # seconds one trial placement group may stay pending before a new one
 
+# When RAY_TRIAL_TRIES trials in a row stay pending while the node table shows the GPUs free,
+# Ray's own books are wrong, and they stay wrong: in the lab's CI (Ray 2.60, a restarted
+# worker), every trial for 180 s stayed pending with 8 of 12 GPUs free, the restarted node's 4
+# GPUs held by no placement group or actor Ray could name (a bundle the GCS prepared on the new
+# raylet and never committed nor returned; ray #64693, #64696). Only a new GCS forgets them. So
+# the gate writes RAY_STUCK_MARKER in its working directory (vLLM's state folder) and fails;
+# vLLM's unit then restarts the Ray head as root (``ExecStopPost=+``, roles/vllm_ray), each
+# worker's watchdog restarts its worker for the new head, and the next start gates again.
+RAY_TRIAL_TRIES = 3
+RAY_STUCK_MARKER = "ray-scheduler-stuck"
+
 
 def trial_specs(gpus_needed: float, head_ip: str) -> list[dict[str, float]]:
     """vLLM's placement-group bundles for a world of ``gpus_needed`` GPUs (pure): one
