@@ -9,6 +9,8 @@ graphs) with fast GCS health checks in ``ray_env`` (a silent raylet is DEAD with
   declared dead by the GCS; the worker's watchdog restarts its unit, vLLM waits in its
   ``ExecStartPre`` until every node is alive again, and the replica serves with no operator action;
 * a partitioned worker host (``lab cut``) rejoins after the heal;
+* the start gate's marker (Ray's books stuck) makes vLLM's unit restart the Ray head as root,
+  the worker follows the new head, and the replica serves again;
 * a changed ``ray_env`` restarts the Ray units, and vLLM on the head starts only after the worker
   rejoined (journal timestamps: the lab's hosts share one kernel clock); the same ``up`` sets a
   compiled-graph timeout below the stage time, and the completion fails with Ray's
@@ -16,7 +18,7 @@ graphs) with fast GCS health checks in ``ray_env`` (a silent raylet is DEAD with
 
 Times are printed (``pytest -s``) and recorded in docs/recovery.md.
 
-Cost: about 395 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
+Cost: about 425 s on the stand-in tier (3 lab workers on 2 cores); docs/testing.md, "Per module".
 """
 
 from __future__ import annotations
@@ -203,6 +205,30 @@ def test_partitioned_worker_host_rejoins_after_the_heal(replica: RayReplica) -> 
     restarts = [m for at, m in replica.journal("h2", "vllm-watchdog.service",
                                                "restarting ray-worker") if at >= cut_wall - 1]
     assert restarts, "h2's watchdog did not restart ray-worker during the cut"
+    replica.assert_all_running()
+
+
+def test_the_gates_stuck_marker_gives_the_cluster_a_new_head_and_the_replica_serves_again(
+        replica: RayReplica) -> None:
+    """What vLLM's unit does when its start gate found Ray's books stuck (docs/recovery.md, "a
+    new head when Ray's books are stuck"): with the gate's marker in vLLM's working directory,
+    vLLM's end (here ``kill -9``) restarts the Ray head as root (``ExecStopPost=+``); h2's
+    watchdog restarts its worker for the new head and the replica serves again. Ray's stuck
+    books cannot be made on demand, so the marker is written as the gate writes it: by the
+    service user."""
+    assert replica.complete()
+    head = replica.show("h1", "ray-head.service", "InvocationID")
+    worker = replica.show("h2", "ray-worker.service", "InvocationID")
+    user = replica.show("h1", "vllm.service", "User")
+    marker = replica.show("h1", "vllm.service", "WorkingDirectory") + "/ray-scheduler-stuck"
+    replica.ssh("h1", f"runuser -u {user} -- sh -c 'echo gave up > {marker}'")
+    started = time.monotonic()
+    replica.ssh("h1", "systemctl kill -s KILL vllm.service")
+    seconds = replica.serve_again(started, 150, worker)
+    print(f"\nrecovery [standin] Ray: the gate's stuck marker, then vLLM killed: a new head, "
+          f"serving {seconds} s later")
+    assert replica.show("h1", "ray-head.service", "InvocationID") not in ("", head)
+    assert replica.ssh("h1", f"test -e {marker} && echo left || true").strip() == ""
     replica.assert_all_running()
 
 
