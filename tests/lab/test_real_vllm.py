@@ -373,8 +373,12 @@ def test_bench_and_fault_on_the_headless_node(replica: Replica, tmp_path: Path) 
             # orphaned worker as soon as its main process is gone (KillMode=control-group),
             # and rank 0's engine fails its streams at that worker's loss, which can come
             # before the watchdog's stop (CI of 2026-12-04: a stream failed at 1.41 s, the
-            # stop at 2.07 s)
-            assert stream["tokens"] < 96 and 0 <= stream["end_s"] <= min(went) + 0.5, stream
+            # stop at 2.07 s). The API is gone when rank 0's process is: a stop is only asked,
+            # and rank 0 with a dead peer may let SIGTERM pass until systemd's SIGKILL
+            # (test_rank0_alone_ignores_sigterm...; CI of 2026-12-05: stop at 1.6 s, gone and
+            # the stream closed at 31.7 s)
+            gone = min(exited) if exited else min(went)
+            assert stream["tokens"] < 96 and 0 <= stream["end_s"] <= gone + 0.5, (stream, went)
     _record(replica, "fault h2", recovered_s=fault["recovery"]["recovered_s"],
             fates=[s["fate"] for s in fault["streams"]])
     assert replica.complete() == 200

@@ -263,6 +263,13 @@ class Prefetcher:
         self._ahead: dict[str, list[str]] = {}  # host -> lead commands of its last batch
         self._plays: list[tuple[Play, frozenset[str]]] = []  # the run's plays and their hosts
         self._registers: re.Pattern[str] | None = None  # any name a task of the run registers
+        # hosts that are one server with another host (docs/inventory.md "Shared servers") read
+        # live, under the executor's server lock: an answer read ahead would be stale once the
+        # other host's task changed the server (both read "no user vllm", the second useradd
+        # then failed with "already exists")
+        servers = [h.server for h in state.inventory.hosts.values()]
+        self._live = {name for name, h in state.inventory.hosts.items()
+                      if servers.count(h.server) > 1}
 
     def plan(self, selections: Sequence[tuple[Play, Sequence[Host]]]) -> None:
         """Know the run's plays ahead (each with the hosts it runs on), so a play's batch also
@@ -280,7 +287,7 @@ class Prefetcher:
 
         def one(host: Host) -> None:
             conn = self.state.connections.get(host.name)
-            if not isinstance(conn, PrefetchingConnection):
+            if not isinstance(conn, PrefetchingConnection) or host.name in self._live:
                 return
             commands = self._reads(play, host, conn, 0)
             if play.handlers:
@@ -303,7 +310,7 @@ class Prefetcher:
         its effects)."""
         conn = self.state.connections.get(host.name)
         if (not isinstance(conn, PrefetchingConnection) or not conn.ran_live
-                or host.name in self._no_prefetch):
+                or host.name in self._no_prefetch or host.name in self._live):
             return
         commands = self._reads(play, host, conn, index)
         if len(commands) < 2:
