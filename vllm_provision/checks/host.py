@@ -289,11 +289,9 @@ def check_front_door_cpus(node: Node, facts: HostFacts, gpus: int) -> list[Findi
 # -- checks that read their scope (checks/context.py) -----------------------------------
 
 
-@check("host.foreign_gpu_processes", order=80, scope="node")
+@check("host.foreign_gpu_processes", order=80, scope="node", only="gpu")
 def _foreign_gpu_processes(scope: NodeScope) -> list[Finding]:
     """No other job's process holds the node's GPUs (GPU replicas)."""
-    if not scope.of.gpu:
-        return []
     from vllm_provision.checks.context import shared_pool_wait
 
     planned, leaving = scope.units

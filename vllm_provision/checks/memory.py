@@ -394,9 +394,7 @@ def check_memory_fit(replica: Replica, facts: Mapping[str, HostFacts], overhead_
 
 # -- checks that read their scope (checks/context.py) -----------------------------------
 
-@check("memory.fit", order=120, scope="replica")
+@check("memory.fit", order=120, scope="replica", only="gpu")
 def _fit(scope: ReplicaScope) -> list[Finding]:
     """The weights and KV cache fit the GPUs (GPU replicas only)."""
-    if not scope.gpu:
-        return []
     return check_memory_fit(scope.replica, scope.facts, scope.settings.gpu_overhead_mib)[0]

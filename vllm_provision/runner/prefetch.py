@@ -28,6 +28,7 @@ import re
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -267,9 +268,8 @@ class Prefetcher:
         # live, under the executor's server lock: an answer read ahead would be stale once the
         # other host's task changed the server (both read "no user vllm", the second useradd
         # then failed with "already exists")
-        servers = [h.server for h in state.inventory.hosts.values()]
-        self._live = {name for name, h in state.inventory.hosts.items()
-                      if servers.count(h.server) > 1}
+        servers = Counter(h.server for h in state.inventory.hosts.values())
+        self._live = {name for name, h in state.inventory.hosts.items() if servers[h.server] > 1}
 
     def plan(self, selections: Sequence[tuple[Play, Sequence[Host]]]) -> None:
         """Know the run's plays ahead (each with the hosts it runs on), so a play's batch also
