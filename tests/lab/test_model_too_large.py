@@ -91,9 +91,15 @@ def test_weights_too_large_for_the_gpus_are_refused_by_check_and_up(model_on_hos
     assert "nothing was changed" in output and "memory per GPU" in output
     assert f"got {WEIGHTS_PER_GPU / GIB:.2f} GiB of weights per GPU" in output
     for host in ("h1", "h2"):
+        # The run lock's empty file is the one thing a first run leaves on a fresh host (the
+        # lock is taken before the preflight: docs/security.md, "Run lock"); its holder file
+        # goes when the refused run releases the lock.
         changed = lab.ssh(host, "find /etc/systemd/system /etc/vllm* /var/lib/vllm-provision "
-                                "/opt/vllm -type f -newer /run/fit-before-up 2>/dev/null")
+                                "/opt/vllm -type f -newer /run/fit-before-up "
+                                "! -path /var/lib/vllm-provision/run.lock 2>/dev/null")
         assert changed.stdout.strip() == "", (host, changed.stdout)
+        holder = lab.ssh(host, "test -e /var/lib/vllm-provision/run.lock.holder && echo left")
+        assert holder.stdout.strip() == "", host
 
 
 def test_fitting_weights_with_too_little_kv_room_warn_with_the_largest_context(
