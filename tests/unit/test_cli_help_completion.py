@@ -100,11 +100,39 @@ def test_completion_prints_clicks_script(shell: str) -> None:
 
 
 def test_the_summaries_of_provision_help_are_the_commands_own() -> None:
-    """`provision --help` lists the commands from a table (so that it imports none of them):
-    each entry is the first paragraph of that command's own help, and every command has one."""
-    from vllm_provision.cli import COMMANDS, SUMMARIES
+    """`provision --help` lists the commands with summaries read from their source (so that it
+    imports none of them): each is the first paragraph of that command's own help, and every
+    command has one."""
+    from vllm_provision.cli import builtin_commands, summary_source
 
     ctx = click.Context(cli)
-    own = {name: cli.get_command(ctx, name).get_short_help_str(limit=10**6)  # type: ignore
-           for name in COMMANDS}
-    assert SUMMARIES == own
+    for name, module_name in builtin_commands().items():
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
+        read = summary_source(module_name)
+        assert read, f"{module_name}.py: no docstring on command"
+        assert (click.utils.make_default_short_help(read, 10**6)
+                == command.get_short_help_str(limit=10**6)), name
+
+
+def test_a_command_is_its_module_file() -> None:
+    """Every module of vllm_provision.cli that defines a click `command` is a command, named by
+    its file (exec_.py is `exec`), and no other module is: nothing else lists them."""
+    import importlib
+    import pkgutil
+
+    import vllm_provision.cli as package
+    from vllm_provision.cli import builtin_commands
+
+    defined = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"vllm_provision.cli.{info.name}")
+        if isinstance(getattr(module, "command", None), click.Command):
+            defined[info.name.rstrip("_")] = info.name
+    assert builtin_commands() == defined
+    assert {"up", "exec", "stack"} <= set(defined) and "options" not in defined
+    ctx = click.Context(cli)
+    assert cli.get_command(ctx, "options") is None
+    assert cli.get_command(ctx, "exec_") is None

@@ -1,10 +1,11 @@
 """The ``provision`` command line: one module per command, loaded only when that command runs.
 
-Each module in this package defines one ``click`` command (or group) named ``command``; one
-table below (:data:`TABLE`) maps the command-line name to its module and one-line summary. A new
-command is its module and one row (plus its schema in ``vllm_provision/schemas/`` when it has
-``--json``). Keeping imports lazy keeps ``provision --help`` and every command fast (heavy
-modules such as paramiko load only when needed).
+A command is one module of this package, ``vllm_provision/cli/<name>.py``, that defines one
+``click`` command (or group) named ``command`` at the top level, its help the function's
+docstring (plus its schema in ``vllm_provision/schemas/`` when it has ``--json``): the file's
+name is the command's (:func:`builtin_commands`), and ``provision --help`` reads the summaries
+from the sources (:func:`summary_source`). Keeping imports lazy keeps ``provision --help`` and
+every command fast (heavy modules such as paramiko load only when needed).
 
 Other distributions add commands through entry points of the group ``vllm_provision.commands``
 (name: the command, value: ``module:attribute`` of a click command), loaded only when that command
@@ -14,17 +15,19 @@ runs: this repository's lab (lab/pyproject.toml) adds ``provision lab`` so. With
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import importlib.util
 import logging
 import os
+import pkgutil
+import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-
-from vllm_provision.core.registry import Registry
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -41,84 +44,103 @@ SEPARATE: dict[str, tuple[str, str, str]] = {
 }
 
 
-# The commands, one row each: (name on the command line, module in vllm_provision.cli that
-# defines ``command``, its one-line summary for `provision --help`). One table rather than a
-# declaration in each module: `provision --help` lists the summaries without importing any
-# command (click's default imports them all). The summary is the first paragraph of the
-# command's own help; a unit test keeps the two equal (tests/unit/test_cli_help_completion.py).
-_TABLE: tuple[tuple[str, str, str], ...] = (
-    ("up", "up",
-     "Deploy the replica: preflight, install, start in order, wait until it serves, verify."),
-    ("down", "down",
-     "Stop the replica in reverse start order and disable its units (--purge: remove them)."),
-    ("restart", "restart",
-     "Restart the whole replica in order, then wait until it serves and verify."),
-    ("upgrade", "upgrade",
-     "Upgrade the replicas N at a time: drain, apply, restart in order, verify, undrain."),
-    ("status", "status",
-     "Show each replica's units, rank 0's health, Ray's nodes and GPUs, and a verdict."),
-    ("check", "check", "Gather facts from every node and run all preflight checks."),
-    ("facts", "facts",
-     "Probe every host in one SSH round trip each and print the facts, hosts as columns."),
-    ("inventory", "inventory",
-     "Show what each host gets after group_vars, host_vars and precedence (no host "
-     "contacted)."),
-    ("drift", "drift",
-     "Show what changed since the last good `provision up`: facts and configuration."),
-    ("logs", "logs", "Print the journals of every node of the replica, merged in time order."),
-    ("exec", "exec_",
-     "Run COMMAND on every host of the inventory (or of -l PATTERN), in parallel."),
-    ("play", "play", "Run PLAYBOOK against the inventory's hosts."),
-    ("verify", "verify",
-     "Check a deployed replica with the packaged verify suite (pytest-testinfra over SSH)."),
-    ("init", "init", "Probe the servers and print a first, working inventory."),
-    ("completion", "completion",
-     "Print the shell completion script for SHELL (commands, options, and the inventory's "
-     "host and group names after -l/--limit)."),
-    ("schema", "schema",
-     "Print the JSON Schema (draft 2020-12) of COMMAND's --json output, or list them."),
-    ("bench", "bench",
-     "Benchmark the replica with streamed completions and record the conditions."),
-    ("fault", "fault", "Hit one node of a serving replica and measure how traffic returns."),
-    ("fabric", "fabric",
-     "Measure the link between every pair of a replica's nodes: TCP throughput and RTT."),
-    ("record", "record",
-     "Write the decision record: GPU pool, who reserves GPUs and starts workers, what Ray "
-     "adds and does not, how traffic returned after faults, the evidence, refusals where "
-     "conditions differ, and one checkable closing sentence."),
-    ("stack", "stack", "Install and upgrade the replica's Python stack from one reviewed lock."),
-    ("monitor", "monitor",
-     "Write Prometheus scrape targets for every replica (and a prometheus.yml); no host "
-     "contacted."),
-    ("top", "top",
-     "Show every replica live: serving, units, requests, KV cache, TTFT/ITL, tokens/s, GPUs."),
-)
+# A command is one file: the module vllm_provision/cli/<name>.py (a trailing underscore kept
+# off the command's name: exec_.py is `provision exec`) that defines ``command`` at the top
+# level, a click command or group; its help is that function's docstring. `provision --help`
+# and the shell completion read the names from the file names, and `provision --help` the
+# summaries from the source (ast), so they import no command (click's default imports them
+# all); a unit test holds what is read so against each loaded command
+# (tests/unit/test_cli_help_completion.py).
+_DEFINES_COMMAND = re.compile(r"^def command\(", re.MULTILINE)
 
-# the command registry (vllm_provision.core.registry): a name twice is an error naming it;
-# entry.obj is the module, entry.meta["summary"] the summary, in the table's order
-TABLE: Registry[str] = Registry("command")
-for _order, (_name, _module, _summary) in enumerate(_TABLE):
-    TABLE.add(_name, _module, order=_order, module=__name__, summary=_summary)
 
-# views of TABLE: command name -> module, command name -> summary
-COMMANDS: dict[str, str] = {entry.name: entry.obj for entry in TABLE}
-SUMMARIES: dict[str, str] = {entry.name: entry.meta["summary"] for entry in TABLE}
+@functools.cache
+def builtin_commands() -> dict[str, str]:
+    """The commands of this package: command name -> module name (``"exec"`` -> ``"exec_"``),
+    every module of ``vllm_provision.cli`` whose source defines ``command`` at the top level
+    (read as text, nothing imported; a module whose source is not installed is imported to
+    look).
+
+    Raises:
+        ProvisionError: two modules give one name (``exec.py`` beside ``exec_.py``), naming
+            both.
+    """
+    from vllm_provision.core.errors import ProvisionError
+
+    found: dict[str, str] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.ispkg:
+            continue
+        if not _defines_command(info.name):
+            continue
+        name = info.name.rstrip("_")
+        if name in found:
+            raise ProvisionError.single(
+                f"vllm_provision/cli/{info.name}.py", f"the command {name} is defined twice",
+                expected="one module per command",
+                actual=f"{found[name]}.py and {info.name}.py",
+                fix="remove or rename one of them (a reinstall leaves no stale module)")
+        found[name] = info.name
+    return found
+
+
+def _source(module_name: str) -> str | None:
+    """The source text of ``vllm_provision.cli.<module_name>``, or None where only compiled
+    code is installed."""
+    spec = importlib.util.find_spec(f"{__name__}.{module_name}")
+    origin = spec.origin if spec is not None else None
+    if origin is None or not origin.endswith(".py"):
+        return None
+    try:
+        return Path(origin).read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _defines_command(module_name: str) -> bool:
+    text = _source(module_name)
+    if text is not None:
+        return _DEFINES_COMMAND.search(text) is not None
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    return isinstance(getattr(module, "command", None), click.Command)
+
+
+def summary_source(module_name: str) -> str | None:
+    """The help of the command that ``vllm_provision.cli.<module_name>`` defines, read from
+    its source without importing it: the docstring of the top-level ``command`` function,
+    cleaned as click cleans it (:func:`inspect.cleandoc`, cut at ``\\f``); None where the
+    source or the docstring cannot be read (the caller then imports the command)."""
+    text = _source(module_name)
+    found = None if text is None else _DEFINES_COMMAND.search(text)
+    if found is None:
+        return None
+    # from `def command(` on: a whole statement, and the rest of the module (parsing the whole
+    # file would double the cost of `provision --help`)
+    for node in ast.parse(text[found.start():]).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "command":
+            doc = ast.get_docstring(node, clean=True)
+            return None if doc is None else doc.split("\f", 1)[0]
+    return None
 
 
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use: the modules of
-    :data:`COMMANDS`, then the entry points of :data:`ENTRY_POINT_GROUP`."""
+    :func:`builtin_commands`, then the entry points of :data:`ENTRY_POINT_GROUP`."""
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """List the commands from :data:`SUMMARIES` (click's own layout and truncation), so
-        ``provision --help`` imports none of them (click's default loads every command)."""
+        """List the commands with summaries read from their source (:func:`summary_source`;
+        click's own layout and truncation), so ``provision --help`` imports none of them
+        (click's default loads every command)."""
         names = self.list_commands(ctx)
         if not names:
             return
         limit = formatter.width - 6 - max(len(name) for name in names)
-        rows = [(name, click.utils.make_default_short_help(SUMMARIES[name], limit))
-                if name in SUMMARIES else (name, self._loaded_summary(ctx, name, limit))
-                for name in names]
+        rows = []
+        for name in names:
+            module_name = builtin_commands().get(name)
+            text = summary_source(module_name) if module_name is not None else None
+            rows.append((name, click.utils.make_default_short_help(text, limit)
+                         if text is not None else self._loaded_summary(ctx, name, limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -127,13 +149,12 @@ class LazyGroup(click.Group):
         return "" if command is None else command.get_short_help_str(limit)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        builtin = {name for name in COMMANDS if _module_exists(COMMANDS[name])}
-        return sorted(builtin | set(_entry_points()) | set(SEPARATE))
+        return sorted(set(builtin_commands()) | set(_entry_points()) | set(SEPARATE))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        module_name = COMMANDS.get(cmd_name)
-        if module_name is not None and _module_exists(module_name):
-            module = importlib.import_module(f"vllm_provision.cli.{module_name}")
+        module_name = builtin_commands().get(cmd_name)
+        if module_name is not None:
+            module = importlib.import_module(f"{__name__}.{module_name}")
             return module.command
         entry = _entry_points().get(cmd_name)
         if entry is not None:
@@ -143,19 +164,15 @@ class LazyGroup(click.Group):
         return None
 
 
-def _module_exists(module_name: str) -> bool:
-    return importlib.util.find_spec(f"vllm_provision.cli.{module_name}") is not None
-
-
 @functools.cache
 def _entry_points() -> dict[str, EntryPoint]:
     """The commands other installed distributions add (name -> entry point); a name of
-    :data:`COMMANDS` cannot be taken over. Read once from the installed metadata (about 20 ms),
-    nothing imported."""
+    :func:`builtin_commands` cannot be taken over. Read once from the installed metadata
+    (about 20 ms), nothing imported."""
     from importlib.metadata import entry_points
 
     found = entry_points(group=ENTRY_POINT_GROUP)
-    return {entry.name: entry for entry in found if entry.name not in COMMANDS}
+    return {entry.name: entry for entry in found if entry.name not in builtin_commands()}
 
 
 def _load_entry_point(entry: EntryPoint) -> click.Command:
