@@ -130,7 +130,7 @@ def test_the_facts_table_fits_80_columns_and_marks_differences_without_colour(tm
 
     from rich.console import Console
 
-    from vllm_provision.cli.facts import ROWS, facts_table
+    from vllm_provision.cli.facts import all_rows, facts_table
 
     inventory = make_inventory(tmp_path)
     facts, errors = gather_facts(inventory, {"h1": LocalConnection("h1"),
@@ -146,7 +146,7 @@ def test_the_facts_table_fits_80_columns_and_marks_differences_without_colour(tm
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80
     labels = [line.split("│")[1].strip() for line in lines if line.count("│") >= 3]
-    for label, _read in ROWS:  # every fact name whole, on one line
+    for label, _read in all_rows():  # every fact name whole, on one line
         assert label in labels, label
     mtu = [line for line in lines if line.count("│") >= 3 and line.split("│")[1].strip() == "MTU"]
     assert mtu and mtu[0].count("* ") == 2, lines  # both hosts' MTU cells marked
@@ -175,3 +175,13 @@ def test_the_probe_sent_in_the_run_lock_answer_parses_as_gather_facts_would(tmp_
     facts = probe.facts(inventory, {**outputs, "h2": "Traceback: no JSON"})
     assert set(facts) == {"h1"}  # h2's answer was not facts: preflight probes it again
     assert facts["h1"].venv_found and facts["h1"].model_path == str(tmp_path / "model")
+
+
+def test_a_state_record_the_probe_could_not_read_is_one_of_the_hosts_problems():
+    from vllm_provision.facts.gather import parse_probe_output
+
+    error = "cannot read /var/lib/vllm-provision/state.json: Permission denied"
+    facts = parse_probe_output("h1", {"state": {"error": error}})
+    assert error in facts.problems and facts.owner is None
+    facts = parse_probe_output("h1", {"state": {"record": {"version": 1}}})
+    assert "the state record has no hosts" in facts.problems and facts.owner is None

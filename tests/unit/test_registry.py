@@ -116,7 +116,8 @@ def test_the_checks_run_in_the_order_preflight_has_always_run_them() -> None:
         "network.interface", "network.exposure", "network.ray_auth", "network.hostname",
         "network.ports", "network.watchdog_port", "host.cpu_device", "host.gpus_visible",
         "host.foreign_gpu_processes", "gpu_health.errors", "gpu_health.mig",
-        "gpu_health.persistence", "gpu_health.fabric_manager", "gpu_health.clock",
+        "gpu_health.persistence", "gpu_health.fabric_manager", "pcie_acs.redirect",
+        "gpu_health.clock",
         "host.front_door_cpus", "host.venv", "host.shm", "host.remove_ipc",
         "host.model_present", "host.memory", "platform.platform"]
     assert [e.name for e in checks_of("inventory")] == [

@@ -12,6 +12,7 @@ import click
 from vllm_provision.cli.help import examples
 from vllm_provision.cli.options import HOST_OPTIONS, CommonOptions, shared_options
 from vllm_provision.core.text import printable
+from vllm_provision.facts.extra import Fact, all_facts
 from vllm_provision.facts.model import HostFacts
 
 MIB = 1024 * 1024
@@ -144,12 +145,24 @@ ROWS: tuple[tuple[str, Callable[[HostFacts], str]], ...] = (
     ("NCCL net plugins", lambda f: ", ".join(f.nccl_net_plugins) or "none"),
     ("systemd", lambda f: str(f.systemd_version)),
     ("OpenSSH server", lambda f: str(f.openssh_version)),
-    ("probe problems", lambda f: "; ".join(f.problems) or "none"),
 )
+# Last, after the rows of the fact modules (all_rows).
+PROBLEMS_ROW: tuple[str, Callable[[HostFacts], str]] = (
+    "probe problems", lambda f: "; ".join(f.problems) or "none")
 # Rows whose values differ per host by nature: never highlighted.
 NOT_COMPARED = {"hostname", "interfaces", "routes", "GPU memory used", "clock",
                 "memory available", "disk free (model fs)", "listening TCP", "GPU processes",
                 "python (probe)", "probe problems", "model weights"}
+
+
+def all_rows() -> list[tuple[str, Callable[[HostFacts], str]]]:
+    """The rows of the table: :data:`ROWS`, a row per fact module
+    (``vllm_provision/facts/extra/``: its label and its ``text``; ``-`` where the host could
+    not read it or the probe did not gather it), then :data:`PROBLEMS_ROW`."""
+    def read(item: Fact) -> Callable[[HostFacts], str]:
+        return lambda f: "-" if f.extra.get(item.name) is None else item.text(f.extra[item.name])
+
+    return [*ROWS, *((item.label, read(item)) for item in all_facts()), PROBLEMS_ROW]
 
 
 def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
@@ -164,7 +177,7 @@ def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
     names = list(facts)
     group_of = {name: group for group in groups for name in group}
     rows = []
-    for label, read in ROWS:
+    for label, read in all_rows():
         values = {name: read(facts[name]) for name in names}
         cells = []
         for name in names:

@@ -2,7 +2,7 @@
 defined, and discovery of a package's modules so that a new item is one new file.
 
 Each extension point owns one :class:`Registry` (``CHECKS`` in ``checks/context.py``, the
-built-in backends in ``backends/base.py``, the command table in ``cli/__init__.py``)::
+built-in backends in ``backends/base.py``, ``FACTS`` in ``facts/extra/__init__.py``)::
 
     CHECKS = Registry("check")
 

@@ -23,7 +23,7 @@ from vllm_provision.core.models import Host, Inventory, Replica
 from vllm_provision.core.parallel import split_map
 from vllm_provision.core.quoting import python_loader
 from vllm_provision.core.text import printable
-from vllm_provision.facts import parsers, weights
+from vllm_provision.facts import extra, parsers, weights
 from vllm_provision.facts.model import (
     HostFacts,
     HostOwner,
@@ -93,9 +93,20 @@ class ProbeOptions:
     extra_packages: tuple[str, ...] = ()
 
 
+# where the fact modules' probe functions go: before the script runs main()
+MAIN_GUARD = '\nif __name__ == "__main__":\n'
+
+
+@functools.cache
 def probe_source() -> str:
-    """Return the text of the remote probe script."""
-    return resources.files("vllm_provision.facts").joinpath("probe_script.py").read_text()
+    """Return the text of the remote probe script: ``probe_script.py`` with the probe
+    functions of the fact modules (:func:`vllm_provision.facts.extra.probe_additions`) added
+    before its ``main()`` runs."""
+    base = resources.files("vllm_provision.facts").joinpath("probe_script.py").read_text()
+    head, guard, tail = base.rpartition(MAIN_GUARD)
+    if not guard:
+        raise RuntimeError("probe_script.py has no main guard")  # a bug of ours
+    return f"{head}\n\n{extra.probe_additions()}{guard}{tail}"
 
 
 def host_var(host: Host, name: str) -> Any:
@@ -302,6 +313,9 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
                       "not-found" if unit.get("LoadState") in (None, "not-found") else
                       unit.get("ActiveState", "unknown"))
     clock = raw.get("clock") or {}
+    # before `problems` is frozen into the facts: both may add to it
+    owner = parse_owner(host, raw.get("state") or {}, problems)
+    extra_facts = extra.parse_extra(raw.get("extra"), problems)
     return HostFacts(
         host=host,
         python_path=str(python.get("executable", "")),
@@ -369,11 +383,12 @@ def parse_probe_output(host: str, raw: Mapping[str, Any]) -> HostFacts:
                                         r.get("error", ""), float(r.get("elapsed_s", 0.0)))
                            for r in raw.get("reach") or []),
         problems=tuple(problems),
-        owner=parse_owner(host, raw.get("state") or {}, problems),
+        owner=owner,
         model_weights=_weights(raw.get("weights")),
         model_content=model_content,
         vllm_venvs=tuple(VenvFound(str(v.get("path", "")), str(v.get("vllm", "")))
                          for v in raw.get("venvs") or () if isinstance(v, dict)),
+        extra=extra_facts,
     )
 
 

@@ -499,6 +499,9 @@ class HostFacts:
             local folder.
         vllm_venvs: environments holding vLLM, when the probe was asked to search
             (``ProbeOptions.venv_search``: ``provision init``), sorted by path; else empty.
+        extra: the facts of the fact modules (``vllm_provision/facts/extra/``), by name: each
+            module's docstring says what its value holds; None where the host could not
+            read it.
     """
 
     host: str
@@ -551,6 +554,7 @@ class HostFacts:
     model_weights: ModelWeights | None = None
     model_content: ModelContent | None = None
     vllm_venvs: tuple[VenvFound, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def nccl_version(self) -> str | None:

@@ -22,6 +22,9 @@ import threading
 import time
 
 ERRORS = []
+# name -> function of the fact modules (vllm_provision/facts/extra/): their source is added
+# to this script when it is sent (facts.extra.probe_additions), before main() runs
+EXTRA_FACTS = {}
 
 
 def run(argv, timeout=20):
@@ -563,6 +566,22 @@ def state_record(path):
     return {"record": record, "invocations": invocations}
 
 
+def extra_facts(config):
+    """Run every fact module's probe: name -> what it returned, or None (and a line of
+    ERRORS) where it raised or returned what JSON cannot write, so one fact never costs the
+    host its other facts."""
+    found = {}
+    for name in sorted(EXTRA_FACTS):
+        try:
+            value = EXTRA_FACTS[name](config)
+            json.dumps(value)
+        except Exception as exc:  # a fact module's fault: reported, the probe goes on
+            ERRORS.append("fact %s failed on the host: %s: %s" % (name, type(exc).__name__, exc))
+            value = None
+        found[name] = value
+    return found
+
+
 def main():
     config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     started = time.time()
@@ -667,6 +686,7 @@ def main():
     out["reach"] = [result for _thread, result, _target in reach_threads if result]
     out["listener"] = listener.finish() if listener is not None else None
     out["listeners"] = [item.finish() for item in listeners]
+    out["extra"] = extra_facts(config)
     out["errors"] = ERRORS
     out["elapsed_s"] = round(time.time() - started, 3)
     sys.stdout.write(json.dumps(out))

@@ -1,0 +1,231 @@
+"""Fact modules (vllm_provision/facts/extra/): a fact is one file whose probe function is sent
+inside the probe and whose parser fills HostFacts.extra; the pcie_acs fact and its check.
+
+The sysfs trees are built here from the kernel's layout: a GPU's sysfs path passes through its
+bridges (/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0), and a bridge's ``config`` holds
+the PCIe extended capabilities from offset 0x100 (header: ID bits 15:0, next offset bits
+31:20), ACS being ID 0x000D with its control register at +6 (include/uapi/linux/pci_regs.h).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_provision.checks.pcie_acs import check_acs_redirect
+from vllm_provision.core.errors import ProvisionError
+from vllm_provision.core.models import Host, Node
+from vllm_provision.core.registry import Registry
+from vllm_provision.facts import extra, probe_script
+from vllm_provision.facts.extra import fact, parse_extra
+from vllm_provision.facts.extra.pcie_acs import Bridge, PcieAcs, pcie_acs, probe_pcie_acs, text
+from vllm_provision.facts.gather import parse_probe_output, probe_source
+from vllm_provision.facts.model import Gpu, HostFacts
+
+AER, ACS = 0x0001, 0x000D
+
+
+def config_space(control: int | None, size: int = 4096) -> bytes:
+    """A bridge's configuration space: AER at 0x100 pointing to ACS at 0x148 (with
+    ``control``), or AER alone when ``control`` is None."""
+    space = bytearray(size)
+    if size > 0x150:
+        nxt = 0x148 if control is not None else 0
+        space[0x100:0x104] = (AER | 1 << 16 | nxt << 20).to_bytes(4, "little")
+        if control is not None:
+            space[0x148:0x14C] = (ACS | 1 << 16).to_bytes(4, "little")
+            space[0x14E:0x150] = control.to_bytes(2, "little")
+    return bytes(space)
+
+
+def device(folder: Path, vendor: str, klass: str, config: bytes) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "vendor").write_text(vendor + "\n")
+    (folder / "class").write_text(klass + "\n")
+    (folder / "config").write_bytes(config)
+    return folder
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> Path:
+    """Two GPUs behind a switch (upstream port 0000:3a:00.0 -> downstream 0000:3b:00.0 and
+    0000:3b:01.0), the first downstream port redirecting; a GPU's audio function, an NVSwitch
+    and a NIC, which are not GPUs."""
+    root = tmp_path / "devices" / "pci0000:3a"
+    up = device(root / "0000:3a:00.0", "0x8086", "0x060400", config_space(0x0001))
+    down0 = device(up / "0000:3b:00.0", "0x1000", "0x060400", config_space(0x001D))
+    down1 = device(up / "0000:3b:01.0", "0x1000", "0x060400", config_space(None))
+    gpu0 = device(down0 / "0000:3c:00.0", "0x10de", "0x030200", config_space(None, 64))
+    audio = device(down0 / "0000:3c:00.1", "0x10de", "0x040300", b"")
+    gpu1 = device(down1 / "0000:3d:00.0", "0x10de", "0x030000", b"")
+    switch = device(root / "0000:3e:00.0", "0x10de", "0x068000", b"")
+    nic = device(root / "0000:3f:00.0", "0x15b3", "0x020700", b"")
+    bus = tmp_path / "bus"
+    bus.mkdir()
+    for item in (up, down0, down1, gpu0, audio, gpu1, switch, nic):
+        (bus / item.name).symlink_to(item)
+    return bus
+
+
+def test_the_probe_reads_each_gpus_bridges_and_their_acs_control(sysfs: Path) -> None:
+    assert probe_pcie_acs({"sysfs_pci": str(sysfs)}) == {"gpus": {
+        "0000:3c:00.0": [["0000:3b:00.0", 0x001D], ["0000:3a:00.0", 0x0001]],
+        "0000:3d:00.0": [["0000:3b:01.0", None], ["0000:3a:00.0", 0x0001]]}}
+
+
+def test_a_config_space_cut_at_64_bytes_reads_unreadable(sysfs: Path) -> None:
+    bridge = sysfs.resolve() / ".." / "devices" / "pci0000:3a" / "0000:3a:00.0"
+    (bridge / "config").write_bytes(config_space(0x001D, 64))  # what a non-root read gets
+    raw = probe_pcie_acs({"sysfs_pci": str(sysfs)})
+    assert raw["gpus"]["0000:3c:00.0"][1] == ["0000:3a:00.0", "unreadable"]
+    value = pcie_acs(json.loads(json.dumps(raw)))
+    assert value.unreadable
+    assert value.gpus["0000:3c:00.0"][1] == Bridge("0000:3a:00.0", None, readable=False)
+
+
+def test_no_pci_bus_means_no_gpus(tmp_path: Path) -> None:
+    assert probe_pcie_acs({"sysfs_pci": str(tmp_path / "absent")}) == {"gpus": {}}
+    assert text(pcie_acs({"gpus": {}})) == "no NVIDIA GPU on PCI"
+
+
+def test_parse_names_the_redirecting_bridge_as_lspci_names_its_bits(sysfs: Path) -> None:
+    value = pcie_acs(json.loads(json.dumps(probe_pcie_acs({"sysfs_pci": str(sysfs)}))))
+    assert list(value.redirecting()) == ["0000:3b:00.0"]
+    assert text(value) == ("P2P redirected: 0000:3b:00.0 ACSCtl 0x001d "
+                           "(SrcValid ReqRedir CmpltRedir UpstreamFwd)")
+    calm = PcieAcs({"0000:3d:00.0": (Bridge("0000:3b:01.0"), Bridge("0000:3a:00.0", 0x0001))})
+    assert text(calm) == "2 bridges, none redirects P2P"
+
+
+@pytest.mark.parametrize("raw", [
+    {"gpus": []}, {"gpus": {"0000:3c:00.0": [["$(reboot)", 4]]}},
+    {"gpus": {"0000:3c:00.0": [["0000:3b:00.0", 1 << 16]]}},
+    {"gpus": {"0000:3c:00.0": [["0000:3b:00.0", "4"]]}},
+    {"gpus": {"not-an-address": []}}, {"gpus": {"0000:3c:00.0": [["0000:3b:00.0"]]}}, {}])
+def test_what_a_host_sends_is_checked_and_a_bad_document_is_a_problem(raw) -> None:
+    problems: list[str] = []
+    assert parse_extra({"pcie_acs": raw}, problems) == {"pcie_acs": None}
+    assert len(problems) == 1 and problems[0].startswith(
+        "fact pcie_acs: cannot read what the host sent: ")
+
+
+def test_the_probe_sent_holds_each_fact_and_stays_python_3_8() -> None:
+    source = probe_source()
+    ast.parse(source, feature_version=(3, 8))
+    assert "def probe_pcie_acs(config):" in source
+    assert source.index("EXTRA_FACTS['pcie_acs'] = probe_pcie_acs") < source.index(
+        'if __name__ == "__main__":')
+
+
+def test_the_whole_probe_runs_and_its_document_fills_extra(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(probe_source())
+    done = subprocess.run([sys.executable, str(script), "{}"], capture_output=True, text=True,
+                          timeout=120, check=True)
+    raw = json.loads(done.stdout)
+    assert set(raw["extra"]) == {"pcie_acs"}
+    facts = parse_probe_output("h1", raw)
+    assert isinstance(facts.extra["pcie_acs"], PcieAcs)
+    assert not [p for p in facts.problems if p.startswith("fact ")]
+
+
+def test_a_fact_that_raises_on_the_host_costs_only_itself(monkeypatch) -> None:
+    def broken(config):
+        raise OSError("no sysfs")
+
+    monkeypatch.setattr(probe_script, "EXTRA_FACTS", {"a": broken, "b": lambda c: {"x": 1},
+                                                      "c": lambda c: object()})
+    monkeypatch.setattr(probe_script, "ERRORS", [])
+    assert probe_script.extra_facts({}) == {"a": None, "b": {"x": 1}, "c": None}
+    assert probe_script.ERRORS[0] == "fact a failed on the host: OSError: no sysfs"
+    assert probe_script.ERRORS[1].startswith("fact c failed on the host: TypeError")
+
+
+def test_a_fact_the_probe_did_not_send_is_left_out() -> None:
+    assert parse_extra(None, []) == {} and parse_extra({"other": 1}, []) == {}
+    assert parse_extra({"pcie_acs": None}, []) == {"pcie_acs": None}
+
+
+def probe_annotated(config: dict) -> dict:  # noqa: D103  (a probe function breaking a rule)
+    return {}
+
+
+def probe_wrong(config):
+    return {}
+
+
+@pytest.mark.parametrize(("name", "probe", "why"), [
+    ("annotated", probe_annotated, "has annotations"),
+    ("right", probe_wrong, "is called 'probe_wrong', not probe_right")])
+def test_a_probe_function_that_cannot_run_on_the_host_is_refused(monkeypatch, name, probe,
+                                                                    why) -> None:
+    monkeypatch.setattr(extra, "FACTS", Registry("fact"))
+    with pytest.raises(ProvisionError) as caught:
+        fact(name, probe=probe)(lambda raw: raw)
+    assert why in str(caught.value) and "test_fact_modules" in str(caught.value)
+
+
+def node_facts(value: PcieAcs | None, gpus: int = 2) -> HostFacts:
+    listed = tuple(Gpu(index=i, name="NVIDIA H100 80GB HBM3", memory_total_mib=81559,
+                       uuid=f"GPU-{i}", pci_bus_id=f"00000000:{0x3c + i:02X}:00.0")
+                   for i in range(gpus))
+    return HostFacts(host="g1", gpus=listed,
+                     extra={} if value is None else {"pcie_acs": value})
+
+
+NODE = Node(Host("g1", "10.0.0.11"), 0, "10.0.0.11")
+REDIRECTING = PcieAcs({
+    "0000:3c:00.0": (Bridge("0000:3b:00.0", 0x001D), Bridge("0000:3a:00.0", 0x0001)),
+    "0000:3d:00.0": (Bridge("0000:3b:01.0"), Bridge("0000:3a:00.0", 0x0001))})
+
+
+def test_a_bridge_redirecting_p2p_above_a_used_gpu_is_a_warning_with_the_fix() -> None:
+    [finding] = check_acs_redirect(NODE, node_facts(REDIRECTING), (0, 1))
+    assert finding.check == "pcie_acs.redirect" and finding.severity == "warning"
+    assert finding.actual == ("0000:3b:00.0 ACSCtl 0x001d (SrcValid ReqRedir CmpltRedir "
+                              "UpstreamFwd), above GPU 0")
+    assert "setpci -s 0000:3b:00.0 ECAP_ACS+0x6.w=0000" in finding.fix
+    assert "NCCL docs" in finding.source
+
+
+@pytest.mark.parametrize(("value", "used"), [
+    (REDIRECTING, (1,)),                         # the redirecting bridge is above GPU 0 only
+    (None, (0, 1)),                              # not gathered (an older probe)
+    (PcieAcs({}), (0, 1)),                       # no GPU on the PCI bus
+    (PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", None, readable=False),)}), (0, 1)),
+    (PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", 0x0003),)}), (0, 1)),  # SV, TB only
+])
+def test_no_warning_without_a_redirecting_bridge_above_a_used_gpu(value, used) -> None:
+    assert check_acs_redirect(NODE, node_facts(value), used) == []
+
+
+def test_the_facts_table_has_a_row_per_fact_module() -> None:
+    from vllm_provision.cli.facts import all_rows
+
+    rows = dict(all_rows())
+    assert list(rows)[-1] == "probe problems"
+    assert rows["PCIe ACS (P2P)"](node_facts(REDIRECTING)).startswith(
+        "P2P redirected: 0000:3b:00.0")
+    assert rows["PCIe ACS (P2P)"](node_facts(None)) == "-"
+
+
+def test_a_parser_that_fails_costs_only_its_fact(monkeypatch) -> None:
+    monkeypatch.setattr(extra, "FACTS", Registry("fact"))
+
+    def probe_broken(config):
+        return {}
+
+    def parse(raw):
+        raise AttributeError("a bug of the parser")
+
+    extra.FACTS.add("broken", extra.Fact("broken", probe_broken, parse, str, "broken"))
+    monkeypatch.setattr(extra, "import_submodules", lambda name: [])
+    problems: list[str] = []
+    assert parse_extra({"broken": {}}, problems) == {"broken": None}
+    assert problems == ["fact broken: its parser failed (test_fact_modules): AttributeError: "
+                        "a bug of the parser"]
