@@ -64,8 +64,10 @@ class Bridge:
             return f"{self.address} unreadable (needs root)"
         if self.control is None:
             return f"{self.address} no ACS"
-        names = " ".join(name for bit, name in _BITS if self.control & bit) or "none set"
-        return f"{self.address} ACSCtl {self.control:#06x} ({names})"
+        names = " ".join(name for bit, name in _BITS if self.control & bit)
+        if self.control & ~0x7F:  # bits past DT: named by their value, as pci_regs.h has no name
+            names = f"{names} {self.control & ~0x7F:#06x}".strip()
+        return f"{self.address} ACSCtl {self.control:#06x} ({names or 'none set'})"
 
 
 @dataclass(frozen=True)
@@ -104,13 +106,19 @@ def probe_pcie_acs(config):
             return ""
 
     def acs_control(device):
+        # the file's size is the device's configuration space (256 bytes: conventional PCI,
+        # no extended capabilities; 4096: PCI Express); a reader without CAP_SYS_ADMIN gets
+        # only its first 64 bytes (drivers/pci/pci-sysfs.c, pci_read_config)
         try:
             with open(os.path.join(device, "config"), "rb") as handle:
+                size = min(os.fstat(handle.fileno()).st_size, 4096)
                 space = handle.read(4096)
         except OSError:
             return "unreadable"
-        if len(space) <= 256:
+        if len(space) < size:
             return "unreadable"
+        if len(space) <= 256:
+            return None
         offset, hops = 0x100, 0
         while 0x100 <= offset <= len(space) - 8 and hops < 96:
             header = int.from_bytes(space[offset:offset + 4], "little")
@@ -121,7 +129,7 @@ def probe_pcie_acs(config):
             offset, hops = (header >> 20) & 0xFFC, hops + 1
         return None
 
-    gpus = {}
+    gpus, controls = {}, {}
     names = sorted(os.listdir(root)) if os.path.isdir(root) else []
     for name in names:
         device = os.path.join(root, name)
@@ -132,7 +140,9 @@ def probe_pcie_acs(config):
         bridges = []
         path = os.path.dirname(os.path.realpath(device))
         while os.path.basename(path).count(":") == 2 and len(bridges) < 16:
-            bridges.append([os.path.basename(path), acs_control(path)])
+            if path not in controls:  # a switch's bridges sit above several GPUs
+                controls[path] = acs_control(path)
+            bridges.append([os.path.basename(path), controls[path]])
             path = os.path.dirname(path)
         gpus[name] = bridges
     return {"gpus": gpus}
@@ -157,9 +167,10 @@ def text(value: PcieAcs) -> str:
     if redirecting:
         return "P2P redirected: " + "; ".join(b.describe for b in redirecting.values())
     count = len({b.address for bridges in value.gpus.values() for b in bridges})
+    bridges = "1 bridge" if count == 1 else f"{count} bridges"
     if value.unreadable:
-        return f"{count} bridges, ACS unreadable (the probe needs root)"
-    return f"{count} bridges, none redirects P2P"
+        return f"{bridges}, ACS unreadable (the probe needs root)"
+    return f"{bridges}, none redirects P2P"
 
 
 @fact("pcie_acs", probe=probe_pcie_acs, order=10, text=text, label="PCIe ACS (P2P)")
