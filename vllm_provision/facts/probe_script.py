@@ -575,7 +575,7 @@ def extra_facts(config):
         try:
             value = EXTRA_FACTS[name](config)
             json.dumps(value)
-        except Exception as exc:  # a fact module's fault: reported, the probe goes on
+        except (Exception, SystemExit) as exc:  # a fact module's fault: the probe goes on
             ERRORS.append("fact %s failed on the host: %s: %s" % (name, type(exc).__name__, exc))
             value = None
         found[name] = value

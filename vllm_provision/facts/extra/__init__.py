@@ -14,8 +14,9 @@ A fact module defines two functions and registers them with :func:`fact`::
 
 The probe function's source is added to the probe script when it is sent
 (:func:`probe_additions`): it must be a plain top-level function named ``probe_<name>`` that
-takes the probe's configuration (a dict), carries no annotations and no decorator, imports
-what it uses inside itself and stays valid on Python 3.8 (the probe's floor:
+takes the probe's configuration (a dict), carries no annotations, default values or
+decorator, imports what it uses inside itself (it reads no global of its module: on the host
+only the builtins are there) and stays valid on Python 3.8 (the probe's floor:
 docs/preflight.md, "Supported hosts"). What it returns reaches the controller under
 ``extra.<name>`` of the probe's document; an exception there is one line of the host's
 ``problems`` and the fact is None, so one fact cannot cost a host its other facts.
@@ -29,8 +30,11 @@ docs/architecture.md, "Extending", says what a new fact touches: this file and i
 
 from __future__ import annotations
 
+import builtins
+import dis
 import inspect
 import textwrap
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,7 +83,8 @@ def fact(name: str, *, probe: Callable[[dict[str, Any]], Any], order: float = 0,
 
     Raises:
         ProvisionError: (when decorating) the name is taken or invalid, or ``probe`` breaks a
-            rule the host side depends on (its name, annotations, a decorator, a closure).
+            rule the host side depends on (its name, annotations, default values, a
+            decorator, a closure, a global of its module).
     """
     def decorate(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
         where = f"fact {name!r} ({parse.__module__})"
@@ -103,6 +108,13 @@ def _probe_problem(name: str, probe: Callable[..., Any]) -> str:
         return "is not defined at the top level of its module"
     if getattr(probe, "__annotations__", None):
         return "has annotations (Python 3.8 on the host would evaluate them)"
+    if getattr(probe, "__defaults__", None) or getattr(probe, "__kwdefaults__", None):
+        return "has default values (the host would evaluate them when the probe loads)"
+    code = getattr(probe, "__code__", None)
+    outside = sorted(_globals_read(code) - _BUILTINS) if code is not None else []
+    if outside:
+        return (f"reads {', '.join(outside[:5])} from its module (only builtins are there on "
+                "the host: import inside the function)")
     try:
         source = inspect.getsource(probe)
     except (OSError, TypeError):
@@ -110,6 +122,20 @@ def _probe_problem(name: str, probe: Callable[..., Any]) -> str:
     if not source.startswith(f"def probe_{name}("):
         return "has a decorator"
     return ""
+
+
+_BUILTINS = frozenset(dir(builtins))
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+def _globals_read(code: types.CodeType) -> set[str]:
+    """The global names a function's code (its nested functions' included) loads: on the host
+    these resolve in the probe script, where only the builtins are sure to be."""
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_LOADS}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _globals_read(const)
+    return names
 
 
 def all_facts() -> list[Fact]:
