@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,14 +79,29 @@ def test_the_probe_reads_each_gpus_bridges_and_their_acs_control(sysfs: Path) ->
         "0000:3d:00.0": [["0000:3b:01.0", None], ["0000:3a:00.0", 0x0001]]}}
 
 
-def test_a_config_space_cut_at_64_bytes_reads_unreadable(sysfs: Path) -> None:
+def test_a_config_space_cut_at_64_bytes_reads_unreadable(sysfs: Path, monkeypatch) -> None:
+    # sysfs gives a reader without CAP_SYS_ADMIN the first 64 bytes of a file whose size is
+    # the whole space (drivers/pci/pci-sysfs.c): here, a 64-byte file said to hold 4096
     bridge = sysfs.resolve() / ".." / "devices" / "pci0000:3a" / "0000:3a:00.0"
-    (bridge / "config").write_bytes(config_space(0x001D, 64))  # what a non-root read gets
+    (bridge / "config").write_bytes(config_space(0x001D, 64))
+    real = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result(
+        (*real(fd)[:6], 4096, *real(fd)[7:10])))
     raw = probe_pcie_acs({"sysfs_pci": str(sysfs)})
     assert raw["gpus"]["0000:3c:00.0"][1] == ["0000:3a:00.0", "unreadable"]
     value = pcie_acs(json.loads(json.dumps(raw)))
     assert value.unreadable
     assert value.gpus["0000:3c:00.0"][1] == Bridge("0000:3a:00.0", None, readable=False)
+
+
+def test_a_conventional_pci_bridge_read_whole_has_no_acs(sysfs: Path) -> None:
+    # 256 bytes, all of it read (as root): no extended capabilities, so no ACS, not unreadable
+    bridge = sysfs.resolve() / ".." / "devices" / "pci0000:3a" / "0000:3a:00.0"
+    (bridge / "config").write_bytes(config_space(None, 256))
+    raw = probe_pcie_acs({"sysfs_pci": str(sysfs)})
+    assert raw["gpus"]["0000:3d:00.0"] == [["0000:3b:01.0", None], ["0000:3a:00.0", None]]
+    assert text(pcie_acs(raw)).startswith("P2P redirected: 0000:3b:00.0")
+    assert not pcie_acs(raw).unreadable
 
 
 def test_no_pci_bus_means_no_gpus(tmp_path: Path) -> None:
@@ -100,6 +116,10 @@ def test_parse_names_the_redirecting_bridge_as_lspci_names_its_bits(sysfs: Path)
                            "(SrcValid ReqRedir CmpltRedir UpstreamFwd)")
     calm = PcieAcs({"0000:3d:00.0": (Bridge("0000:3b:01.0"), Bridge("0000:3a:00.0", 0x0001))})
     assert text(calm) == "2 bridges, none redirects P2P"
+    one = PcieAcs({"0000:3d:00.0": (Bridge("0000:3b:01.0", 0x0100),)})
+    assert text(one) == "1 bridge, none redirects P2P"
+    assert one.gpus["0000:3d:00.0"][0].describe == "0000:3b:01.0 ACSCtl 0x0100 (0x0100)"
+    assert Bridge("0000:3b:01.0", 0).describe == "0000:3b:01.0 ACSCtl 0x0000 (none set)"
 
 
 @pytest.mark.parametrize("raw", [
@@ -139,11 +159,13 @@ def test_a_fact_that_raises_on_the_host_costs_only_itself(monkeypatch) -> None:
         raise OSError("no sysfs")
 
     monkeypatch.setattr(probe_script, "EXTRA_FACTS", {"a": broken, "b": lambda c: {"x": 1},
-                                                      "c": lambda c: object()})
+                                                      "c": lambda c: object(),
+                                                      "d": lambda c: sys.exit(3)})
     monkeypatch.setattr(probe_script, "ERRORS", [])
-    assert probe_script.extra_facts({}) == {"a": None, "b": {"x": 1}, "c": None}
+    assert probe_script.extra_facts({}) == {"a": None, "b": {"x": 1}, "c": None, "d": None}
     assert probe_script.ERRORS[0] == "fact a failed on the host: OSError: no sysfs"
     assert probe_script.ERRORS[1].startswith("fact c failed on the host: TypeError")
+    assert probe_script.ERRORS[2] == "fact d failed on the host: SystemExit: 3"
 
 
 def test_a_fact_the_probe_did_not_send_is_left_out() -> None:
@@ -159,8 +181,28 @@ def probe_wrong(config):
     return {}
 
 
+def probe_defaulted(config, root=Path("/sys")):  # the host has no Path when the probe loads
+    return {}
+
+
+def probe_global(config):
+    return {"root": str(Path("/sys"))}  # Path is this module's, not the host's
+
+
+def probe_nested_global(config):
+    import os
+
+    def inner():
+        return os.listdir(AER)  # AER: a global of this module, read by a nested function
+
+    return inner()
+
+
 @pytest.mark.parametrize(("name", "probe", "why"), [
     ("annotated", probe_annotated, "has annotations"),
+    ("defaulted", probe_defaulted, "has default values"),
+    ("global", probe_global, "reads Path from its module"),
+    ("nested_global", probe_nested_global, "reads AER from its module"),
     ("right", probe_wrong, "is called 'probe_wrong', not probe_right")])
 def test_a_probe_function_that_cannot_run_on_the_host_is_refused(monkeypatch, name, probe,
                                                                     why) -> None:
