@@ -136,3 +136,21 @@ def test_a_command_is_its_module_file() -> None:
     ctx = click.Context(cli)
     assert cli.get_command(ctx, "options") is None
     assert cli.get_command(ctx, "exec_") is None
+
+
+@pytest.mark.parametrize(("source", "summary"), [
+    ('"""How to add one:\n\ndef command(ctx):\n    ...\n"""\n\nimport click\n\n\n'
+     '@click.command()\ndef command():\n    """Do the real thing.\n\n    More."""\n',
+     "Do the real thing.\n\nMore."),
+    ('"""A helper module; its docstring shows\n\ndef command(ctx):\n    """\n', None),
+    ("import click\n\n\ndef commander():\n    pass\n", None)])
+def test_a_def_command_line_inside_a_docstring_is_not_the_command(monkeypatch, source,
+                                                                   summary) -> None:
+    """Only a top-level `def command(` that parses as a function counts: the same words at
+    the start of a docstring's line neither hide the real one nor make a module a command."""
+    import vllm_provision.cli as package
+
+    name = f"fake_{abs(hash(source))}"  # _command_node caches by module name
+    monkeypatch.setattr(package, "_source", lambda module_name: source)
+    assert package.summary_source(name) == summary
+    assert package._defines_command(name) is (summary is not None)

@@ -100,9 +100,26 @@ def _source(module_name: str) -> str | None:
 def _defines_command(module_name: str) -> bool:
     text = _source(module_name)
     if text is not None:
-        return _DEFINES_COMMAND.search(text) is not None
+        return _command_node(module_name) is not None
     module = importlib.import_module(f"{__name__}.{module_name}")
     return isinstance(getattr(module, "command", None), click.Command)
+
+
+@functools.cache
+def _command_node(module_name: str) -> ast.FunctionDef | None:
+    """The top-level ``def command(`` of the module's source, parsed; None where there is
+    none. Each line that starts so is tried from there to the end of the file (parsing the
+    whole file would double the cost of ``provision --help``); one inside a docstring does not
+    parse from there, or not as a function named ``command``, and is passed over."""
+    text = _source(module_name)
+    for found in _DEFINES_COMMAND.finditer(text or ""):
+        try:
+            body = ast.parse(text[found.start():]).body
+        except SyntaxError:
+            continue
+        if body and isinstance(body[0], ast.FunctionDef) and body[0].name == "command":
+            return body[0]
+    return None
 
 
 def summary_source(module_name: str) -> str | None:
@@ -110,17 +127,9 @@ def summary_source(module_name: str) -> str | None:
     its source without importing it: the docstring of the top-level ``command`` function,
     cleaned as click cleans it (:func:`inspect.cleandoc`, cut at ``\\f``); None where the
     source or the docstring cannot be read (the caller then imports the command)."""
-    text = _source(module_name)
-    found = None if text is None else _DEFINES_COMMAND.search(text)
-    if found is None:
-        return None
-    # from `def command(` on: a whole statement, and the rest of the module (parsing the whole
-    # file would double the cost of `provision --help`)
-    for node in ast.parse(text[found.start():]).body:
-        if isinstance(node, ast.FunctionDef) and node.name == "command":
-            doc = ast.get_docstring(node, clean=True)
-            return None if doc is None else doc.split("\f", 1)[0]
-    return None
+    node = _command_node(module_name)
+    doc = None if node is None else ast.get_docstring(node, clean=True)
+    return None if doc is None else doc.split("\f", 1)[0]
 
 
 class LazyGroup(click.Group):
