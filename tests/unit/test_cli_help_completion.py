@@ -143,14 +143,47 @@ def test_a_command_is_its_module_file() -> None:
      '@click.command()\ndef command():\n    """Do the real thing.\n\n    More."""\n',
      "Do the real thing.\n\nMore."),
     ('"""A helper module; its docstring shows\n\ndef command(ctx):\n    """\n', None),
-    ("import click\n\n\ndef commander():\n    pass\n", None)])
+    ("import click\n\n\ndef commander():\n    pass\n", None),
+    ('def helper():\n    return 1\n@click.group(\n    "x",\n)  # a group\n@shared_options(X)\n'
+     'def command():\n    """A group."""\n', "A group."),
+    ('"""Shell words."""\n\n\ndef command(words):\n    """Join WORDS."""\n', None)])
 def test_a_def_command_line_inside_a_docstring_is_not_the_command(monkeypatch, source,
                                                                    summary) -> None:
-    """Only a top-level `def command(` that parses as a function counts: the same words at
-    the start of a docstring's line neither hide the real one nor make a module a command."""
+    """Only a top-level `def command(` that click decorates counts: the same words at the
+    start of a docstring's line neither hide the real one nor make a module a command, and
+    neither does a plain helper function of that name."""
     import vllm_provision.cli as package
 
     name = f"fake_{abs(hash(source))}"  # _command_node caches by module name
     monkeypatch.setattr(package, "_source", lambda module_name: source)
     assert package.summary_source(name) == summary
     assert package._defines_command(name) is (summary is not None)
+
+
+def test_running_one_command_reads_only_its_own_file(monkeypatch) -> None:
+    """`provision exec ...` looks for exec.py and exec_.py alone: no other command's source is
+    read or parsed (every start of the CLI would pay for it)."""
+    import vllm_provision.cli as package
+
+    read = []
+    source = package._source
+    monkeypatch.setattr(package, "_source", lambda name: read.append(name) or source(name))
+    package._command_node.cache_clear()
+    package.builtin_commands.cache_clear()
+    try:
+        command = cli.get_command(click.Context(cli), "exec")
+        assert command is not None and command.name == "exec"
+        assert set(read) <= {"exec", "exec_"} and read, read
+    finally:
+        package._command_node.cache_clear()
+        package.builtin_commands.cache_clear()
+
+
+def test_a_command_that_is_no_click_command_is_an_error_naming_its_file() -> None:
+    from vllm_provision.cli import _loaded_command
+    from vllm_provision.core.errors import ProvisionError
+
+    with pytest.raises(ProvisionError) as caught:
+        _loaded_command("options")  # a helper module: its `command` is missing
+    text = caught.value.render()
+    assert "vllm_provision/cli/options.py" in text and "@click.command" in text

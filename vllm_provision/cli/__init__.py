@@ -46,10 +46,12 @@ SEPARATE: dict[str, tuple[str, str, str]] = {
 
 # A command is one file: the module vllm_provision/cli/<name>.py (a trailing underscore kept
 # off the command's name: exec_.py is `provision exec`) that defines ``command`` at the top
-# level, a click command or group; its help is that function's docstring. `provision --help`
-# and the shell completion read the names from the file names, and `provision --help` the
-# summaries from the source (ast), so they import no command (click's default imports them
-# all); a unit test holds what is read so against each loaded command
+# level, decorated by @click.command or @click.group; its help is that function's
+# docstring. Running a command reads its own file alone (`exec`: exec.py, exec_.py);
+# `provision --help` reads the names from the file names and the summaries from the source
+# (ast), so it imports no command (click's default imports them all). Completing a command's
+# name still imports every command, as click's `shell_complete` loads each to read its short
+# help and `hidden`. A unit test holds what is read against each loaded command
 # (tests/unit/test_cli_help_completion.py).
 _DEFINES_COMMAND = re.compile(r"^def command\(", re.MULTILINE)
 
@@ -107,19 +109,47 @@ def _defines_command(module_name: str) -> bool:
 
 @functools.cache
 def _command_node(module_name: str) -> ast.FunctionDef | None:
-    """The top-level ``def command(`` of the module's source, parsed; None where there is
-    none. Each line that starts so is tried from there to the end of the file (parsing the
-    whole file would double the cost of ``provision --help``); one inside a docstring does not
-    parse from there, or not as a function named ``command``, and is passed over."""
-    text = _source(module_name)
-    for found in _DEFINES_COMMAND.finditer(text or ""):
+    """The top-level ``def command(`` of the module's source that click makes a command (a
+    decorator named ``command`` or ``group``: ``@click.command(...)``), parsed with its
+    decorators; None where there is none. Each line that starts ``def command(`` is tried,
+    from its decorators to the end of the file (parsing the whole file would double the cost
+    of ``provision --help``): one inside a docstring does not parse from there, or not as a
+    decorated function named ``command``, and is passed over, as is a plain helper."""
+    text = _source(module_name) or ""
+    for found in _DEFINES_COMMAND.finditer(text):
         try:
-            body = ast.parse(text[found.start():]).body
+            body = ast.parse(text[_decorators_start(text, found.start()):]).body
         except SyntaxError:
             continue
-        if body and isinstance(body[0], ast.FunctionDef) and body[0].name == "command":
+        if (body and isinstance(body[0], ast.FunctionDef) and body[0].name == "command"
+                and any(_decorator_name(d) in ("command", "group")
+                        for d in body[0].decorator_list)):
             return body[0]
     return None
+
+
+def _decorators_start(text: str, at: int) -> int:
+    """Where the decorators of the ``def`` at offset ``at`` start: back over the lines just
+    above it that open (``@``) or continue (indented, ``)``, a comment) a decorator."""
+    start = at
+    while start > 0:
+        line_start = text.rfind("\n", 0, start - 1) + 1
+        line = text[line_start:start - 1]
+        if not line or not (line[0] in "@)#" or line[0].isspace()):
+            break
+        start = line_start
+    while start < at and not text.startswith("@", start):  # the block opens with `@`
+        start = text.find("\n", start, at) + 1 or at
+    return start
+
+
+def _decorator_name(node: ast.expr) -> str:
+    """``click.command(...)`` -> ``command``; ``group`` -> ``group``; else ``""``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
 
 
 def summary_source(module_name: str) -> str | None:
@@ -161,10 +191,9 @@ class LazyGroup(click.Group):
         return sorted(set(builtin_commands()) | set(_entry_points()) | set(SEPARATE))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        module_name = builtin_commands().get(cmd_name)
+        module_name = _builtin_module(cmd_name)
         if module_name is not None:
-            module = importlib.import_module(f"{__name__}.{module_name}")
-            return module.command
+            return _loaded_command(module_name)
         entry = _entry_points().get(cmd_name)
         if entry is not None:
             return _load_entry_point(entry)
@@ -173,15 +202,53 @@ class LazyGroup(click.Group):
         return None
 
 
+def _builtin_module(cmd_name: str) -> str | None:
+    """The module of the built-in command ``cmd_name`` (``exec`` -> ``exec_``), or None:
+    looked up by its file name alone (at most two files read), so running one command does
+    not read every command's source.
+
+    Raises:
+        ProvisionError: both ``<name>.py`` and ``<name>_.py`` define it (as
+            :func:`builtin_commands`).
+    """
+    if not cmd_name.isidentifier() or cmd_name.startswith("_") or cmd_name.endswith("_"):
+        return None
+    found = [name for name in (cmd_name, f"{cmd_name}_")
+             if importlib.util.find_spec(f"{__name__}.{name}") is not None
+             and _defines_command(name)]
+    if len(found) > 1:
+        return builtin_commands().get(cmd_name)  # raises, naming both files
+    return found[0] if found else None
+
+
+def _loaded_command(module_name: str) -> click.Command:
+    """Import ``vllm_provision.cli.<module_name>`` and return its ``command``.
+
+    Raises:
+        ProvisionError: its ``command`` is no click command (a function without
+            ``@click.command``), naming the file.
+    """
+    from vllm_provision.core.errors import ProvisionError
+
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    command = getattr(module, "command", None)
+    if not isinstance(command, click.Command):
+        raise ProvisionError.single(
+            f"vllm_provision/cli/{module_name}.py", "its command is no click command",
+            expected="a top-level `command` decorated with @click.command(...) or "
+                     "@click.group(...)", actual=type(command).__name__,
+            fix="decorate it, or rename the function (a helper module defines no `command`)")
+    return command
+
+
 @functools.cache
 def _entry_points() -> dict[str, EntryPoint]:
-    """The commands other installed distributions add (name -> entry point); a name of
-    :func:`builtin_commands` cannot be taken over. Read once from the installed metadata
-    (about 20 ms), nothing imported."""
+    """The commands other installed distributions add (name -> entry point); a built-in name
+    is looked up first, so a plug-in cannot take it over. Read once from the installed
+    metadata (about 20 ms), nothing imported."""
     from importlib.metadata import entry_points
 
-    found = entry_points(group=ENTRY_POINT_GROUP)
-    return {entry.name: entry for entry in found if entry.name not in builtin_commands()}
+    return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def _load_entry_point(entry: EntryPoint) -> click.Command:
