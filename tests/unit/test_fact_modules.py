@@ -221,29 +221,54 @@ def node_facts(value: PcieAcs | None, gpus: int = 2) -> HostFacts:
 
 
 NODE = Node(Host("g1", "10.0.0.11"), 0, "10.0.0.11")
+ONE, TWO = (NODE,), (NODE, Node(Host("g2", "10.0.0.12"), 1, "10.0.0.11"))
+# two GPUs below one switch (upstream port 3a:00.0, downstream ports 3b:00.0 and 3b:01.0)
+# on root port 00:01.0; the root port redirects, as Linux sets it with the IOMMU on
 REDIRECTING = PcieAcs({
-    "0000:3c:00.0": (Bridge("0000:3b:00.0", 0x001D), Bridge("0000:3a:00.0", 0x0001)),
-    "0000:3d:00.0": (Bridge("0000:3b:01.0"), Bridge("0000:3a:00.0", 0x0001))})
+    "0000:3c:00.0": (Bridge("0000:3b:00.0", 0x001D), Bridge("0000:3a:00.0"),
+                     Bridge("0000:00:01.0", 0x001D)),
+    "0000:3d:00.0": (Bridge("0000:3b:01.0"), Bridge("0000:3a:00.0"),
+                     Bridge("0000:00:01.0", 0x001D))})
+# each GPU on a root port of its own: their traffic crosses the root complex anyway
+ROOT_PORTS = PcieAcs({"0000:3c:00.0": (Bridge("0000:00:01.0", 0x001D),),
+                      "0000:3d:00.0": (Bridge("0000:00:02.0", 0x001D),)})
 
 
-def test_a_bridge_redirecting_p2p_above_a_used_gpu_is_a_warning_with_the_fix() -> None:
-    [finding] = check_acs_redirect(NODE, node_facts(REDIRECTING), (0, 1))
+def test_a_switch_port_redirecting_p2p_between_used_gpus_is_a_warning_with_the_fix() -> None:
+    [finding] = check_acs_redirect(NODE, node_facts(REDIRECTING), (0, 1), ONE)
     assert finding.check == "pcie_acs.redirect" and finding.severity == "warning"
     assert finding.actual == ("0000:3b:00.0 ACSCtl 0x001d (SrcValid ReqRedir CmpltRedir "
-                              "UpstreamFwd), above GPU 0")
-    assert "setpci -s 0000:3b:00.0 ECAP_ACS+0x6.w=0000" in finding.fix
+                              "UpstreamFwd), above GPU 0")  # not the root port
+    assert "setpci -s 0000:3b:00.0 ECAP_ACS+0x6.w=0000;" in finding.fix
     assert "NCCL docs" in finding.source
 
 
-@pytest.mark.parametrize(("value", "used"), [
-    (REDIRECTING, (1,)),                         # the redirecting bridge is above GPU 0 only
-    (None, (0, 1)),                              # not gathered (an older probe)
-    (PcieAcs({}), (0, 1)),                       # no GPU on the PCI bus
-    (PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", None, readable=False),)}), (0, 1)),
-    (PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", 0x0003),)}), (0, 1)),  # SV, TB only
+def test_a_replica_over_several_nodes_warns_for_one_gpu_below_a_redirecting_switch() -> None:
+    # GPUDirect RDMA: the GPU talks to a NIC that may sit below the same switch
+    both = PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", 0x001D),
+                                     Bridge("0000:3a:00.0", 0x0004), Bridge("0000:00:01.0"))})
+    [finding] = check_acs_redirect(NODE, node_facts(both, gpus=1), (0,), TWO)
+    assert finding.actual.count("above GPU 0") == 2
+    # one command per bridge, each runnable: setpci takes one -s a command
+    assert ("setpci -s 0000:3b:00.0 ECAP_ACS+0x6.w=0000; "
+            "setpci -s 0000:3a:00.0 ECAP_ACS+0x6.w=0000; then") in finding.fix
+
+
+@pytest.mark.parametrize(("value", "used", "nodes"), [
+    (REDIRECTING, (0,), ONE),     # one GPU on one node: no peer-to-peer traffic to redirect
+    (REDIRECTING, (1,), TWO),     # the redirecting port is above GPU 0 only
+    (ROOT_PORTS, (0, 1), ONE),    # root ports only: the root complex is on the way anyway
+    (ROOT_PORTS, (0, 1), TWO),
+    (None, (0, 1), ONE),          # not gathered (an older probe)
+    (PcieAcs({}), (0, 1), ONE),   # no GPU on the PCI bus
+    (PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", None, readable=False),
+                               Bridge("0000:00:01.0"))}), (0,), TWO),
+    (PcieAcs({"0000:3c:00.0": (Bridge("0000:3b:00.0", 0x0003),
+                               Bridge("0000:00:01.0"))}), (0,), TWO),  # SV, TB only
 ])
-def test_no_warning_without_a_redirecting_bridge_above_a_used_gpu(value, used) -> None:
-    assert check_acs_redirect(NODE, node_facts(value), used) == []
+def test_no_warning_without_a_redirecting_switch_port_on_a_peer_path(value, used,
+                                                                     nodes) -> None:
+    assert check_acs_redirect(NODE, node_facts(value), used, nodes) == []
 
 
 def test_the_facts_table_has_a_row_per_fact_module() -> None:
@@ -254,6 +279,17 @@ def test_the_facts_table_has_a_row_per_fact_module() -> None:
     assert rows["PCIe ACS (P2P)"](node_facts(REDIRECTING)).startswith(
         "P2P redirected: 0000:3b:00.0")
     assert rows["PCIe ACS (P2P)"](node_facts(None)) == "-"
+
+
+def test_a_fact_that_differs_by_nature_is_not_marked_as_a_difference() -> None:
+    from vllm_provision.cli.facts import facts_table_rows
+
+    other = PcieAcs({"0000:3c:00.0": (Bridge("0000:5b:00.0", 0x001D), Bridge("0000:00:03.0"))})
+    rows = dict(facts_table_rows({"g1": node_facts(REDIRECTING),
+                                  "g2": node_facts(other, gpus=1)}, [["g1", "g2"]]))
+    cells = rows["PCIe ACS (P2P)"]
+    assert cells[0][0] != cells[1][0] and not any(differs for _value, differs in cells)
+    assert rows["GPUs"][0][1] is True  # a compared row still marks its difference
 
 
 def test_a_parser_that_fails_costs_only_its_fact(monkeypatch) -> None:

@@ -176,13 +176,14 @@ def facts_table_rows(facts: Mapping[str, HostFacts], groups: list[list[str]],
     """
     names = list(facts)
     group_of = {name: group for group in groups for name in group}
+    not_compared = NOT_COMPARED | {item.label for item in all_facts() if not item.compared}
     rows = []
     for label, read in all_rows():
         values = {name: read(facts[name]) for name in names}
         cells = []
         for name in names:
             peers = [p for p in group_of.get(name, [name]) if p in values]
-            differs = (label not in NOT_COMPARED
+            differs = (label not in not_compared
                        and len({values[p] for p in peers}) > 1)
             cells.append((values[name], differs))
         rows.append((label, cells))

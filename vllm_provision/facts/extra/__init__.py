@@ -57,6 +57,8 @@ class Fact:
             raise ValueError for a document it cannot read (a problem of the host, not a bug).
         text: the value -> one line for ``provision facts``' table.
         label: its row's label in that table.
+        compared: whether that table marks the row where a replica's hosts differ (False for
+            a fact that differs by nature, such as one naming PCI addresses).
     """
 
     name: str
@@ -64,13 +66,14 @@ class Fact:
     parse: Callable[[Any], Any]
     text: Callable[[Any], str]
     label: str
+    compared: bool = True
 
 
 FACTS: Registry[Fact] = Registry("fact")
 
 
 def fact(name: str, *, probe: Callable[[dict[str, Any]], Any], order: float = 0,
-         text: Callable[[Any], str] = str, label: str = "",
+         text: Callable[[Any], str] = str, label: str = "", compared: bool = True,
          ) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
     """Register the decorated parser as the fact ``name``, read on the host by ``probe``.
 
@@ -80,6 +83,8 @@ def fact(name: str, *, probe: Callable[[dict[str, Any]], Any], order: float = 0,
         order: its place in ``provision facts``' rows (smaller first; ties by name).
         text: the parsed value -> one line for the facts table (default ``str``).
         label: the row's label there (default: ``name``).
+        compared: False where the row's text differs between hosts by nature (addresses):
+            ``provision facts`` then does not mark it as a difference.
 
     Raises:
         ProvisionError: (when decorating) the name is taken or invalid, or ``probe`` breaks a
@@ -94,7 +99,7 @@ def fact(name: str, *, probe: Callable[[dict[str, Any]], Any], order: float = 0,
                                         expected=f"a plain top-level def probe_{name}(config) "
                                                  "without annotations or decorators",
                                         fix=f"rewrite the probe function in {parse.__module__}")
-        FACTS.add(name, Fact(name, probe, parse, text, label or name), order=order,
+        FACTS.add(name, Fact(name, probe, parse, text, label or name, compared), order=order,
                   module=parse.__module__)
         return parse
 
