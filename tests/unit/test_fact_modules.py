@@ -137,9 +137,14 @@ def test_what_a_host_sends_is_checked_and_a_bad_document_is_a_problem(raw) -> No
 def test_the_probe_sent_holds_each_fact_and_stays_python_3_8() -> None:
     source = probe_source()
     ast.parse(source, feature_version=(3, 8))
-    assert "def probe_pcie_acs(config):" in source
-    assert source.index("EXTRA_FACTS['pcie_acs'] = probe_pcie_acs") < source.index(
-        'if __name__ == "__main__":')
+    table = ast.parse(extra.probe_additions()).body
+    sent = {node.targets[0].slice.value: node.value.value for node in table}
+    assert set(sent) == {"pcie_acs"}
+    assert sent["pcie_acs"].startswith("def probe_pcie_acs(config):")
+    for fact_source in sent.values():  # each fact is compiled on the host on its own
+        ast.parse(fact_source, feature_version=(3, 8))
+    assert source.index("EXTRA_FACTS['pcie_acs'] = 'def probe_pcie_acs(config)") < (
+        source.index('if __name__ == "__main__":'))
 
 
 def test_the_whole_probe_runs_and_its_document_fills_extra(tmp_path: Path) -> None:
@@ -154,18 +159,39 @@ def test_the_whole_probe_runs_and_its_document_fills_extra(tmp_path: Path) -> No
     assert not [p for p in facts.problems if p.startswith("fact ")]
 
 
-def test_a_fact_that_raises_on_the_host_costs_only_itself(monkeypatch) -> None:
-    def broken(config):
-        raise OSError("no sysfs")
+def test_a_fact_the_hosts_python_cannot_compile_leaves_the_probe_whole(tmp_path: Path) -> None:
+    broken = "EXTRA_FACTS['broken'] = 'def probe_broken(config):\\n    return 1 +\\n'\n"
+    guard = '\nif __name__ == "__main__":'
+    source = probe_source().replace(guard, broken + guard, 1)
+    script = tmp_path / "probe.py"
+    script.write_text(source)
+    done = subprocess.run([sys.executable, str(script), "{}"], capture_output=True, text=True,
+                          timeout=120, check=True)
+    raw = json.loads(done.stdout)
+    assert raw["extra"]["broken"] is None and raw["extra"]["pcie_acs"] is not None
+    assert any(e.startswith("fact broken failed on the host: SyntaxError") for e in raw["errors"])
 
-    monkeypatch.setattr(probe_script, "EXTRA_FACTS", {"a": broken, "b": lambda c: {"x": 1},
-                                                      "c": lambda c: object(),
-                                                      "d": lambda c: sys.exit(3)})
+
+def test_a_fact_that_fails_on_the_host_costs_only_itself(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(probe_script, "EXTRA_FACTS", {
+        "a": "def probe_a(config):\n    raise OSError('no sysfs')\n",
+        "b": "def probe_b(config):\n    print('noise', end='')\n    return {'x': 1}\n",
+        "c": "def probe_c(config):\n    return object()\n",
+        "d": "def probe_d(config):\n    import sys\n    sys.exit(3)\n",
+        "e": "def probe_e(config):\n    return 1 +\n",  # does not compile
+        "f": "def probe_f(config):\n    return 'x' * (2 << 20)\n"})
     monkeypatch.setattr(probe_script, "ERRORS", [])
-    assert probe_script.extra_facts({}) == {"a": None, "b": {"x": 1}, "c": None, "d": None}
-    assert probe_script.ERRORS[0] == "fact a failed on the host: OSError: no sysfs"
-    assert probe_script.ERRORS[1].startswith("fact c failed on the host: TypeError")
-    assert probe_script.ERRORS[2] == "fact d failed on the host: SystemExit: 3"
+    assert probe_script.extra_facts({}) == {"a": None, "b": {"x": 1}, "c": None, "d": None,
+                                            "e": None, "f": None}
+    assert capsys.readouterr().out == ""  # what a probe prints never reaches the document
+    errors = probe_script.ERRORS
+    assert errors[0] == "fact a failed on the host: OSError: no sysfs"
+    assert errors[1].startswith("fact c failed on the host: TypeError")
+    assert errors[2] == "fact d failed on the host: SystemExit: 3"
+    assert errors[3].startswith("fact e failed on the host: SyntaxError")
+    assert errors[4] == ("fact f failed on the host: ValueError: its answer is 2097154 bytes "
+                         "of JSON, over 1048576")
+    assert sys.stdout is not None and len(errors) == 5
 
 
 def test_a_fact_the_probe_did_not_send_is_left_out() -> None:

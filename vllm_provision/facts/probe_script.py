@@ -1,8 +1,10 @@
 # ruff: noqa: UP004, UP021, UP022, UP031, UP041  (must stay valid on Python 3.8)
-"""Remote fact probe: run on a host as ``python - '<json config>'``; prints ONE JSON document.
+"""Remote fact probe: run on a host as ``python -c '<loader>' '<json config>'``; prints ONE
+JSON document.
 
-Sent over the existing SSH connection on stdin, so gathering facts costs one round trip per
-host. Standard library only; must run on any Python >= 3.8 (no 3.9+ syntax or APIs here).
+Sent inside one command over the existing SSH connection (compressed, as the argument of
+``python -c``: ``facts/gather.py``, ``probe_command``), so gathering facts costs one round
+trip per host. Standard library only; must run on any Python >= 3.8 (no 3.9+ syntax or APIs here).
 It returns raw command outputs; the controller parses them (``facts/parsers.py``) where that
 is easier to test. It changes nothing on the host except a short-lived TCP listener when the
 controller asks for a reachability test.
@@ -11,6 +13,7 @@ controller asks for a reachability test.
 import glob
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import pwd
@@ -22,9 +25,12 @@ import threading
 import time
 
 ERRORS = []
-# name -> function of the fact modules (vllm_provision/facts/extra/): their source is added
-# to this script when it is sent (facts.extra.probe_additions), before main() runs
+# name -> the source of a fact module's probe function (vllm_provision/facts/extra/), added
+# to this script when it is sent (facts.extra.probe_additions), before main() runs; each is
+# compiled and run on its own, so one that does not compile here costs only its fact
 EXTRA_FACTS = {}
+# the most a fact's answer may hold, as JSON: one fact cannot crowd out the document
+FACT_MAX_BYTES = 1024 * 1024
 
 
 def run(argv, timeout=20):
@@ -568,13 +574,24 @@ def state_record(path):
 
 def extra_facts(config):
     """Run every fact module's probe: name -> what it returned, or None (and a line of
-    ERRORS) where it raised or returned what JSON cannot write, so one fact never costs the
-    host its other facts."""
+    ERRORS) where its source does not compile on this Python, it raised or exited, or it
+    returned what JSON cannot write or more than FACT_MAX_BYTES, so one fact never costs the
+    host its other facts. What a probe prints is dropped: standard output is the document's."""
     found = {}
     for name in sorted(EXTRA_FACTS):
+        value = None
         try:
-            value = EXTRA_FACTS[name](config)
-            json.dumps(value)
+            namespace = {"__name__": "fact_" + name}
+            exec(compile(EXTRA_FACTS[name], "<fact %s>" % name, "exec"), namespace)
+            saved, sys.stdout = sys.stdout, io.StringIO()
+            try:
+                value = namespace["probe_" + name](config)
+            finally:
+                sys.stdout = saved
+            size = len(json.dumps(value))
+            if size > FACT_MAX_BYTES:
+                raise ValueError("its answer is %d bytes of JSON, over %d" % (size,
+                                                                            FACT_MAX_BYTES))
         except (Exception, SystemExit) as exc:  # a fact module's fault: the probe goes on
             ERRORS.append("fact %s failed on the host: %s: %s" % (name, type(exc).__name__, exc))
             value = None

@@ -17,9 +17,11 @@ The probe function's source is added to the probe script when it is sent
 takes the probe's configuration (a dict), carries no annotations, default values or
 decorator, imports what it uses inside itself (it reads no global of its module: on the host
 only the builtins are there) and stays valid on Python 3.8 (the probe's floor:
-docs/preflight.md, "Supported hosts"). What it returns reaches the controller under
-``extra.<name>`` of the probe's document; an exception there is one line of the host's
-``problems`` and the fact is None, so one fact cannot cost a host its other facts.
+docs/preflight.md, "Facts"). What it returns reaches the controller under
+``extra.<name>`` of the probe's document. The host compiles and runs each probe function
+on its own (``probe_script.extra_facts``): a syntax its Python lacks, an exception, an exit,
+or an answer over 1 MiB of JSON is one line of the host's ``problems`` and the fact is None,
+so one fact cannot cost a host its other facts; what it prints is dropped.
 
 The parsed value lands in :attr:`HostFacts.extra <vllm_provision.facts.model.HostFacts>` under
 the fact's name, and in ``provision facts`` (a row, through ``text``) and ``--json`` (as
@@ -30,6 +32,7 @@ docs/architecture.md, "Extending", says what a new fact touches: this file and i
 
 from __future__ import annotations
 
+import ast
 import builtins
 import dis
 import inspect
@@ -126,6 +129,10 @@ def _probe_problem(name: str, probe: Callable[..., Any]) -> str:
         return "has no source to send"
     if not source.startswith(f"def probe_{name}("):
         return "has a decorator"
+    try:
+        ast.parse(textwrap.dedent(source), feature_version=(3, 8))
+    except SyntaxError as exc:
+        return f"is not valid on Python 3.8, the probe's floor ({exc.msg}, line {exc.lineno})"
     return ""
 
 
@@ -154,12 +161,16 @@ def all_facts() -> list[Fact]:
 
 
 def probe_additions() -> str:
-    """The source added to the probe script: every fact's probe function, then the
-    ``EXTRA_FACTS`` table its ``main()`` runs (name -> function), Python 3.8 syntax."""
-    found = all_facts()
-    parts = [textwrap.dedent(inspect.getsource(item.probe)) for item in found]
-    parts += [f"EXTRA_FACTS[{item.name!r}] = probe_{item.name}" for item in found]
-    return "\n\n".join(parts) + "\n"
+    """The source added to the probe script: the ``EXTRA_FACTS`` table its ``main()`` runs,
+    name -> the source of the fact's probe function, as a string: the host compiles each on
+    its own, so one that its Python cannot compile costs only that fact."""
+    return "".join(f"EXTRA_FACTS[{item.name!r}] = {probe_text(item.probe)!r}\n"
+                   for item in all_facts())
+
+
+def probe_text(probe: Callable[..., Any]) -> str:
+    """The source of a probe function as the host runs it (dedented)."""
+    return textwrap.dedent(inspect.getsource(probe))
 
 
 def parse_extra(raw: Any, problems: list[str]) -> dict[str, Any]:
