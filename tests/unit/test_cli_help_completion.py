@@ -138,26 +138,48 @@ def test_a_command_is_its_module_file() -> None:
     assert cli.get_command(ctx, "exec_") is None
 
 
-@pytest.mark.parametrize(("source", "summary"), [
+@click.command()
+def _a_click_command() -> None:
+    """Loaded."""
+
+
+def _a_helper(words: str) -> str:
+    """Join WORDS."""
+    return words
+
+
+@pytest.mark.parametrize(("source", "summary", "loaded", "is_command"), [
     ('"""How to add one:\n\ndef command(ctx):\n    ...\n"""\n\nimport click\n\n\n'
      '@click.command()\ndef command():\n    """Do the real thing.\n\n    More."""\n',
-     "Do the real thing.\n\nMore."),
-    ('"""A helper module; its docstring shows\n\ndef command(ctx):\n    """\n', None),
-    ("import click\n\n\ndef commander():\n    pass\n", None),
+     "Do the real thing.\n\nMore.", None, True),
+    ('"""A helper module; its docstring shows\n\ndef command(ctx):\n    """\n', None, None,
+     False),
+    ("import click\n\n\ndef commander():\n    pass\n", None, None, False),
     ('def helper():\n    return 1\n@click.group(\n    "x",\n)  # a group\n@shared_options(X)\n'
-     'def command():\n    """A group."""\n', "A group."),
-    ('"""Shell words."""\n\n\ndef command(words):\n    """Join WORDS."""\n', None)])
-def test_a_def_command_line_inside_a_docstring_is_not_the_command(monkeypatch, source,
-                                                                   summary) -> None:
-    """Only a top-level `def command(` that click decorates counts: the same words at the
+     'def command():\n    """A group."""\n', "A group.", None, True),
+    # a plain helper of that name: read as none, and imported to be sure, still none
+    ('"""Shell words."""\n\n\ndef command(words):\n    """Join WORDS."""\n', None,
+     _a_helper, False),
+    # decorators laid out so the source read cannot find them (a string at column 0, a blank
+    # line): imported, it is a command; its summary then comes from the loaded command
+    ('@click.command(epilog="""\nExamples:\n""")\n\n@click.option("-x")\n'
+     'def command(x):\n    """Loaded."""\n', None, _a_click_command, True)])
+def test_a_def_command_line_is_a_command_only_where_click_makes_it_one(
+        monkeypatch, source, summary, loaded, is_command) -> None:
+    """A top-level `def command(` that click decorates is a command: the same words at the
     start of a docstring's line neither hide the real one nor make a module a command, and
-    neither does a plain helper function of that name."""
+    neither does a plain helper function of that name. Where the source read is not sure,
+    the module is imported and its `command` looked at."""
+    import types
+
     import vllm_provision.cli as package
 
     name = f"fake_{abs(hash(source))}"  # _command_node caches by module name
     monkeypatch.setattr(package, "_source", lambda module_name: source)
+    monkeypatch.setattr(package, "_import",
+                        lambda module_name: types.SimpleNamespace(command=loaded))
     assert package.summary_source(name) == summary
-    assert package._defines_command(name) is (summary is not None)
+    assert package._defines_command(name) is is_command
 
 
 def test_running_one_command_reads_only_its_own_file(monkeypatch) -> None:

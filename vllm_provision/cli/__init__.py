@@ -24,6 +24,7 @@ import os
 import pkgutil
 import re
 import sys
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,11 +101,23 @@ def _source(module_name: str) -> str | None:
 
 
 def _defines_command(module_name: str) -> bool:
+    """Whether the module defines a command: read from its source where a decorated
+    ``def command(`` parses (:func:`_command_node`); imported and looked at where its source
+    is not installed, or where a ``def command(`` line is there but its decorators are laid
+    out so that the source read does not find them (a string or bracket at column 0, a blank
+    line between decorators, click imported under another name)."""
     text = _source(module_name)
     if text is not None:
-        return _command_node(module_name) is not None
-    module = importlib.import_module(f"{__name__}.{module_name}")
-    return isinstance(getattr(module, "command", None), click.Command)
+        if _command_node(module_name) is not None:
+            return True
+        if _DEFINES_COMMAND.search(text) is None:
+            return False
+    return isinstance(getattr(_import(module_name), "command", None), click.Command)
+
+
+def _import(module_name: str) -> types.ModuleType:
+    """Import ``vllm_provision.cli.<module_name>``."""
+    return importlib.import_module(f"{__name__}.{module_name}")
 
 
 @functools.cache
@@ -230,8 +243,7 @@ def _loaded_command(module_name: str) -> click.Command:
     """
     from vllm_provision.core.errors import ProvisionError
 
-    module = importlib.import_module(f"{__name__}.{module_name}")
-    command = getattr(module, "command", None)
+    command = getattr(_import(module_name), "command", None)
     if not isinstance(command, click.Command):
         raise ProvisionError.single(
             f"vllm_provision/cli/{module_name}.py", "its command is no click command",
