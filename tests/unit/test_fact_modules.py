@@ -10,8 +10,10 @@ the PCIe extended capabilities from offset 0x100 (header: ID bits 15:0, next off
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +131,7 @@ def test_parse_names_the_redirecting_bridge_as_lspci_names_its_bits(sysfs: Path)
     {"gpus": {"not-an-address": []}}, {"gpus": {"0000:3c:00.0": [["0000:3b:00.0"]]}}, {}])
 def test_what_a_host_sends_is_checked_and_a_bad_document_is_a_problem(raw) -> None:
     problems: list[str] = []
-    assert parse_extra({"pcie_acs": raw}, problems) == {"pcie_acs": None}
+    assert parse_extra({"pcie_acs": json.dumps(raw)}, problems) == {"pcie_acs": None}
     assert len(problems) == 1 and problems[0].startswith(
         "fact pcie_acs: cannot read what the host sent: ")
 
@@ -159,17 +161,61 @@ def test_the_whole_probe_runs_and_its_document_fills_extra(tmp_path: Path) -> No
     assert not [p for p in facts.problems if p.startswith("fact ")]
 
 
-def test_a_fact_the_hosts_python_cannot_compile_leaves_the_probe_whole(tmp_path: Path) -> None:
-    broken = "EXTRA_FACTS['broken'] = 'def probe_broken(config):\\n    return 1 +\\n'\n"
+BROKEN_FACTS = {  # name -> a probe function's source, each broken in its own way
+    "syntax": "def probe_syntax(config):\n    return 1 +\n",
+    "noisy": "def probe_noisy(config):\n    import subprocess\n"
+             "    subprocess.run(['printf', 'noise-from-a-program'])\n"
+             "    print('noise-from-python', end='')\n"
+             "    return {'ok': 1}\n",
+    "slow": "def probe_slow(config):\n    import time\n    time.sleep(60)\n",
+    "deep": "def probe_deep(config):\n    value = []\n    for _ in range(100000):\n"
+            "        value = [value]\n    return value\n",
+}
+
+
+def python_3_8() -> str | None:
+    """A Python 3.8 of this machine (on PATH, or installed by pyenv), or None."""
+    found = [shutil.which("python3.8"),
+             *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))]
+    for candidate in filter(None, found):
+        try:
+            subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
+                           capture_output=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return candidate
+    return None
+
+
+PYTHON_3_8 = python_3_8()
+PYTHONS = [pytest.param(sys.executable, id="this-python"),
+           pytest.param(PYTHON_3_8, id="python3.8", marks=pytest.mark.skipif(
+               PYTHON_3_8 is None, reason="no Python 3.8 on this machine"))]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_broken_facts_leave_the_probe_document_whole(tmp_path: Path, python: str) -> None:
+    """The whole probe, run as the host runs it (on the probe's floor, Python 3.8, where this
+    machine has it), with facts that do not compile, print through a program, hang past the
+    per-fact timer, or answer nested past the recursion limit: its last line is still the
+    document, with the good facts and a line of errors for each broken one."""
+    added = "".join(f"EXTRA_FACTS[{name!r}] = {text!r}\n" for name, text in BROKEN_FACTS.items())
     guard = '\nif __name__ == "__main__":'
-    source = probe_source().replace(guard, broken + guard, 1)
+    source = probe_source().replace(guard, added + guard, 1).replace(
+        "FACT_TIMEOUT_S = 20\n", "FACT_TIMEOUT_S = 1\n", 1)
     script = tmp_path / "probe.py"
     script.write_text(source)
-    done = subprocess.run([sys.executable, str(script), "{}"], capture_output=True, text=True,
+    done = subprocess.run([python, str(script), "{}"], capture_output=True, text=True,
                           timeout=120, check=True)
-    raw = json.loads(done.stdout)
-    assert raw["extra"]["broken"] is None and raw["extra"]["pcie_acs"] is not None
-    assert any(e.startswith("fact broken failed on the host: SyntaxError") for e in raw["errors"])
+    assert "noise-from" not in done.stdout  # what the fact printed, itself or by a program
+    raw = json.loads(done.stdout.strip().splitlines()[-1])
+    assert raw["extra"]["noisy"] == '{"ok": 1}' and raw["extra"]["pcie_acs"] is not None
+    failed = {e.split()[1]: e for e in raw["errors"] if e.startswith("fact ")}
+    assert set(failed) == {"syntax", "slow", "deep"}, raw["errors"]
+    assert "SyntaxError" in failed["syntax"] and "ran past 1s" in failed["slow"]
+    assert "RecursionError" in failed["deep"]
+    facts = parse_probe_output("h1", raw)
+    assert isinstance(facts.extra["pcie_acs"], PcieAcs)
 
 
 def test_a_fact_that_fails_on_the_host_costs_only_itself(monkeypatch, capsys) -> None:
@@ -181,7 +227,7 @@ def test_a_fact_that_fails_on_the_host_costs_only_itself(monkeypatch, capsys) ->
         "e": "def probe_e(config):\n    return 1 +\n",  # does not compile
         "f": "def probe_f(config):\n    return 'x' * (2 << 20)\n"})
     monkeypatch.setattr(probe_script, "ERRORS", [])
-    assert probe_script.extra_facts({}) == {"a": None, "b": {"x": 1}, "c": None, "d": None,
+    assert probe_script.extra_facts({}) == {"a": None, "b": '{"x": 1}', "c": None, "d": None,
                                             "e": None, "f": None}
     assert capsys.readouterr().out == ""  # what a probe prints never reaches the document
     errors = probe_script.ERRORS
@@ -192,6 +238,16 @@ def test_a_fact_that_fails_on_the_host_costs_only_itself(monkeypatch, capsys) ->
     assert errors[4] == ("fact f failed on the host: ValueError: its answer is 2097154 bytes "
                          "of JSON, over 1048576")
     assert sys.stdout is not None and len(errors) == 5
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ({"gpus": {}}, "not a JSON text but dict"),        # each fact comes as its own text
+    ('{"gpus": ', "Expecting value"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply")])  # past the recursion limit
+def test_a_facts_text_that_is_not_json_costs_only_that_fact(text, why) -> None:
+    problems: list[str] = []
+    assert parse_extra({"pcie_acs": text}, problems) == {"pcie_acs": None}
+    assert len(problems) == 1 and why in problems[0], problems
 
 
 def test_a_fact_the_probe_did_not_send_is_left_out() -> None:
@@ -330,6 +386,6 @@ def test_a_parser_that_fails_costs_only_its_fact(monkeypatch) -> None:
     extra.FACTS.add("broken", extra.Fact("broken", probe_broken, parse, str, "broken"))
     monkeypatch.setattr(extra, "import_submodules", lambda name: [])
     problems: list[str] = []
-    assert parse_extra({"broken": {}}, problems) == {"broken": None}
+    assert parse_extra({"broken": "{}"}, problems) == {"broken": None}
     assert problems == ["fact broken: its parser failed (test_fact_modules): AttributeError: "
                         "a bug of the parser"]

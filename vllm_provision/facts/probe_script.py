@@ -18,6 +18,7 @@ import json
 import os
 import pwd
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +32,8 @@ ERRORS = []
 EXTRA_FACTS = {}
 # the most a fact's answer may hold, as JSON: one fact cannot crowd out the document
 FACT_MAX_BYTES = 1024 * 1024
+# the longest a fact's probe may run (seconds): one fact cannot hold up the others
+FACT_TIMEOUT_S = 20
 
 
 def run(argv, timeout=20):
@@ -572,31 +575,64 @@ def state_record(path):
     return {"record": record, "invocations": invocations}
 
 
+class FactTimeout(Exception):
+    """A fact module's probe ran past FACT_TIMEOUT_S."""
+
+
+def _fact_timed_out(signum, frame):
+    raise FactTimeout("it ran past %ss" % FACT_TIMEOUT_S)
+
+
 def extra_facts(config):
-    """Run every fact module's probe: name -> what it returned, or None (and a line of
-    ERRORS) where its source does not compile on this Python, it raised or exited, or it
-    returned what JSON cannot write or more than FACT_MAX_BYTES, so one fact never costs the
-    host its other facts. What a probe prints is dropped: standard output is the document's."""
+    """Run every fact module's probe: name -> what it returned, as its own JSON text (the
+    controller parses each apart, so one fact's answer, nested too deep for instance, cannot
+    spoil the document), or None with a line of ERRORS where its source does not compile on
+    this Python, it raised, exited or ran past FACT_TIMEOUT_S (timed in the main thread), or
+    it returned what JSON cannot write or more than FACT_MAX_BYTES of it: one fact never costs
+    the host its other facts. What a probe writes to standard output, from Python or from a
+    program it runs, is dropped: standard output is the document's."""
     found = {}
+    timed = hasattr(signal, "setitimer") and (
+        threading.current_thread() is threading.main_thread())
     for name in sorted(EXTRA_FACTS):
-        value = None
+        text = None
         try:
             namespace = {"__name__": "fact_" + name}
             exec(compile(EXTRA_FACTS[name], "<fact %s>" % name, "exec"), namespace)
-            saved, sys.stdout = sys.stdout, io.StringIO()
-            try:
-                value = namespace["probe_" + name](config)
-            finally:
-                sys.stdout = saved
-            size = len(json.dumps(value))
-            if size > FACT_MAX_BYTES:
-                raise ValueError("its answer is %d bytes of JSON, over %d" % (size,
+            value = _quietly(namespace["probe_" + name], config, timed)
+            text = json.dumps(value)
+            if len(text) > FACT_MAX_BYTES:
+                raise ValueError("its answer is %d bytes of JSON, over %d" % (len(text),
                                                                             FACT_MAX_BYTES))
         except (Exception, SystemExit) as exc:  # a fact module's fault: the probe goes on
-            ERRORS.append("fact %s failed on the host: %s: %s" % (name, type(exc).__name__, exc))
-            value = None
-        found[name] = value
+            ERRORS.append("fact %s failed on the host: %s: %s"
+                          % (name, type(exc).__name__, str(exc)[:500]))
+            text = None
+        found[name] = text
     return found
+
+
+def _quietly(probe, config, timed):
+    """probe(config) with standard output, Python's and file descriptor 1, sent to
+    /dev/null, and under a FACT_TIMEOUT_S timer where ``timed``."""
+    sys.stdout.flush()
+    saved_fd = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    saved, sys.stdout = sys.stdout, io.StringIO()
+    os.dup2(null, 1)
+    previous = signal.signal(signal.SIGALRM, _fact_timed_out) if timed else None
+    try:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, FACT_TIMEOUT_S)
+        return probe(config)
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        sys.stdout = saved
+        os.dup2(saved_fd, 1)
+        os.close(saved_fd)
+        os.close(null)
 
 
 def main():
@@ -706,8 +742,8 @@ def main():
     out["extra"] = extra_facts(config)
     out["errors"] = ERRORS
     out["elapsed_s"] = round(time.time() - started, 3)
-    sys.stdout.write(json.dumps(out))
-    sys.stdout.write("\n")
+    # on a line of its own, whatever was written before it: the controller reads the last line
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ decorator, imports what it uses inside itself (it reads no global of its module:
 only the builtins are there) and stays valid on Python 3.8 (the probe's floor:
 docs/preflight.md, "Facts"). What it returns reaches the controller under
 ``extra.<name>`` of the probe's document. The host compiles and runs each probe function
-on its own (``probe_script.extra_facts``): a syntax its Python lacks, an exception, an exit,
-or an answer over 1 MiB of JSON is one line of the host's ``problems`` and the fact is None,
-so one fact cannot cost a host its other facts; what it prints is dropped.
+on its own (``probe_script.extra_facts``) and sends its answer as a JSON text of its own: a
+syntax its Python lacks, an exception, an exit, a run past 20 s, or an answer over 1 MiB of
+JSON or nested too deep is one line of the host's ``problems`` and the fact is None, so one
+fact cannot cost a host its other facts; what it prints, itself or through a program, is
+dropped.
 
 The parsed value lands in :attr:`HostFacts.extra <vllm_provision.facts.model.HostFacts>` under
 the fact's name, and in ``provision facts`` (a row, through ``text``) and ``--json`` (as
@@ -42,6 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm_provision.core import hostjson
 from vllm_provision.core.errors import ProvisionError
 from vllm_provision.core.registry import Registry, import_submodules
 
@@ -174,11 +177,14 @@ def probe_text(probe: Callable[..., Any]) -> str:
 
 
 def parse_extra(raw: Any, problems: list[str]) -> dict[str, Any]:
-    """The facts of the probe's ``extra`` section (name -> raw), parsed (pure). A fact the
-    host could not read (None), or whose document does not parse (ValueError, TypeError,
-    KeyError, IndexError; or any other exception of its parser, named as the parser's fault),
-    is None, with one line added to ``problems``: one fact never costs a host its other facts.
-    A fact the probe did not send (an older probe) is left out.
+    """The facts of the probe's ``extra`` section (name -> each fact's answer as its own JSON
+    text, :func:`probe_script.extra_facts <vllm_provision.facts.probe_script.extra_facts>`),
+    decoded and parsed (pure). A fact the host could not read (None), whose text is not JSON
+    (malformed, or nested deeper than the controller's recursion limit:
+    :func:`~vllm_provision.core.hostjson.loads`), or whose document does not parse
+    (ValueError, TypeError, KeyError, IndexError; or any other exception of its parser, named
+    as the parser's fault), is None, with one line added to ``problems``: one fact never costs
+    a host its other facts. A fact the probe did not send is left out.
 
     Args:
         raw: the probe's ``extra`` section, or None.
@@ -189,19 +195,24 @@ def parse_extra(raw: Any, problems: list[str]) -> dict[str, Any]:
     for item in all_facts():
         if item.name not in section:
             continue
-        value = section[item.name]
-        if value is None:
-            parsed[item.name] = None
+        parsed[item.name] = None
+        text = section[item.name]
+        if text is None:
+            continue
+        try:
+            if not isinstance(text, str):
+                raise TypeError(f"not a JSON text but {type(text).__name__}")
+            value = hostjson.loads(text)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"fact {item.name}: cannot read what the host sent: {exc}")
             continue
         try:
             parsed[item.name] = item.parse(value)
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
             problems.append(f"fact {item.name}: cannot read what the host sent: {exc}")
-            parsed[item.name] = None
         except Exception as exc:  # a parser's own fault: this fact only, never the host's
             problems.append(f"fact {item.name}: its parser failed ({item.parse.__module__}): "
                             f"{type(exc).__name__}: {exc}")
-            parsed[item.name] = None
     return parsed
 
 
