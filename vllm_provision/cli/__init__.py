@@ -106,12 +106,11 @@ def _defines_command(module_name: str) -> bool:
     is not installed, or where a ``def command(`` line is there but its decorators are laid
     out so that the source read does not find them (a string or bracket at column 0, a blank
     line between decorators, click imported under another name)."""
+    if _command_node(module_name) is not None:  # the usual case: the source read once
+        return True
     text = _source(module_name)
-    if text is not None:
-        if _command_node(module_name) is not None:
-            return True
-        if _DEFINES_COMMAND.search(text) is None:
-            return False
+    if text is not None and _DEFINES_COMMAND.search(text) is None:
+        return False
     return isinstance(getattr(_import(module_name), "command", None), click.Command)
 
 
